@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Installs what building and testing accel needs, from Debian packages, when it is missing.
+# Usage: tools/setup-deps.sh [--bench]   (--bench adds google benchmark and python3-torch)
+set -euo pipefail
+pkgs=(cmake g++ make nlohmann-json3-dev catch2)
+if [[ "${1:-}" == "--bench" ]]; then pkgs+=(libbenchmark-dev python3-torch python3-numpy); fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "accel setup: installing ${missing[*]}" >&2
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
