@@ -10,6 +10,7 @@
 #include <accel/error.hpp>
 #include <accel/version.hpp>
 
+#include "commands/env.hpp"
 #include "commands/exit_codes.hpp"
 
 namespace {
@@ -26,6 +27,7 @@ constexpr Command commands[] = {
        std::printf("accel %s\n", accel::version_string);
        return 0;
      }},
+    {"env", "print what this process sees: features, driver, GPUs, CUDA_VISIBLE_DEVICES, launcher", accel_cli::run_env},
 };
 
 void print_help(std::FILE* out) {
