@@ -12,6 +12,7 @@
 
 #include "commands/env.hpp"
 #include "commands/exit_codes.hpp"
+#include "commands/plan.hpp"
 
 namespace {
 
@@ -28,6 +29,8 @@ constexpr Command commands[] = {
        return 0;
      }},
     {"env", "print what this process sees: features, driver, GPUs, CUDA_VISIBLE_DEVICES, launcher", accel_cli::run_env},
+    {"plan", "plan a device map (GPUs, cpu, disk) from checkpoint headers or a skeleton", accel_cli::run_plan},
+    {"estimate-memory", "model size and largest layer per dtype, from headers only", accel_cli::run_estimate_memory},
 };
 
 void print_help(std::FILE* out) {
