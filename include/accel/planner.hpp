@@ -118,7 +118,8 @@ ACCEL_NAMESPACE_BEGIN
     if (budgets_defaulted) out.gpus[gpus[0]] = static_cast<std::uint64_t>(static_cast<double>(out.gpus[gpus[0]]) * 0.9);
     return out;
   }
-  const auto ix = index_tree(tree);
+  const auto ix_holder = tree.index();
+  const auto& ix = *ix_holder;
   const auto sizes = compute_module_sizes(tree, ix, detail::size_options(opts));
   const auto no_split = no_split_modules(tree, opts.no_split, opts.auto_no_split);
   const std::uint64_t total = sizes.total();
