@@ -212,3 +212,47 @@ TEST_CASE("config.json tie_word_embeddings ties a missing lm_head to the embeddi
   accel_test::write_text(dir / "config.json", R"({"tie_word_embeddings": "yes"})");
   REQUIRE_THROWS_WITH(accel::read_checkpoint_tree(dir.path()), accel_test::contains("tie_word_embeddings is \"yes\""));
 }
+
+TEST_CASE("a tree written as skeleton JSON reads back the same", "[module_tree]") {
+  auto t = accel::skeleton_from_json(R"({
+    "modules": [{"name": "", "class": "M"}, {"name": "a", "class": "Block"}],
+    "parameters": [{"name": "a.w", "shape": [2, 3], "dtype": "bfloat16"}, {"name": "b.w", "shape": [2, 3], "dtype": "bfloat16"}],
+    "buffers": [{"name": "a.s", "shape": [1], "dtype": "int64", "persistent": false}],
+    "tied": [["a.w", "b.w"]]})");
+  const auto text = accel::to_skeleton_json(t);
+  auto back = accel::skeleton_from_json(text);
+  CHECK(accel::to_skeleton_json(back) == text);
+  CHECK(text.find(R"("tied":[["a.w","b.w"]])") != std::string::npos);
+  CHECK(back.modules()[*back.find_module("a")].class_name == "Block");
+}
+
+TEST_CASE("the largest layer is a block, a leaf module or a loose tensor", "[module_tree]") {
+  accel::ModuleTree t;
+  t.add_parameter("big", DType::F32, {100});               // loose root tensor: 400
+  t.add_parameter("m.layers.0.a.w", DType::F32, {30});     // block 0: 120 + 120
+  t.add_parameter("m.layers.0.b.w", DType::F32, {30});
+  t.add_parameter("m.head.w", DType::F32, {50});           // leaf module: 200
+  auto sizes = accel::compute_module_sizes(t);
+  auto blocks = accel::no_split_modules(t, {});
+  auto l = accel::largest_layer(t, sizes, blocks);
+  CHECK(l.name == "big");
+  CHECK(l.bytes == 400);
+  accel::ModuleTree u;
+  u.add_parameter("m.layers.0.a.w", DType::F32, {30});
+  u.add_parameter("m.layers.0.b.w", DType::F32, {30});
+  auto us = accel::compute_module_sizes(u);
+  CHECK(accel::largest_layer(u, us, accel::no_split_modules(u, {})).name == "m.layers.0");
+  CHECK(accel::largest_layer(u, us, accel::no_split_modules(u, {}, false)).name == "m.layers.0.a");
+}
+
+TEST_CASE("the cached model order follows later changes to the tree", "[module_tree]") {
+  accel::ModuleTree t;
+  t.add_parameter("a.w", DType::F32, {1});
+  auto first = t.index();
+  CHECK(first->tensor_rank.size() == 1);
+  t.add_parameter("b.w", DType::F32, {1});
+  CHECK(t.index()->tensor_rank.size() == 2);
+  CHECK(first->tensor_rank.size() == 1);  // an old snapshot stays valid
+  accel::ModuleTree copy = t;
+  CHECK(copy.index()->tensor_rank.size() == 2);
+}

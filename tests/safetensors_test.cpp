@@ -2,6 +2,8 @@
 // SPDX-FileCopyrightText: accel contributors
 #include <accel/safetensors.hpp>
 
+#include <algorithm>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -249,4 +251,29 @@ TEST_CASE("bad checkpoint paths and stale or malformed indexes are checkpoint er
   accel_test::write_text(dir / "other.safetensors.index.json", "{}");
   REQUIRE_THROWS_WITH(accel::resolve_checkpoint(dir.path()), contains("holds 2 checkpoint indexes"));
   REQUIRE_THROWS_AS(accel::resolve_checkpoint(dir.path()), accel::checkpoint_error);
+}
+
+TEST_CASE("property: corrupted headers either parse or throw checkpoint_error, never anything else", "[safetensors][property]") {
+  const auto good = accel_test::safetensors_bytes(
+      {{"a.weight", DType::F16, {3, 5}, {}}, {"b", DType::I64, {2}, {}}, {"c", DType::BOOL, {7}, {}}}, {{"format", "pt"}});
+  std::mt19937 rng(99);
+  int rejected = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    auto bytes = good;
+    const int edits = std::uniform_int_distribution<int>(1, 4)(rng);
+    for (int e = 0; e < edits; ++e) {
+      const auto pos = std::uniform_int_distribution<std::size_t>(0, std::min<std::size_t>(bytes.size() - 1, 200))(rng);
+      bytes[pos] = static_cast<std::byte>(std::uniform_int_distribution<int>(0, 255)(rng));
+    }
+    if (iter % 10 == 0) bytes.resize(std::uniform_int_distribution<std::size_t>(0, bytes.size())(rng));
+    try {
+      auto h = accel::parse_safetensors_header(bytes, bytes.size(), "fuzz");
+      std::uint64_t end = 0;
+      for (const auto& t : h.tensors) end = std::max(end, t.end);
+      REQUIRE(h.data_offset + end == bytes.size());
+    } catch (const accel::checkpoint_error&) {
+      ++rejected;
+    }
+  }
+  CHECK(rejected > 0);
 }

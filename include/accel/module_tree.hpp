@@ -533,7 +533,8 @@ struct LayerSize {
   std::uint64_t bytes = 0;   ///< its size
 };
 
-/// @brief Finds the largest layer (as the planner's reserve sees it, before any placement).
+/// @brief Finds the largest layer (as the planner's reserve sees it, before any placement); of
+///        equal ones, the first in model order.
 [[nodiscard]] inline LayerSize largest_layer(const ModuleTree& tree, const ModuleSizes& sizes, const std::vector<bool>& no_split) {
   LayerSize best;
   const auto& mods = tree.modules();
@@ -551,7 +552,8 @@ struct LayerSize {
     }
     for (auto t : mod.parameters) consider(tree.tensors()[t].name, sizes.tensor[t]);
     for (auto t : mod.buffers) consider(tree.tensors()[t].name, sizes.tensor[t]);
-    for (auto c : mod.children) stack.push_back(c);
+    // Reverse push: children are visited in model order, so ties go to the first.
+    for (auto c = mod.children.rbegin(); c != mod.children.rend(); ++c) stack.push_back(*c);
   }
   return best;
 }
