@@ -208,7 +208,7 @@ inline std::string join_ids(const std::vector<std::string>& ids, std::size_t fro
 }
 
 inline std::string plural(long long n, std::string_view word) {
-  return accel::detail::concat(n, " ", word, n == 1 ? "" : "s");
+  return accel::detail::concat(n, " ", word, n == 1 ? "" : word.ends_with("s") ? "es" : "s");
 }
 
 /// @brief The GPU checklist: how many processes this machine runs, and what the children see.
@@ -303,6 +303,17 @@ inline LaunchPlan plan_launch(const LaunchOptions& o, const LaunchInputs& in) {
   LaunchPlan plan;
   plan.num_machines = o.num_machines;
   const bool multi = o.num_machines > 1;
+  int requested_local = 0;
+  if (o.num_processes) {
+    if (*o.num_processes % o.num_machines != 0) {
+      const int below = *o.num_processes / o.num_machines * o.num_machines;
+      throw_error<usage_error>("--num_processes ", *o.num_processes, " is not divisible by --num_machines ", o.num_machines,
+                               ": --num_processes counts the processes of all machines together; use a multiple of ",
+                               o.num_machines, " (", below > 0 ? concat(below, " or ") : std::string{},
+                               below + o.num_machines, ")");
+    }
+    requested_local = *o.num_processes / o.num_machines;
+  }
   if (multi) {
     if (!o.machine_rank)
       throw_error<usage_error>("--num_machines ", o.num_machines, " needs --machine_rank (0 to ", o.num_machines - 1,
@@ -330,17 +341,6 @@ inline LaunchPlan plan_launch(const LaunchOptions& o, const LaunchInputs& in) {
     plan.job_token = in.fresh_job_token;
   }
   plan.machine_rank = o.machine_rank.value_or(0);
-  int requested_local = 0;
-  if (o.num_processes) {
-    if (*o.num_processes % o.num_machines != 0) {
-      const int below = *o.num_processes / o.num_machines * o.num_machines;
-      throw_error<usage_error>("--num_processes ", *o.num_processes, " is not divisible by --num_machines ", o.num_machines,
-                               ": --num_processes counts the processes of all machines together; use a multiple of ",
-                               o.num_machines, " (", below > 0 ? concat(below, " or ") : std::string{},
-                               below + o.num_machines, ")");
-    }
-    requested_local = *o.num_processes / o.num_machines;
-  }
   std::optional<std::string> child_visible;
   if (o.cpu) plan.local_world_size = requested_local > 0 ? requested_local : 1;
   else plan.local_world_size = detail::check_gpus(o, in, plan, requested_local, child_visible);
