@@ -44,7 +44,7 @@ bool has_warning(const LaunchPlan& p, const std::string& needle) {
 
 }  // namespace
 
-TEST_CASE("launch arguments accept underscore and hyphen spellings and --opt=value", "[launch][args]") {
+TEST_CASE("launch arguments accept underscore and hyphen spellings and the opt=value form", "[launch][args]") {
   const auto a = parse({"--num_processes", "4", "--gpu-ids", "2,5", "--tee", "--log_dir=logs", "--timeout", "12.5", "--grace",
                         "0", "./prog", "--num_processes", "9"});
   CHECK(a.num_processes == 4);
@@ -102,7 +102,7 @@ TEST_CASE("launch arguments reject bad numbers naming the value", "[launch][args
   REQUIRE_THROWS_WITH(parse({"--main_process_ip", "", "prog"}), contains("--main_process_ip '' is not a host name"));
 }
 
-TEST_CASE("launch arguments reject unknown options, flags with values and a missing program", "[launch][args]") {
+TEST_CASE("launch arguments reject unknown options and flags with values and a missing program", "[launch][args]") {
   REQUIRE_THROWS_WITH(parse({"--num_procs", "2", "prog"}), contains("unknown option '--num_procs'; see accel launch --help"));
   REQUIRE_THROWS_WITH(parse({"-n", "2", "prog"}), contains("unknown option '-n'"));
   REQUIRE_THROWS_WITH(parse({"--multi_gpu", "prog"}), contains("accel launch needs no --multi_gpu"));
@@ -152,7 +152,7 @@ TEST_CASE("the planned environment reads back through read_launch_env as accel l
   CHECK(env.use_cpu);
 }
 
-TEST_CASE("--num_processes defaults to the visible GPU count, and to 1 without GPUs", "[launch][plan]") {
+TEST_CASE("the process count defaults to the visible GPU count and to 1 without GPUs", "[launch][plan]") {
   CHECK(plan({}, gpus(4)).local_world_size == 4);
   CHECK(plan({}, gpus(0)).local_world_size == 1);
   CHECK(plan({"--cpu"}, gpus(8)).local_world_size == 1);
@@ -168,7 +168,7 @@ TEST_CASE("a free port is used unless --main_process_port names one", "[launch][
   CHECK(p.ranks[0].env.at("MASTER_ADDR") == "node7");
 }
 
-TEST_CASE("--gpu_ids becomes the children's CUDA_VISIBLE_DEVICES", "[launch][plan][gpus]") {
+TEST_CASE("gpu_ids becomes the children's CUDA_VISIBLE_DEVICES", "[launch][plan][gpus]") {
   const auto p = plan({"--gpu_ids", "2,5"}, gpus(8));
   REQUIRE(p.ranks.size() == 2);
   CHECK(p.ranks[0].env.at("CUDA_VISIBLE_DEVICES") == "2,5");
@@ -180,18 +180,18 @@ TEST_CASE("--gpu_ids becomes the children's CUDA_VISIBLE_DEVICES", "[launch][pla
   CHECK(uuids.ranks[1].env.at("CUDA_VISIBLE_DEVICES") == "GPU-aaaa,GPU-bbbb");
 }
 
-TEST_CASE("--gpu_ids that replaces an inherited CUDA_VISIBLE_DEVICES says so", "[launch][plan][gpus]") {
+TEST_CASE("gpu_ids that replace an inherited CUDA_VISIBLE_DEVICES say so", "[launch][plan][gpus]") {
   const auto p = plan({"--gpu_ids", "1"}, gpus(2, "0,1"));
   CHECK(has_warning(p, "--gpu_ids 1 replaces CUDA_VISIBLE_DEVICES='0,1' for the children"));
 }
 
-TEST_CASE("--gpu_ids on a machine without a visible GPU warns that it cannot be checked", "[launch][plan][gpus]") {
+TEST_CASE("gpu_ids on a machine without a visible GPU warn that they cannot be checked", "[launch][plan][gpus]") {
   const auto p = plan({"--gpu_ids", "2,5"}, gpus(0));
   CHECK(p.local_world_size == 2);
   CHECK(has_warning(p, "cannot check --gpu_ids 2,5: the launcher sees no GPU (insufficient driver)"));
 }
 
-TEST_CASE("bad --gpu_ids lists are usage errors with the fix", "[launch][plan][gpus]") {
+TEST_CASE("bad gpu_ids lists are usage errors with the fix", "[launch][plan][gpus]") {
   REQUIRE_THROWS_AS(plan({"--gpu_ids", ""}, gpus(4)), accel::usage_error);
   REQUIRE_THROWS_WITH(plan({"--gpu_ids", ""}, gpus(4)), contains("--gpu_ids '' names no GPU"));
   REQUIRE_THROWS_WITH(plan({"--gpu_ids", "1,1"}, gpus(4)), contains("--gpu_ids 1,1 lists a GPU twice"));
@@ -285,7 +285,7 @@ TEST_CASE("several machines: num_processes counts all of them and ranks follow t
   CHECK(q.ranks.front().rank == 4);
 }
 
-TEST_CASE("several machines: a total that does not divide is rejected, not truncated", "[launch][plan][machines]") {
+TEST_CASE("several machines: a total that does not divide is rejected and not truncated", "[launch][plan][machines]") {
   LaunchInputs in = gpus(0);
   in.env_job_token = "t";
   REQUIRE_THROWS_AS(plan({"--cpu", "--num_processes", "5", "--num_machines", "2", "--machine_rank", "0", "--main_process_ip", "h",
@@ -364,7 +364,7 @@ TEST_CASE("wait statuses are described and mapped to shell exit codes", "[launch
   CHECK(accel::detail::signal_name(63) == "signal 63");
 }
 
-TEST_CASE("output is cut into whole lines; partial lines wait for their end", "[launch][lines]") {
+TEST_CASE("output is cut into whole lines and partial lines wait for their end", "[launch][lines]") {
   accel::launch::detail::LineSplitter s(8);
   std::vector<std::string> out;
   auto emit = [&](std::string_view l) { out.emplace_back(l); };

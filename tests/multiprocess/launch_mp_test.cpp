@@ -210,7 +210,7 @@ TEST_CASE("every rank gets its own rank environment and the program's arguments"
   CHECK_THAT(l.err(), !contains("[rank"));
 }
 
-TEST_CASE("--gpu_ids sets CUDA_VISIBLE_DEVICES and the process count for every child", "[launch][mp]") {
+TEST_CASE("gpu_ids set CUDA_VISIBLE_DEVICES and the process count for every child", "[launch][mp]") {
   TempDir dir;
   Launcher l(dir, {"--gpu_ids", "2,5", "--log_dir", dir / "logs", children + "/print_env"},
              {{"CUDA_VISIBLE_DEVICES", "9"}});  // hides any real GPU, so the ids are never checked against one
@@ -225,7 +225,7 @@ TEST_CASE("--gpu_ids sets CUDA_VISIBLE_DEVICES and the process count for every c
   CHECK_FALSE(exists(dir / "logs/rank_2.stdout.log"));
 }
 
-TEST_CASE("--tee prefixes every line with its rank and never mixes partial lines", "[launch][mp]") {
+TEST_CASE("tee prefixes every line with its rank and never mixes partial lines", "[launch][mp]") {
   TempDir dir;
   Launcher l(dir, {"--cpu", "--num_processes", "3", "--tee", children + "/chatter", "30"});
   REQUIRE(l.wait() == 0);
@@ -324,7 +324,7 @@ TEST_CASE("standard input reaches local rank 0 when it is a file", "[launch][mp]
   CHECK_THAT(read_file(dir / "logs/rank_1.stdout.log"), !contains("stdin:"));
 }
 
-TEST_CASE("a program that cannot be found or executed is a launch error (exit 8)", "[launch][mp]") {
+TEST_CASE("a program that cannot be found or executed is a launch error with exit code 8", "[launch][mp]") {
   TempDir dir;
   {
     Launcher l(dir, {"--cpu", "no-such-program-accel"});
@@ -387,7 +387,7 @@ TEST_CASE("no visible GPU without --cpu is a warning and the job still runs", "[
   CHECK_THAT(l.out(), contains("[rank 1] RANK=1"));
 }
 
-TEST_CASE("accel launch --help documents options, environment and exit status", "[launch][mp]") {
+TEST_CASE("accel launch help documents options and environment and exit status", "[launch][mp]") {
   TempDir dir;
   Launcher l(dir, {"--help"});
   REQUIRE(l.wait() == 0);
