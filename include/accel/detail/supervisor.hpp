@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -20,7 +21,7 @@
 #include "../error.hpp"
 #include "process.hpp"
 
-extern "C" char** environ;  // NOLINT: POSIX declares it nowhere in C++ headers
+extern "C" char** environ;  // the process environment (POSIX; unistd.h declares it only with _GNU_SOURCE)
 
 ACCEL_NAMESPACE_BEGIN
 namespace launch {
@@ -244,13 +245,16 @@ class Supervisor {
     }
   }
 
-  void emit_line(Stream& s, std::string_view line) {
-    if (console_dead_[s.console == 2 ? 1 : 0]) return;
-    std::string out;
-    out.reserve(line.size() + 16);
-    if (tee_) out.append("[rank ").append(std::to_string(s.rank)).append("] ");
-    out.append(line).push_back('\n');
-    if (!accel::detail::write_all(s.console, out)) console_dead_[s.console == 2 ? 1 : 0] = true;  // closed console: keep draining
+  // Whole lines, prefixed, are appended to `batch_` and written with one write() per read: a
+  // write of whole lines is never mixed with another rank's, and one call per 64 KiB stays cheap.
+  void add_line(const Stream& s, std::string_view line) {
+    if (tee_) batch_.append("[rank ").append(std::to_string(s.rank)).append("] ");
+    batch_.append(line).push_back('\n');
+  }
+  void flush_batch(const Stream& s) {
+    bool& dead = console_dead_[s.console == 2 ? 1 : 0];
+    if (!dead && !batch_.empty() && !accel::detail::write_all(s.console, batch_)) dead = true;  // closed console: keep draining
+    batch_.clear();
   }
 
   void read_stream(Stream& s) {
@@ -267,12 +271,14 @@ class Supervisor {
                                  "); its output still goes to the console"));
       s.log.reset();
     }
-    s.lines.feed(data, [&](std::string_view line) { emit_line(s, line); });
+    s.lines.feed(data, [&](std::string_view line) { add_line(s, line); });
+    flush_batch(s);
   }
 
   void close_stream(Stream& s) {
     if (!s.pipe) return;
-    s.lines.finish([&](std::string_view line) { emit_line(s, line); });
+    s.lines.finish([&](std::string_view line) { add_line(s, line); });
+    flush_batch(s);
     s.pipe.reset();
     s.log.reset();
   }
@@ -284,6 +290,7 @@ class Supervisor {
   bool stopping_ = false;
   bool killed_ = false;
   bool console_dead_[2] = {false, false};
+  std::string batch_;
   std::optional<std::chrono::steady_clock::time_point> kill_at_;
   std::optional<std::size_t> failed_;
   std::optional<int> interrupt_;
