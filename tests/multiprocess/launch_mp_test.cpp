@@ -294,6 +294,7 @@ TEST_CASE("SIGINT and SIGTERM sent to the launcher reach every rank", "[launch][
   REQUIRE(l.wait() == 128 + sig);
   for (int r = 0; r < 3; ++r) CHECK(await_file(dir / ("sig_" + std::to_string(r))) == name);
   CHECK_THAT(l.err(), contains("received " + name + ": forwarding it to 3 processes"));
+  CHECK_THAT(l.err(), contains("job interrupted by " + name + "; exit status " + std::to_string(128 + sig)));
 }
 
 TEST_CASE("a rank's own child processes are stopped with it", "[launch][mp]") {
