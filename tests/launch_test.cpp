@@ -274,15 +274,20 @@ TEST_CASE("several machines: num_processes counts all of them and ranks follow t
   const auto env = accel::read_launch_env(accel::map_env(e));
   CHECK(env.group_rank == 2);
   CHECK(env.num_machines == 3);
-  // Without --num_processes each machine runs one process per GPU.
-  const auto q = plan({"--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "h", "--main_process_port", "1"},
-                      [&] {
-                        LaunchInputs g = gpus(4);
-                        g.env_job_token = "t";
-                        return g;
-                      }());
+  // With GPUs and no --cpu the count per machine is checked against this machine's GPUs.
+  LaunchInputs g = gpus(4);
+  g.env_job_token = "t";
+  const auto q = plan({"--num_processes", "8", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "h",
+                       "--main_process_port", "1"},
+                      g);
   CHECK(q.world_size == 8);
   CHECK(q.ranks.front().rank == 4);
+  CHECK(q.warnings.empty());
+  REQUIRE_THROWS_WITH(plan({"--num_processes", "10", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "h",
+                            "--main_process_port", "1"},
+                           g),
+                      contains("5 processes per machine but only 4 GPUs visible (4 GPUs on this machine): each process needs its "
+                               "own GPU; pass --num_processes 8"));
 }
 
 TEST_CASE("several machines: a total that does not divide is rejected and not truncated", "[launch][plan][machines]") {
@@ -306,19 +311,21 @@ TEST_CASE("several machines: a total that does not divide is rejected and not tr
 TEST_CASE("several machines: the rendezvous options are required", "[launch][plan][machines]") {
   LaunchInputs in = gpus(0);
   in.env_job_token = "t";
-  REQUIRE_THROWS_WITH(plan({"--cpu", "--num_machines", "2", "--main_process_ip", "h", "--main_process_port", "1"}, in),
+  REQUIRE_THROWS_WITH(plan({"--cpu", "--num_machines", "2", "--machine_rank", "0", "--main_process_ip", "h", "--main_process_port", "1"}, in),
+                      contains("--num_machines 2 needs --num_processes (the total over all machines)"));
+  REQUIRE_THROWS_WITH(plan({"--cpu", "--num_processes", "2", "--num_machines", "2", "--main_process_ip", "h", "--main_process_port", "1"}, in),
                       contains("--num_machines 2 needs --machine_rank (0 to 1)"));
-  REQUIRE_THROWS_WITH(plan({"--cpu", "--num_machines", "2", "--machine_rank", "2", "--main_process_ip", "h", "--main_process_port", "1"}, in),
+  REQUIRE_THROWS_WITH(plan({"--cpu", "--num_processes", "2", "--num_machines", "2", "--machine_rank", "2", "--main_process_ip", "h", "--main_process_port", "1"}, in),
                       contains("--machine_rank 2 is not below --num_machines 2"));
-  REQUIRE_THROWS_WITH(plan({"--cpu", "--num_machines", "2", "--machine_rank", "1", "--main_process_port", "1"}, in),
+  REQUIRE_THROWS_WITH(plan({"--cpu", "--num_processes", "2", "--num_machines", "2", "--machine_rank", "1", "--main_process_port", "1"}, in),
                       contains("needs --main_process_ip"));
-  REQUIRE_THROWS_WITH(plan({"--cpu", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "h"}, in),
+  REQUIRE_THROWS_WITH(plan({"--cpu", "--num_processes", "2", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "h"}, in),
                       contains("needs --main_process_port"));
   REQUIRE_THROWS_WITH(plan({"--cpu", "--machine_rank", "1"}, in), contains("--machine_rank 1 needs --num_machines above 1"));
-  REQUIRE_THROWS_AS(plan({"--cpu", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "h", "--main_process_port", "1"},
+  REQUIRE_THROWS_AS(plan({"--cpu", "--num_processes", "2", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "h", "--main_process_port", "1"},
                          gpus(0)),
                     accel::config_error);
-  REQUIRE_THROWS_WITH(plan({"--cpu", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "h", "--main_process_port", "1"},
+  REQUIRE_THROWS_WITH(plan({"--cpu", "--num_processes", "2", "--num_machines", "2", "--machine_rank", "1", "--main_process_ip", "h", "--main_process_port", "1"},
                            gpus(0)),
                       contains("needs the same ACCEL_JOB_TOKEN on every machine"));
 }

@@ -25,7 +25,8 @@ namespace launch {
 
 /// @brief What `accel launch` was asked to do (the parsed command line).
 struct LaunchOptions {
-  /// Processes in the whole job (all machines together); unset = visible GPUs (1 with none) per machine.
+  /// Processes in the whole job (all machines together; required with several machines);
+  /// unset on one machine = one per visible GPU (1 with none).
   std::optional<int> num_processes;
   std::optional<std::string> gpu_ids;  ///< `--gpu_ids 2,5`: CUDA_VISIBLE_DEVICES for the children ("all" = unset)
   bool cpu = false;                    ///< `--cpu`: run on the CPU (ACCEL_USE_CPU=1), skip every GPU check
@@ -201,9 +202,9 @@ inline const std::vector<std::string>& foreign_rank_variables() {
 
 namespace detail {
 
-inline std::string join_ids(const std::vector<std::string>& ids, std::size_t from = 0) {
+inline std::string join_ids(const std::vector<std::string>& ids) {
   std::string s;
-  for (std::size_t i = from; i < ids.size(); ++i) s += (s.empty() ? "" : ",") + ids[i];
+  for (const auto& id : ids) s += (s.empty() ? "" : ",") + id;
   return s;
 }
 
@@ -290,9 +291,9 @@ inline int check_gpus(const LaunchOptions& o, const LaunchInputs& in, LaunchPlan
 /// @brief Decides everything before a process starts: sizes, ranks, the rendezvous address and
 /// each child's environment, and runs the checklist (pure function).
 ///
-/// `--num_processes` counts the whole job; with several machines it must divide evenly and each
-/// machine runs num_processes / num_machines. Without it each machine runs one process per visible
-/// GPU (one with none).
+/// `--num_processes` counts the whole job; with several machines it is required, must divide evenly,
+/// and each machine runs num_processes / num_machines. On one machine it defaults to one process per
+/// visible GPU (one with none).
 /// @throws usage_error for contradictory or incomplete options (multi-machine without an address,
 ///         a total that does not divide, more processes than --gpu_ids lists)
 /// @throws config_error for an environment that cannot work (CUDA_VISIBLE_DEVICES empty or
@@ -315,6 +316,10 @@ inline LaunchPlan plan_launch(const LaunchOptions& o, const LaunchInputs& in) {
     requested_local = *o.num_processes / o.num_machines;
   }
   if (multi) {
+    // Machines with different GPU counts would each compute another WORLD_SIZE from a default.
+    if (!o.num_processes)
+      throw_error<usage_error>("--num_machines ", o.num_machines,
+                               " needs --num_processes (the total over all machines) so every machine agrees on WORLD_SIZE");
     if (!o.machine_rank)
       throw_error<usage_error>("--num_machines ", o.num_machines, " needs --machine_rank (0 to ", o.num_machines - 1,
                                ") on every machine");

@@ -294,6 +294,23 @@ TEST_CASE("SIGINT and SIGTERM sent to the launcher reach every rank", "[launch][
   REQUIRE(l.wait() == 128 + sig);
   for (int r = 0; r < 3; ++r) CHECK(await_file(dir / ("sig_" + std::to_string(r))) == name);
   CHECK_THAT(l.err(), contains("received " + name + ": forwarding it to 3 processes"));
+  CHECK_THAT(l.err(), contains("job interrupted by " + name + "; exit status " + std::to_string(128 + sig)));
+}
+
+TEST_CASE("a second signal to the launcher kills the ranks at once", "[launch][mp]") {
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "2", "--grace", "60", children + "/fail_rank", dir.path, "--ignore-term"});
+  const auto pids = read_pids(dir, "pid_", 2);
+  REQUIRE(::kill(l.pid, SIGTERM) == 0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (l.err().find("forwarding it to 2 processes") == std::string::npos && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE_THAT(l.err(), contains("received SIGTERM: forwarding it to 2 processes (SIGKILL after 60 s"));
+  REQUIRE(::kill(l.pid, SIGTERM) == 0);
+  REQUIRE(l.wait() == 128 + SIGTERM);  // well before the 60 s grace period
+  CHECK_THAT(l.err(), contains("received SIGTERM while stopping: killing 2 processes now"));
+  CHECK_THAT(l.err(), contains("stopped: was killed by signal 9 (SIGKILL)"));
+  for (pid_t p : pids) CHECK(process_gone(p));
 }
 
 TEST_CASE("a rank's own child processes are stopped with it", "[launch][mp]") {

@@ -17,9 +17,9 @@ rank environment, and supervises them: when one fails, the others are stopped an
 with the failed process's exit code.
 
 options (each also spelled with hyphens, e.g. --num-processes; values as `--opt V` or `--opt=V`):
-  --num_processes N       processes in the whole job, all machines together (with --num_machines M,
-                          N must be a multiple of M and each machine runs N/M). Default: one per
-                          visible GPU on each machine, 1 when there is none.
+  --num_processes N       processes in the whole job, all machines together (with --num_machines M
+                          it is required, must be a multiple of M, and each machine runs N/M).
+                          Default on one machine: one per visible GPU, 1 when there is none.
   --gpu_ids 2,5           GPUs to use, as nvidia-smi numbers them (or GPU-/MIG- UUIDs); becomes the
                           children's CUDA_VISIBLE_DEVICES, so they see cuda:0 and cuda:1. "all" = every GPU.
   --cpu                   run on the CPU: sets ACCEL_USE_CPU=1 and skips every GPU check.

@@ -180,7 +180,10 @@ class Supervisor {
                                  "; exit status ", code));
       return code;
     }
-    if (interrupt_) return 128 + *interrupt_;
+    if (interrupt_) {
+      say_(accel::detail::concat("job interrupted by ", accel::detail::signal_name(*interrupt_), "; exit status ", 128 + *interrupt_));
+      return 128 + *interrupt_;
+    }
     return 0;
   }
 

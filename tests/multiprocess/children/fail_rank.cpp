@@ -66,6 +66,8 @@ int main(int argc, char** argv) {
       sleep_seconds(30);
       std::_Exit(0);
     }
+    // Announce ourselves only once the grandchild exists, so the test can always find it.
+    for (int waited = 0; waited < 100 && ::access((g_dir + "/gpid_" + g_rank).c_str(), F_OK) != 0; ++waited) ::usleep(50000);
   }
   if (ignore_term) ::signal(SIGTERM, SIG_IGN);
   std::snprintf(g_sig_path, sizeof g_sig_path, "%s/sig_%s", g_dir.c_str(), g_rank.c_str());
