@@ -13,6 +13,7 @@
 #include "commands/env.hpp"
 #include "commands/exit_codes.hpp"
 #include "commands/launch.hpp"
+#include "commands/plan.hpp"
 
 namespace {
 
@@ -30,6 +31,8 @@ constexpr Command commands[] = {
      }},
     {"launch", "start N processes with their rank environment and supervise them", accel_cli::run_launch},
     {"env", "print what this process sees: features, driver, GPUs, CUDA_VISIBLE_DEVICES, launcher", accel_cli::run_env},
+    {"plan", "plan a device map (GPUs, cpu, disk) from checkpoint headers or a skeleton", accel_cli::run_plan},
+    {"estimate-memory", "model size and largest layer per dtype, from headers only", accel_cli::run_estimate_memory},
 };
 
 void print_help(std::FILE* out) {
