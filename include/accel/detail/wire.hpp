@@ -47,6 +47,10 @@ class WireWriter {
  public:
   /// @brief Starts a frame: reserves the length prefix and writes the message type.
   explicit WireWriter(Msg type) { buf_.resize(frame_header_bytes), u8(static_cast<std::uint8_t>(type)); }
+  /// @brief Starts a bare record (no frame prefix, no type); hand it over with take().
+  WireWriter() = default;
+  /// @brief The bytes written so far (bare records).
+  std::vector<std::byte> take() { return std::move(buf_); }
   WireWriter& u8(std::uint8_t v) { return raw(&v, 1); }
   WireWriter& u32(std::uint32_t v) { return le(v); }
   WireWriter& u64(std::uint64_t v) { return le(v); }
