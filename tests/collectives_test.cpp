@@ -48,12 +48,12 @@ TEST_CASE("gather_object returns every rank's value in rank order", "[collective
       const int r = comm.rank();
       // Uneven sizes: rank r sends r*100 characters; a struct with a vector; a raw scalar.
       auto texts = accel::gather_object(comm, std::string(static_cast<std::size_t>(r) * 100, static_cast<char>('a' + r)));
-      REQUIRE(texts.size() == static_cast<std::size_t>(n));
-      for (int i = 0; i < n; ++i) REQUIRE(texts[static_cast<std::size_t>(i)] == std::string(static_cast<std::size_t>(i) * 100, static_cast<char>('a' + i)));
+      ACCEL_TEST_ENSURE(texts.size() == static_cast<std::size_t>(n));
+      for (int i = 0; i < n; ++i) ACCEL_TEST_ENSURE(texts[static_cast<std::size_t>(i)] == std::string(static_cast<std::size_t>(i) * 100, static_cast<char>('a' + i)));
       auto structs = accel::gather_object(comm, demo::Completion{r, "r" + std::to_string(r), std::vector<float>(static_cast<std::size_t>(r), 0.5f)});
-      for (int i = 0; i < n; ++i) REQUIRE(structs[static_cast<std::size_t>(i)].prompt == i);
-      REQUIRE(accel::gather_object(comm, r * 10).back() == (n - 1) * 10);
-      REQUIRE(comm.collectives_entered() == 3);
+      for (int i = 0; i < n; ++i) ACCEL_TEST_ENSURE(structs[static_cast<std::size_t>(i)].prompt == i);
+      ACCEL_TEST_ENSURE(accel::gather_object(comm, r * 10).back() == (n - 1) * 10);
+      ACCEL_TEST_ENSURE(comm.collectives_entered() == 3);
     });
   }
 }
@@ -66,7 +66,7 @@ TEST_CASE("gather_object_flat concatenates per-rank vectors in rank order, as ac
       const auto all = accel::gather_object_flat(comm, mine);
       std::vector<int> expected;
       for (int i = 0; i < n; ++i) expected.insert(expected.end(), static_cast<std::size_t>(i), i);
-      REQUIRE(all == expected);
+      ACCEL_TEST_ENSURE(all == expected);
     });
   }
 }
@@ -83,8 +83,8 @@ TEST_CASE("gather_object with shards drops padding and restores the original ord
           std::vector<std::string> results;
           for (const auto& p : mine) results.push_back(p + " done");
           const auto all = accel::gather_object(comm, results, mine.shard());
-          REQUIRE(all.size() == length);
-          for (std::size_t i = 0; i < length; ++i) REQUIRE(all[i] == inputs[i] + " done");
+          ACCEL_TEST_ENSURE(all.size() == length);
+          for (std::size_t i = 0; i < length; ++i) ACCEL_TEST_ENSURE(all[i] == inputs[i] + " done");
         });
       }
 }
@@ -95,7 +95,7 @@ TEST_CASE("gather_object with shards accepts results without the padding items",
     std::vector<int> results;
     for (std::size_t i = 0; i < shard.real_count; ++i) results.push_back(static_cast<int>(shard.first_index + i));
     const auto all = accel::gather_object(comm, results, shard);
-    REQUIRE(all == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8});
+    ACCEL_TEST_ENSURE(all == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8});
   });
 }
 
@@ -130,11 +130,11 @@ TEST_CASE("broadcast_object delivers the root's value to every rank", "[collecti
       run_world_ok(n, [root](Communicator& comm) {
         const demo::Completion mine{comm.rank(), "from " + std::to_string(comm.rank()), {1.f}};
         const auto got = accel::broadcast_object(comm, mine, root);
-        REQUIRE(got.prompt == root);
-        REQUIRE(got.text == "from " + std::to_string(root));
+        ACCEL_TEST_ENSURE(got.prompt == root);
+        ACCEL_TEST_ENSURE(got.text == "from " + std::to_string(root));
       });
   const auto errors = run_world(2, [](Communicator& comm) { accel::broadcast_object(comm, 1, 2); });
-  REQUIRE(message(errors[0]).find("broadcast: root 2 is not a rank of this 2-process job") != std::string::npos);
+  ACCEL_TEST_ENSURE(message(errors[0]).find("broadcast: root 2 is not a rank of this 2-process job") != std::string::npos);
 }
 
 TEST_CASE("a rank whose value fails to serialize makes every rank throw, naming it", "[collectives]") {
@@ -142,11 +142,11 @@ TEST_CASE("a rank whose value fails to serialize makes every rank throw, naming 
     const auto errors = run_world(n, [](Communicator& comm) { accel::gather_object(comm, demo::Fragile{comm.rank()}); });
     // Rank 2 rethrows its own error; every other rank gets the same comm_error naming rank 2.
     REQUIRE_THROWS_AS(std::rethrow_exception(errors[2]), accel::serialization_error);
-    REQUIRE(message(errors[2]) == "[accel.serialization] cannot encode a demo::Fragile on rank 2: value 2 refuses to serialize");
+    ACCEL_TEST_ENSURE(message(errors[2]) == "[accel.serialization] cannot encode a demo::Fragile on rank 2: value 2 refuses to serialize");
     for (int r = 0; r < n; ++r) {
       if (r == 2) continue;
       REQUIRE_THROWS_AS(std::rethrow_exception(errors[static_cast<std::size_t>(r)]), accel::comm_error);
-      REQUIRE(message(errors[static_cast<std::size_t>(r)]) ==
+      ACCEL_TEST_ENSURE(message(errors[static_cast<std::size_t>(r)]) ==
               "[accel.comm] rank 2 failed before gather_object #1 and joined it with a failure marker, so no result can be "
               "returned (rank 2: [accel.serialization] cannot encode a demo::Fragile on rank 2: value 2 refuses to serialize)");
     }
@@ -270,8 +270,8 @@ TEST_CASE("DistributedState collectives create the CPU communicator from the lau
       auto mine = state.split_between_processes(prompts, {.apply_padding = true});
       std::vector<std::string> out(mine.begin(), mine.end());
       auto all = accel::gather_object(state, out, mine.shard());
-      REQUIRE(state.communicator()->backend() == "cpu");
-      REQUIRE(accel::broadcast_object(state, std::string("root says hi"), 0) == "root says hi");
+      ACCEL_TEST_ENSURE(state.communicator()->backend() == "cpu");
+      ACCEL_TEST_ENSURE(accel::broadcast_object(state, std::string("root says hi"), 0) == "root says hi");
       accel::wait_for_everyone(state);
       return all;
     }));

@@ -147,3 +147,10 @@ inline std::string message(const std::exception_ptr& e) { return e ? accel::deta
 inline const std::vector<int> world_sizes = {1, 2, 3, 4, 7};
 
 }  // namespace accel_test
+
+/// @brief Catch2 assertions are not thread-safe: rank threads check with this and throw instead,
+/// and the test asserts on the collected exceptions from the main thread.
+#define ACCEL_TEST_ENSURE(...)                                                                                   \
+  do {                                                                                                           \
+    if (!(__VA_ARGS__)) throw std::runtime_error("ensure failed: " #__VA_ARGS__ " (line " + std::to_string(__LINE__) + ")"); \
+  } while (false)

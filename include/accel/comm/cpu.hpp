@@ -47,16 +47,37 @@ class CpuCommunicator final : public Communicator {
       : Communicator(rank, size, store->timeout()), store_(std::move(store)), options_(std::move(options)) {
     const char* env = std::getenv("ACCEL_CPU_SHM");
     if (env && (std::string(env) == "0" || std::string(env) == "false" || std::string(env) == "off")) options_.use_shm = false;
+    // Rank 0 draws a generation number so a communicator re-created under the same name never
+    // sees keys of an earlier one; the setup round hands it to everyone with the machine identities.
     const std::string me = detail::machine_identity();
-    const auto mine = std::as_bytes(std::span<const char>(me.data(), me.size()));
-    const Blobs all = store_->exchange(key("setup"), rank, size, mine, "communicator setup (" + options_.name + ")");
+    const std::uint64_t generation = rank == 0 ? static_cast<std::uint64_t>(store_->add(base_key() + "generation", 1)) : 0;
+    detail::WireWriter w;
+    w.str(me).u64(generation);
+    const Blobs all = store_->exchange(base_key() + "setup", rank, size, w.take(), "communicator setup (" + options_.name + ")");
     same_machine_ = true;
-    for (std::size_t i = 0; i < all.size(); ++i)
-      same_machine_ = same_machine_ && std::equal(all[i].begin(), all[i].end(), mine.begin(), mine.end());
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      detail::WireReader rd(all[i]);
+      same_machine_ = same_machine_ && rd.str() == me;
+      if (i == 0) prefix_ = base_key() + std::to_string(rd.u64()) + "/";
+    }
     if (same_machine_ && options_.use_shm) {
       const std::string prefix = detail::unique_shm_prefix();
       segments_.emplace_back(prefix + ".a");
       segments_.emplace_back(prefix + ".b");
+    }
+  }
+
+  /// @brief Says this rank is done; if its last round went through shared memory, first waits
+  /// (bounded) until every rank is done too, so nobody is left reading a segment being unlinked.
+  ~CpuCommunicator() override {
+    try {
+      store_->set(key("closed/" + std::to_string(rank())), std::string_view("1"));
+      if (!segments_.empty() && last_shm_round_ != 0 && last_shm_round_ == collectives_entered()) {
+        std::vector<std::string> keys;
+        for (int r = 0; r < size(); ++r) keys.push_back(key("closed/" + std::to_string(r)));
+        store_->wait(keys, std::min(timeout(), std::chrono::milliseconds(30'000)));
+      }
+    } catch (...) {  // a dead peer or store: nobody is left to read the segments
     }
   }
 
@@ -76,7 +97,7 @@ class CpuCommunicator final : public Communicator {
     if (!segments_.empty() && payload.size() >= options_.shm_threshold) {
       auto& seg = segments_[seq % 2];
       shm = seg.write(payload);
-      if (shm) w.u8(1).str(seg.name()).u64(payload.size());
+      if (shm) w.u8(1).str(seg.name()).u64(payload.size()), last_shm_round_ = seq;
     }
     if (!shm) w.u8(0).bytes(payload);
     const auto entry = w.take();
@@ -113,6 +134,7 @@ class CpuCommunicator final : public Communicator {
       r.payloads.offset.push_back(at);
       r.payloads.length.push_back(parts[i].size);
       std::span<std::byte> dst(r.payloads.buffer.data() + at, parts[i].size);
+      if (dst.empty()) continue;
       if (static_cast<int>(i) == rank()) std::memcpy(dst.data(), payload.data(), payload.size());
       else if (parts[i].segment.empty()) std::memcpy(dst.data(), parts[i].inline_data.data(), dst.size());
       else detail::read_shm(parts[i].segment, dst, static_cast<int>(i));
@@ -122,11 +144,14 @@ class CpuCommunicator final : public Communicator {
   }
 
  private:
-  std::string key(const std::string& what) const { return "accel/comm/" + options_.name + "/" + what; }
+  std::string base_key() const { return "accel/comm/" + options_.name + "/"; }
+  std::string key(const std::string& what) const { return prefix_ + what; }
 
   std::shared_ptr<StoreClient> store_;
   CpuCommOptions options_;
+  std::string prefix_;  ///< store key prefix of this communicator instance
   bool same_machine_ = false;
+  std::uint64_t last_shm_round_ = 0;  ///< the latest round whose payload went through our segments
   std::vector<detail::ShmSegment> segments_;
 };
 
