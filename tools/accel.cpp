@@ -12,6 +12,7 @@
 
 #include "commands/env.hpp"
 #include "commands/exit_codes.hpp"
+#include "commands/launch.hpp"
 
 namespace {
 
@@ -27,6 +28,7 @@ constexpr Command commands[] = {
        std::printf("accel %s\n", accel::version_string);
        return 0;
      }},
+    {"launch", "start N processes with their rank environment and supervise them", accel_cli::run_launch},
     {"env", "print what this process sees: features, driver, GPUs, CUDA_VISIBLE_DEVICES, launcher", accel_cli::run_env},
 };
 
