@@ -17,6 +17,6 @@ if [[ ! -x "$bin" || "$src" -nt "$bin" || -n "$(find "$root/include" -newer "$bi
     -I "$root/include" "$src" -o "$bin"
 fi
 # Seeds: a get and a set on an authenticated connection (first byte = harness flags).
-printf '\x01\x05\x00\x00\x00\x03\x01\x00\x00\x00k\x00\x00\x00\x00\x00\x00\x00\x00' > "$work/corpus/seed-get"
-printf '\x03\x0a\x00\x00\x00\x02\x01\x00\x00\x00k\x01\x00\x00\x00v' > "$work/corpus/seed-set"
+printf '\x01\x0e\x00\x00\x00\x03\x01\x00\x00\x00k\x00\x00\x00\x00\x00\x00\x00\x00' > "$work/corpus/seed-get"
+printf '\x03\x0b\x00\x00\x00\x02\x01\x00\x00\x00k\x01\x00\x00\x00v' > "$work/corpus/seed-set"
 exec "$bin" -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 "$work/corpus"
