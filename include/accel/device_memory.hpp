@@ -87,6 +87,8 @@ class DeviceMemory {
   /// @brief Blocks the host until the work before the event's record point is done.
   /// @note blocking
   virtual void wait_event(EventHandle event) = 0;
+  /// @brief Makes later work on `stream` wait for the event (the host does not block).
+  virtual void stream_wait_event(StreamHandle stream, EventHandle event) = 0;
   /// @brief Blocks the host until all work on `stream` is done.
   /// @note blocking
   virtual void synchronize(StreamHandle stream) = 0;
@@ -348,6 +350,10 @@ class HostSimulatedDevice final : public DeviceMemory {
     auto* e = static_cast<SimEvent*>(event);
     if (e->stream) run_until(*e->stream, e->position);
   }
+  void stream_wait_event(StreamHandle, EventHandle event) override {
+    // Running the awaited copies now is one valid order of the real device's execution.
+    wait_event(event);
+  }
   void synchronize(StreamHandle stream) override {
     std::lock_guard lock(mutex_);
     auto* s = static_cast<SimStream*>(stream);
@@ -499,6 +505,9 @@ class CudaDeviceMemory final : public DeviceMemory {
     ACCEL_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
   }
   void wait_event(EventHandle event) override { ACCEL_CUDA_TRY(cudaEventSynchronize(static_cast<cudaEvent_t>(event))); }
+  void stream_wait_event(StreamHandle stream, EventHandle event) override {
+    ACCEL_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
+  }
   void synchronize(StreamHandle stream) override {
     ACCEL_CUDA_TRY(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
   }
