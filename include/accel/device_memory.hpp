@@ -242,11 +242,15 @@ struct ArenaLayout {
   std::uint64_t total = 0;             ///< bytes to allocate
 };
 
-/// @brief Packs `sizes` in order, each offset a multiple of `alignment` (a power of two).
+/// @brief Packs `sizes` in order, each non-empty one at a multiple of `alignment` (a power of two).
 [[nodiscard]] inline ArenaLayout arena_layout(const std::vector<std::uint64_t>& sizes, std::uint64_t alignment = 256) {
   ArenaLayout l;
   l.offsets.reserve(sizes.size());
   for (auto s : sizes) {
+    if (s == 0) {  // empty tensors take no room (and no padding)
+      l.offsets.push_back(l.total);
+      continue;
+    }
     l.total = (l.total + alignment - 1) & ~(alignment - 1);
     l.offsets.push_back(l.total);
     l.total += s;
