@@ -6,9 +6,11 @@
 ///        preserved; and the rule deciding a tensor's load dtype (integers never converted).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 
 #include "config.hpp"
@@ -91,6 +93,28 @@ ACCEL_NAMESPACE_BEGIN
   return from == to || (f(from) && f(to));
 }
 
+namespace detail {
+// Every 16-bit source has only 65536 values: bulk conversions from F16/BF16 are table lookups
+// (512 KiB, built once on first use), which removes the per-element branches of the scalar forms.
+struct HalfTables {
+  std::array<float, 65536> half_to_f32;
+  std::array<std::uint16_t, 65536> half_to_bf16, bf16_to_half;
+};
+inline const HalfTables& half_tables() {
+  static const std::unique_ptr<HalfTables> tables = [] {
+    auto t = std::make_unique<HalfTables>();
+    for (std::uint32_t i = 0; i < 65536; ++i) {
+      const auto b = static_cast<std::uint16_t>(i);
+      t->half_to_f32[i] = half_to_float(b);
+      t->half_to_bf16[i] = float_to_bf16(half_to_float(b));
+      t->bf16_to_half[i] = float_to_half(bf16_to_float(b));
+    }
+    return t;
+  }();
+  return *tables;
+}
+}  // namespace detail
+
 /// @brief Converts `count` elements from `src` (dtype `from`) to `dst` (dtype `to`); identity copies.
 /// @param src, dst may not overlap; need not be aligned
 /// @throws accel::usage_error for an unsupported pair (see conversion_supported)
@@ -109,22 +133,24 @@ inline void convert_elements(DType from, DType to, const std::byte* src, std::by
     return v;
   };
   auto store16 = [](std::byte* p, std::uint64_t i, std::uint16_t v) { std::memcpy(p + 2 * i, &v, 2); };
-  if (from == DType::F32) {
-    for (std::uint64_t i = 0; i < count; ++i) {
-      float v;
-      std::memcpy(&v, src + 4 * i, 4);
-      store16(dst, i, to == DType::F16 ? float_to_half(v) : float_to_bf16(v));
-    }
+  auto load32 = [](const std::byte* p, std::uint64_t i) {
+    float v;
+    std::memcpy(&v, p + 4 * i, 4);
+    return v;
+  };
+  auto store32 = [](std::byte* p, std::uint64_t i, float v) { std::memcpy(p + 4 * i, &v, 4); };
+  if (from == DType::F32 && to == DType::F16) {
+    for (std::uint64_t i = 0; i < count; ++i) store16(dst, i, float_to_half(load32(src, i)));
+  } else if (from == DType::F32) {
+    for (std::uint64_t i = 0; i < count; ++i) store16(dst, i, float_to_bf16(load32(src, i)));
+  } else if (from == DType::F16 && to == DType::F32) {
+    const auto& table = detail::half_tables().half_to_f32;
+    for (std::uint64_t i = 0; i < count; ++i) store32(dst, i, table[load16(src, i)]);
   } else if (to == DType::F32) {
-    for (std::uint64_t i = 0; i < count; ++i) {
-      const std::uint16_t b = load16(src, i);
-      const float v = from == DType::F16 ? half_to_float(b) : bf16_to_float(b);
-      std::memcpy(dst + 4 * i, &v, 4);
-    }
-  } else if (from == DType::F16) {  // F16 → BF16 (one rounding: F16 → F32 is exact)
-    for (std::uint64_t i = 0; i < count; ++i) store16(dst, i, float_to_bf16(half_to_float(load16(src, i))));
-  } else {  // BF16 → F16
-    for (std::uint64_t i = 0; i < count; ++i) store16(dst, i, float_to_half(bf16_to_float(load16(src, i))));
+    for (std::uint64_t i = 0; i < count; ++i) store32(dst, i, bf16_to_float(load16(src, i)));
+  } else {  // F16 <-> BF16: one rounding (F16 -> F32 is exact, and so is BF16 -> F32)
+    const auto& table = from == DType::F16 ? detail::half_tables().half_to_bf16 : detail::half_tables().bf16_to_half;
+    for (std::uint64_t i = 0; i < count; ++i) store16(dst, i, table[load16(src, i)]);
   }
 }
 
