@@ -10,7 +10,9 @@
 #include <accel/error.hpp>
 #include <accel/version.hpp>
 
+#include "commands/env.hpp"
 #include "commands/exit_codes.hpp"
+#include "commands/plan.hpp"
 
 namespace {
 
@@ -26,6 +28,9 @@ constexpr Command commands[] = {
        std::printf("accel %s\n", accel::version_string);
        return 0;
      }},
+    {"env", "print what this process sees: features, driver, GPUs, CUDA_VISIBLE_DEVICES, launcher", accel_cli::run_env},
+    {"plan", "plan a device map (GPUs, cpu, disk) from checkpoint headers or a skeleton", accel_cli::run_plan},
+    {"estimate-memory", "model size and largest layer per dtype, from headers only", accel_cli::run_estimate_memory},
 };
 
 void print_help(std::FILE* out) {

@@ -422,6 +422,36 @@ inline bool has_component(std::string_view name, std::string_view comp) {
   return out;
 }
 
+/// @brief The largest unit the planner moves whole: a no-split block, a module without children,
+///        or a loose tensor of a module that gets split.
+struct LayerSize {
+  std::string name;          ///< its name ("" when the tree is empty)
+  std::uint64_t bytes = 0;   ///< its size
+};
+
+/// @brief Finds the largest layer (as the planner's reserve sees it, before any placement).
+[[nodiscard]] inline LayerSize largest_layer(const ModuleTree& tree, const ModuleSizes& sizes, const std::vector<bool>& no_split) {
+  LayerSize best;
+  const auto& mods = tree.modules();
+  auto consider = [&](const std::string& name, std::uint64_t bytes) {
+    if (bytes > best.bytes) best = LayerSize{name, bytes};
+  };
+  std::vector<std::size_t> stack{0};
+  while (!stack.empty()) {
+    const auto m = stack.back();
+    stack.pop_back();
+    const auto& mod = mods[m];
+    if (m != 0 && (mod.children.empty() || no_split[m])) {
+      consider(mod.name, sizes.module[m]);
+      continue;
+    }
+    for (auto t : mod.parameters) consider(tree.tensors()[t].name, sizes.tensor[t]);
+    for (auto t : mod.buffers) consider(tree.tensors()[t].name, sizes.tensor[t]);
+    for (auto c : mod.children) stack.push_back(c);
+  }
+  return best;
+}
+
 ACCEL_NAMESPACE_END
 
 #include "detail/module_tree_io.hpp"

@@ -207,6 +207,43 @@ inline bool natural_less(std::string_view a, std::string_view b) {
   return skeleton_from_json(text, path.string());
 }
 
+/// @brief Writes a tree as model skeleton JSON (modules in pre-order, tensors, tie groups), the
+///        format skeleton_from_json reads.
+[[nodiscard]] inline std::string to_skeleton_json(const ModuleTree& tree, int indent = -1) {
+  const auto ix = index_tree(tree);
+  nlohmann::ordered_json j;
+  j["modules"] = nlohmann::ordered_json::array();
+  j["parameters"] = nlohmann::ordered_json::array();
+  j["buffers"] = nlohmann::ordered_json::array();
+  std::vector<std::size_t> order(tree.modules().size());
+  for (std::size_t m = 0; m < order.size(); ++m) order[m] = m;
+  std::sort(order.begin(), order.end(), [&](auto a, auto b) { return ix.module_rank[a] < ix.module_rank[b]; });
+  for (auto m : order) {
+    const auto& mod = tree.modules()[m];
+    nlohmann::ordered_json e{{"name", mod.name}};
+    if (!mod.class_name.empty()) e["class"] = mod.class_name;
+    j["modules"].push_back(e);
+  }
+  std::vector<std::size_t> tensors(tree.tensors().size());
+  for (std::size_t t = 0; t < tensors.size(); ++t) tensors[t] = t;
+  std::sort(tensors.begin(), tensors.end(), [&](auto a, auto b) { return ix.tensor_rank[a] < ix.tensor_rank[b]; });
+  for (auto t : tensors) {
+    const auto& ten = tree.tensors()[t];
+    nlohmann::ordered_json e{{"name", ten.name}, {"shape", ten.shape}, {"dtype", std::string(torch_name(ten.dtype))}};
+    if (ten.buffer && !ten.persistent) e["persistent"] = false;
+    j[ten.buffer ? "buffers" : "parameters"].push_back(e);
+  }
+  if (!ix.tied_groups.empty()) {
+    j["tied"] = nlohmann::ordered_json::array();
+    for (const auto& g : ix.tied_groups) {
+      nlohmann::ordered_json names = nlohmann::ordered_json::array();
+      for (auto t : g) names.push_back(tree.tensors()[t].name);
+      j["tied"].push_back(names);
+    }
+  }
+  return j.dump(indent);
+}
+
 /// @brief Options for ModuleTree construction from checkpoint headers.
 struct CheckpointTreeOptions {
   /// Overrides config.json's `tie_word_embeddings` (unset: read it; absent in the config means

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The README's demo: installs what it needs, builds the accel command and the examples, then runs
+# the seed program as two processes on this machine (CPU when there is no GPU).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build="$root/build/demo"
+"$root/tools/setup-deps.sh"
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=OFF -DACCEL_BUILD_EXAMPLES=ON >/dev/null
+cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)" >/dev/null
+echo "== accel launch --num_processes 2: each rank's device and share of the prompts"
+"$build/bin/accel" launch --num_processes 2 --tee -- "$build/examples/infer_split_gather"

@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file planner.hpp
+/// @brief infer_auto_device_map, get_balanced_memory and the auto/balanced/balanced_low_0/
+///        sequential modes: which module goes to which GPU, to CPU or to disk.
+///
+/// The placement follows accelerate's greedy single pass (devices GPUs → cpu → disk; room for the
+/// largest remaining layer kept on the first GPU and on CPU; tied tensors placed together; a
+/// module that does not fit is replaced by its direct tensors and children unless it is a
+/// no-split block; optional fallback; cleaning), with its defects fixed:
+/// - tie containment is a prefix test on the tree (module `0` does not contain `10.weight`);
+/// - a split module's direct parameters *and buffers* stay in the queue, so every tensor is mapped;
+/// - the size with ties counts each partner entry once;
+/// - the largest-layer reserve is always the largest layer still waiting (never stale);
+/// - output keys are in model order; everything is O(n log n).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config.hpp"
+#include "device_map.hpp"
+#include "dtype.hpp"
+#include "error.hpp"
+#include "memory.hpp"
+#include "module_tree.hpp"
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief The string device-map strategies of transformers/accelerate.
+enum class DeviceMapMode : std::uint8_t {
+  automatic,       ///< "auto": same as balanced (as in accelerate today)
+  balanced,        ///< "balanced": budgets from get_balanced_memory, then placement
+  balanced_low_0,  ///< "balanced_low_0": balanced, keeping GPU 0 as empty as possible
+  sequential,      ///< "sequential": budgets used as given, filling GPUs in order
+};
+
+/// @brief Parses "auto", "balanced", "balanced_low_0" or "sequential".
+/// @throws accel::usage_error naming the string and the accepted ones
+[[nodiscard]] inline DeviceMapMode parse_device_map_mode(std::string_view s) {
+  if (s == "auto") return DeviceMapMode::automatic;
+  if (s == "balanced") return DeviceMapMode::balanced;
+  if (s == "balanced_low_0") return DeviceMapMode::balanced_low_0;
+  if (s == "sequential") return DeviceMapMode::sequential;
+  detail::throw_error<usage_error>("unknown device map mode '", s, "'; use auto, balanced, balanced_low_0 or sequential");
+}
+
+/// @brief Options of infer_auto_device_map / plan_device_map.
+struct PlanOptions {
+  MaxMemory max_memory{};                 ///< budgets (required): GPUs, optional cpu, optional disk cap
+  std::vector<std::string> no_split{};    ///< class names or glob patterns of blocks never split
+  bool auto_no_split = true;              ///< with no `no_split`: numbered children are blocks
+  std::optional<DType> dtype{};           ///< target dtype for sizes (floating tensors only, min rule)
+  std::map<std::string, DType, std::less<>> special_dtypes{};  ///< exact tensor name → dtype
+  std::vector<std::string> keep_in_fp32{};  ///< module names whose floating tensors stay float32
+  bool clean_result = true;               ///< merge keys with clean_device_map
+  bool offload_buffers = false;           ///< offloaded modules' buffers are offloaded too (else they
+                                          ///< stay resident on the execution device)
+  bool fallback_allocation = false;       ///< when a main device would get nothing, look for a
+                                          ///< smaller module that fits (accelerate's fallback)
+  std::ostream* verbose = nullptr;        ///< trace of every decision (accelerate's verbose lines)
+};
+
+/// @brief What one device received.
+struct DevicePlan {
+  Placement device{};                     ///< which device
+  std::optional<std::uint64_t> budget{};  ///< its budget; unset = unbounded (disk)
+  std::uint64_t placed = 0;               ///< bytes of weights placed on it
+  std::uint64_t reserve = 0;              ///< largest-layer reserve held back when last considered
+  std::uint64_t buffers = 0;              ///< buffer bytes of the modules placed on it
+  bool main = false;                      ///< a main device (first GPU, cpu) that keeps the reserve
+  std::vector<std::string> modules{};     ///< keys of the final map placed on it, model order
+  std::optional<std::uint64_t> required{};  ///< it received nothing: bytes the first module needed
+};
+
+/// @brief A device map with its accounting.
+struct PlanResult {
+  DeviceMap device_map{};                 ///< HF device map, model order
+  std::vector<DevicePlan> devices{};      ///< every candidate device, fill order
+  MaxMemory budgets{};                    ///< the budgets used (after balancing)
+  std::uint64_t total_bytes = 0;          ///< model size under the size options
+  std::uint64_t largest_layer = 0;        ///< largest layer (block, leaf module or loose tensor)
+  std::vector<std::string> warnings{};    ///< e.g. offloaded buffers that fit no GPU
+  std::vector<std::string> info{};        ///< e.g. devices that received nothing
+};
+
+ACCEL_NAMESPACE_END
+
+#include "detail/placement_engine.hpp"
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief Balanced per-GPU budgets (accelerate's get_balanced_memory).
+///
+/// Each GPU but the last gets min(budget, total/n + allowance), allowance = int(1.25 × max(largest
+/// no-split block, mean size of the modules holding only tensors)); the last GPU keeps its
+/// budget. With `low_zero`, GPU "0" (the first GPU) gets only what the others cannot hold.
+/// With one GPU whose budget was defaulted (`budgets_defaulted`) it keeps 90 % of it.
+/// @note accelerate takes the first module of each no-split class; accel takes the largest
+///       no-split block (same value when blocks are equal; never smaller), and indexes GPUs by
+///       their order, so ids need not be 0..n-1.
+/// @return the adjusted budgets (cpu and disk unchanged)
+[[nodiscard]] inline MaxMemory get_balanced_memory(const ModuleTree& tree, const MaxMemory& max_memory,
+                                                   const PlanOptions& opts = {}, bool low_zero = false,
+                                                   bool budgets_defaulted = false) {
+  MaxMemory out = max_memory;
+  std::vector<int> gpus;
+  for (const auto& [i, b] : out.gpus)
+    if (b > 0) gpus.push_back(i);
+  if (gpus.empty()) return out;
+  if (gpus.size() == 1) {
+    if (budgets_defaulted) out.gpus[gpus[0]] = static_cast<std::uint64_t>(static_cast<double>(out.gpus[gpus[0]]) * 0.9);
+    return out;
+  }
+  const auto ix = index_tree(tree);
+  const auto sizes = compute_module_sizes(tree, ix, detail::size_options(opts));
+  const auto no_split = no_split_modules(tree, opts.no_split, opts.auto_no_split);
+  const std::uint64_t total = sizes.total();
+  const auto n = static_cast<std::uint64_t>(gpus.size());
+  std::uint64_t per_gpu = total / (low_zero ? n - 1 : n);
+  std::uint64_t block = 0;
+  for (std::size_t m = 0; m < no_split.size(); ++m)
+    if (no_split[m]) block = std::max(block, sizes.module[m]);
+  // "Final modules": modules holding tensors none of whose child modules does (root excluded).
+  const auto& mods = tree.modules();
+  std::vector<bool> has_entry(mods.size(), false);
+  for (std::size_t t = 0; t < tree.tensors().size(); ++t)
+    if (ix.canonical[t] == t)
+      for (std::size_t m = tree.tensors()[t].module; m != npos_id && !has_entry[m]; m = mods[m].parent) has_entry[m] = true;
+  std::uint64_t leaf_sum = 0, leaf_count = 0;
+  for (std::size_t m = 1; m < mods.size(); ++m) {
+    if (!has_entry[m]) continue;
+    bool child_entry = false;
+    for (auto c : mods[m].children) child_entry = child_entry || has_entry[c];
+    if (child_entry) continue;
+    leaf_sum += sizes.module[m];
+    ++leaf_count;
+  }
+  const std::uint64_t mean_leaf = leaf_count ? leaf_sum / leaf_count : 0;
+  per_gpu += static_cast<std::uint64_t>(1.25 * static_cast<double>(std::max(block, mean_leaf)));
+  for (std::size_t i = 0; i + 1 < gpus.size(); ++i) {
+    auto& b = out.gpus[gpus[i]];
+    if (low_zero && i == 0) continue;
+    b = std::min(per_gpu, b);
+  }
+  if (low_zero) {
+    std::uint64_t others = 0;
+    for (std::size_t i = 1; i < gpus.size(); ++i) others += out.gpus[gpus[i]];
+    auto& b0 = out.gpus[gpus[0]];
+    b0 = std::min(b0, total > others ? total - others : 0);
+  }
+  return out;
+}
+
+/// @brief Plans a device map and returns it with per-device accounting and messages.
+/// @param tree the model
+/// @param opts budgets (required), no-split rules, dtype, flags
+/// @return the map (model order, cleaned unless `clean_result` is false) and the accounting
+/// @throws accel::planning_error when some module fits on no device (disk forbidden or capped),
+///         stating bytes needed vs available per device; accel::usage_error without budgets
+/// @code
+/// auto plan = accel::plan_device_map(tree, {.max_memory = accel::parse_max_memory("0=20GiB,cpu=64GiB"),
+///                                           .no_split = {"LlamaDecoderLayer"}});
+/// std::puts(plan.device_map.to_json_string().c_str());
+/// @endcode
+[[nodiscard]] inline PlanResult plan_device_map(const ModuleTree& tree, const PlanOptions& opts) {
+  return detail::PlacementEngine(tree, opts).run();
+}
+
+/// @brief accelerate's infer_auto_device_map: the map only (see plan_device_map).
+[[nodiscard]] inline DeviceMap infer_auto_device_map(const ModuleTree& tree, const PlanOptions& opts) {
+  return plan_device_map(tree, opts).device_map;
+}
+
+/// @brief Plans with a string strategy: auto/balanced/balanced_low_0 first balance the budgets,
+///        sequential uses them as given.
+/// @param budgets_defaulted true when the budgets came from default_max_memory (enables the 10 %
+///        single-GPU reserve of balanced modes, as accelerate)
+[[nodiscard]] inline PlanResult plan_device_map(const ModuleTree& tree, DeviceMapMode mode, PlanOptions opts,
+                                                bool budgets_defaulted = false) {
+  if (mode != DeviceMapMode::sequential)
+    opts.max_memory = get_balanced_memory(tree, opts.max_memory, opts, mode == DeviceMapMode::balanced_low_0, budgets_defaulted);
+  return plan_device_map(tree, opts);
+}
+
+ACCEL_NAMESPACE_END
+
+#include "plan_report.hpp"

@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// `accel plan` and `accel estimate-memory` through the built command.
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <string>
+
+#include "support/catch.hpp"
+#include "support/run_command.hpp"
+#include "support/safetensors_writer.hpp"
+
+namespace {
+// ModelForTest from accelerate's tests: linear1 64 B, batchnorm 72 B, linear2 100 B (float32).
+constexpr const char* skeleton = R"({
+  "modules": [{"name": ""}, {"name": "linear1"}, {"name": "batchnorm", "class": "BatchNorm1d"}, {"name": "linear2"}],
+  "parameters": [{"name": "linear1.weight", "shape": [4, 3], "dtype": "float32"},
+                 {"name": "linear1.bias", "shape": [4], "dtype": "float32"},
+                 {"name": "batchnorm.weight", "shape": [4], "dtype": "float32"},
+                 {"name": "batchnorm.bias", "shape": [4], "dtype": "float32"},
+                 {"name": "linear2.weight", "shape": [5, 4], "dtype": "float32"},
+                 {"name": "linear2.bias", "shape": [5], "dtype": "float32"}],
+  "buffers": [{"name": "batchnorm.running_mean", "shape": [4], "dtype": "float32"},
+              {"name": "batchnorm.running_var", "shape": [4], "dtype": "float32"},
+              {"name": "batchnorm.num_batches_tracked", "shape": [], "dtype": "int64"}]})";
+
+std::string q(const std::filesystem::path& p) { return "'" + p.string() + "'"; }
+}  // namespace
+
+TEST_CASE("accel plan --json prints only the device map for explicit GPU budgets without a GPU", "[cli][plan]") {
+  accel_test::TempDir dir;
+  accel_test::write_text(dir / "m.json", skeleton);
+  auto r = accel_test::run_command(
+      accel_test::accel_cli("plan --skeleton " + q(dir / "m.json") + " --max-memory 0=200,1=200 --device-map sequential --json"));
+  REQUIRE(r.status == 0);
+  auto j = nlohmann::ordered_json::parse(r.output);
+  CHECK(j.dump() == R"({"linear1":0,"batchnorm":1,"linear2":1})");
+}
+
+TEST_CASE("accel plan prints the table, the streaming cost and the map, and draws an SVG", "[cli][plan]") {
+  accel_test::TempDir dir;
+  accel_test::write_text(dir / "m.json", skeleton);
+  auto r = accel_test::run_command(accel_test::accel_cli("plan --skeleton " + q(dir / "m.json") +
+                                                         " --max_memory '0=170,cpu=80' --svg " + q(dir / "p.svg") + " 2>&1"));
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(r.output.find("device  budget") != std::string::npos);
+  CHECK(r.output.find("0       170 B") != std::string::npos);
+  CHECK(r.output.find("stream to GPU 0") != std::string::npos);
+  CHECK(r.output.find(R"("linear1":0)") != std::string::npos);
+  std::ifstream svg(dir / "p.svg");
+  std::string text((std::istreambuf_iterator<char>(svg)), std::istreambuf_iterator<char>());
+  CHECK(text.rfind("<svg", 0) == 0);
+  CHECK(text.find("GPU 0") != std::string::npos);
+  CHECK(text.find("</svg>") != std::string::npos);
+}
+
+TEST_CASE("accel plan reads a sharded checkpoint's headers", "[cli][plan]") {
+  accel_test::TempDir dir;
+  std::vector<accel_test::TensorSpec> a, b;
+  a.push_back({"model.embed_tokens.weight", accel::DType::BF16, {64, 16}, {}});
+  for (int i = 0; i < 4; ++i) (i < 2 ? a : b).push_back({"model.layers." + std::to_string(i) + ".w", accel::DType::BF16, {16, 16}, {}});
+  b.push_back({"lm_head.weight", accel::DType::BF16, {64, 16}, {}});
+  accel_test::write_sharded(dir.path(), {a, b});
+  auto r = accel_test::run_command(accel_test::accel_cli("plan --checkpoint " + q(dir.path()) +
+                                                         " --max-memory 0=3000,1=3000,cpu=600 --device-map sequential --json"));
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  auto j = nlohmann::ordered_json::parse(r.output);
+  CHECK(j.begin().key() == "model.embed_tokens");
+  CHECK(j.contains("lm_head"));
+}
+
+TEST_CASE("accel plan maps each failure to its exit code and message", "[cli][plan]") {
+  accel_test::TempDir dir;
+  accel_test::write_text(dir / "m.json", skeleton);
+  const std::string sk = " --skeleton " + q(dir / "m.json");
+  auto infeasible = accel_test::run_command(accel_test::accel_cli("plan" + sk + " --max-memory 0=50,disk=0 2>&1"));
+  CHECK(infeasible.status == 5);
+  CHECK(infeasible.output.find("[accel.planning] cannot place") != std::string::npos);
+  auto budget = accel_test::run_command(accel_test::accel_cli("plan" + sk + " --max-memory cuda:0=5GiB 2>&1"));
+  CHECK(budget.status == 3);
+  CHECK(budget.output.find("unknown max_memory key 'cuda:0'") != std::string::npos);
+  auto option = accel_test::run_command(accel_test::accel_cli("plan" + sk + " --bogus 2>&1"));
+  CHECK(option.status == 2);
+  CHECK(option.output.find("unknown option '--bogus'") != std::string::npos);
+  auto source = accel_test::run_command(accel_test::accel_cli("plan --max-memory 0=1GiB 2>&1"));
+  CHECK(source.status == 2);
+  CHECK(source.output.find("give exactly one of --checkpoint PATH or --skeleton FILE") != std::string::npos);
+  auto mode = accel_test::run_command(accel_test::accel_cli("plan" + sk + " --max-memory 0=1GiB --device-map fastest 2>&1"));
+  CHECK(mode.status == 2);
+  accel_test::write_bytes(dir / "bad.safetensors", std::vector<std::byte>(4));
+  auto ckpt = accel_test::run_command(accel_test::accel_cli("plan --checkpoint " + q(dir / "bad.safetensors") + " --max-memory 0=1GiB 2>&1"));
+  CHECK(ckpt.status == 6);
+  CHECK(ckpt.output.find("file is 4 bytes") != std::string::npos);
+  accel_test::write_text(dir / "broken.json", R"({"parameters": [{"name": "w", "shape": [1]}]})");
+  auto skel = accel_test::run_command(accel_test::accel_cli("plan --skeleton " + q(dir / "broken.json") + " --max-memory 0=1GiB 2>&1"));
+  CHECK(skel.status == 3);
+  CHECK(skel.output.find("parameters[0] has no 'dtype'") != std::string::npos);
+  auto help = accel_test::run_command(accel_test::accel_cli("plan --help"));
+  CHECK(help.status == 0);
+  CHECK(help.output.find("--max-memory BUDGETS") != std::string::npos);
+}
+
+TEST_CASE("accel plan without budgets measures the machine", "[cli][plan]") {
+  accel_test::TempDir dir;
+  accel_test::write_text(dir / "m.json", skeleton);
+  auto r = accel_test::run_command(accel_test::accel_cli("plan --skeleton " + q(dir / "m.json") + " 2>&1"));
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(r.output.find("budgets (measured") != std::string::npos);
+}
+
+TEST_CASE("accel estimate-memory prints total and largest layer per dtype", "[cli][plan]") {
+  accel_test::TempDir dir;
+  accel_test::write_text(dir / "m.json", skeleton);
+  auto r = accel_test::run_command(accel_test::accel_cli("estimate-memory --skeleton " + q(dir / "m.json") + " --json"));
+  REQUIRE(r.status == 0);
+  auto j = nlohmann::json::parse(r.output);
+  REQUIRE(j.size() == 4);
+  CHECK(j[0]["dtype"] == "float32");
+  CHECK(j[0]["total_bytes"] == 236);
+  CHECK(j[0]["largest_layer"] == "linear2");
+  CHECK(j[0]["largest_layer_bytes"] == 100);
+  CHECK(j[1]["total_bytes"] == 122);  // int64 counter keeps 8 bytes
+  CHECK(j[3]["dtype"] == "int4");
+  CHECK(j[3]["total_bytes"] == 114 / 4 + 8);
+  auto table = accel_test::run_command(accel_test::accel_cli("estimate-memory --skeleton " + q(dir / "m.json")));
+  CHECK(table.status == 0);
+  CHECK(table.output.find("float16     50 B (linear2)") != std::string::npos);
+  auto bad = accel_test::run_command(accel_test::accel_cli("estimate-memory --skeleton " + q(dir / "m.json") + " --dtypes float7 2>&1"));
+  CHECK(bad.status == 2);
+  CHECK(bad.output.find("unknown dtype 'float7'") != std::string::npos);
+}

@@ -1,0 +1,102 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// `accel env`: what this process sees — version, compiled features, driver, GPUs, CUDA_VISIBLE_DEVICES,
+// launcher variables — the "check these first" list as one command.
+#pragma once
+
+#include <cstdio>
+#include <exception>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include <accel/state.hpp>
+#include "exit_codes.hpp"
+#include <accel/version.hpp>
+
+#if ACCEL_HAS_CUDA()
+#include <cuda_runtime_api.h>
+#endif
+#if ACCEL_HAS_NCCL()
+#include <nccl.h>
+#endif
+
+namespace accel_cli {
+
+inline constexpr const char* env_help = R"(usage: accel env [--help]
+
+Prints what this process sees, to paste into a bug report:
+  - accel's version and the features compiled in (CUDA runtime, NCCL, with versions)
+  - the driver state and every visible GPU with its memory and UUID
+  - CUDA_VISIBLE_DEVICES as the driver will read it, with every problem found
+  - which launcher's variables are set (accel launch, torchrun, MPI, SLURM) and what they mean
+  - the device this process would use, and the checks that would fail
+
+Exit status: 0, or 3 when the launcher variables are malformed (the error is printed).
+)";
+
+inline std::string gib(std::uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / double(1ull << 30));
+  return buf;
+}
+
+inline int run_env(std::span<char*> args) {
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    const std::string_view a = args[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(env_help, stdout);
+      return 0;
+    }
+    accel::detail::throw_error<accel::usage_error>("accel env: unknown option '", a, "'; see accel env --help");
+  }
+  std::printf("accel %s\n", accel::version_string);
+#if ACCEL_HAS_CUDA()
+  int runtime = 0;
+  (void)cudaRuntimeGetVersion(&runtime);
+  std::printf("CUDA runtime: compiled in (%d.%d)\n", runtime / 1000, runtime % 1000 / 10);
+#else
+  std::printf("CUDA runtime: not compiled in (build with ACCEL_WITH_CUDA=ON to use GPUs)\n");
+#endif
+#if ACCEL_HAS_NCCL()
+  int nccl = 0;
+  (void)ncclGetVersion(&nccl);
+  std::printf("NCCL: compiled in (%d.%d.%d)\n", nccl / 10000, nccl % 10000 / 100, nccl % 100);
+#else
+  std::printf("NCCL: not compiled in (GPU collectives fall back to the CPU transport)\n");
+#endif
+  const auto list = accel::default_device_query().list(true);
+  std::printf("driver: %s\n", list.driver.empty() ? ("none (" + list.status + ")").c_str() : ("CUDA " + list.driver).c_str());
+  const auto visible = accel::parse_visible_devices(accel::process_env()("CUDA_VISIBLE_DEVICES"));
+  std::printf("visible GPUs: %zu%s\n", list.gpus.size(), list.gpus.empty() ? (" (" + list.status + ")").c_str() : "");
+  for (const auto& g : list.gpus)
+    std::printf("  cuda:%d  %s  %s total, %s free  %s  (physical GPU %s)\n", g.index, g.name.c_str(), gib(g.total_memory).c_str(),
+                gib(g.free_memory).c_str(), g.uuid.c_str(), visible.physical(g.index).c_str());
+  if (!visible.set) {
+    std::printf("CUDA_VISIBLE_DEVICES: unset (every GPU is visible)\n");
+  } else {
+    std::string ids;
+    for (const auto& id : visible.ids) ids += (ids.empty() ? "" : ",") + id;
+    std::printf("CUDA_VISIBLE_DEVICES: '%s' -> effective [%s]\n", accel::process_env()("CUDA_VISIBLE_DEVICES")->c_str(), ids.c_str());
+  }
+  for (const auto& d : visible.diagnostics) std::printf("  warning: %s\n", d.c_str());
+  try {
+    const accel::DistributedState state(accel::StateOptions{.make_current = false});
+    const auto& e = state.launch_env();
+    std::printf("launcher: %s\n", accel::launcher_name(e.launcher));
+    std::printf("  rank %d of %d, local rank %d of %d, machine %d of %d\n", e.rank, e.world_size, e.local_rank, e.local_world_size,
+                e.group_rank, e.num_machines);
+    std::printf("  rendezvous: %s:%d%s%s\n", e.master_addr.empty() ? "<unknown>" : e.master_addr.c_str(), e.master_port,
+                e.store_address ? (", accel store " + *e.store_address).c_str() : "",
+                e.job_token.empty() ? "" : ", job token set");
+    std::printf("  timeout: %.1f s\n", static_cast<double>(e.timeout.count()) / 1000.0);
+    for (const auto& d : e.diagnostics) std::printf("  note: %s\n", d.c_str());
+    std::printf("this process: %s\n", state.to_string().c_str());
+  } catch (const accel::config_error& err) {
+    std::printf("launcher: invalid\n  error: %s\n", err.what());
+    return exit_config;
+  }
+  return 0;
+}
+
+}  // namespace accel_cli

@@ -1,0 +1,214 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// `accel plan` (device map as a table, JSON or SVG) and `accel estimate-memory` (sizes per dtype),
+// both from checkpoint headers or a model skeleton: weights are never read.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <accel/devices.hpp>
+#include <accel/memory.hpp>
+#include <accel/module_tree.hpp>
+#include <accel/plan_report.hpp>
+#include <accel/planner.hpp>
+
+#include "args.hpp"
+#include "plan_svg.hpp"
+
+namespace accel_cli {
+
+inline constexpr OptionSpec plan_options[] = {
+    {"checkpoint", true, false, "PATH", "safetensors file, model.safetensors.index.json or folder (headers only)"},
+    {"skeleton", true, false, "FILE", "model skeleton JSON (modules/parameters/buffers/tied)"},
+    {"max-memory", true, false, "BUDGETS", "'0=20GiB,1=20GiB,cpu=64GiB[,disk=0]' or a JSON object; default: measured"},
+    {"device-map", true, false, "MODE", "auto (default), balanced, balanced_low_0 or sequential"},
+    {"no-split", true, true, "CLASS_OR_GLOB", "never split these modules (class name or name glob like 'model.layers.*')"},
+    {"dtype", true, false, "DTYPE", "size floating tensors as this dtype when smaller (float16, bfloat16, ...)"},
+    {"keep-in-fp32", true, true, "NAME", "modules whose floating tensors stay float32"},
+    {"offload-buffers", false, false, "", "offload the buffers of offloaded modules too"},
+    {"fallback", false, false, "", "fill an otherwise empty main device with a smaller module"},
+    {"no-clean", false, false, "", "keep every placed entry (do not merge keys)"},
+    {"json", false, false, "", "print only the device map JSON on stdout"},
+    {"svg", true, false, "FILE", "also draw the plan as an SVG (one bar per device)"},
+    {"verbose", false, false, "", "trace every placement decision on stderr"},
+    {"h2d-bandwidth", true, false, "RATE", "host-to-GPU bytes/s for the estimate (default 25GB)"},
+    {"disk-bandwidth", true, false, "RATE", "disk read bytes/s for the estimate (default 2GB)"},
+};
+
+inline constexpr const char* plan_usage = R"(usage: accel plan (--checkpoint PATH | --skeleton FILE) [options]
+
+Plans which module goes to which GPU, to CPU or to disk (accelerate's infer_auto_device_map) from
+headers only, and prints per device the bytes placed, % of budget and modules, then what must stream
+to the GPU on every forward pass. Budgets default to each GPU's free memory minus max(1 GiB, 10% of
+its total) and 90% of available RAM; disk is unbounded unless --max-memory gives disk=SIZE (disk=0
+forbids it). Exit status: 0; 2 bad arguments; 3 bad budgets/skeleton; 5 infeasible; 6 bad checkpoint.)";
+
+inline constexpr OptionSpec estimate_options[] = {
+    {"checkpoint", true, false, "PATH", "safetensors file, index or folder (headers only)"},
+    {"skeleton", true, false, "FILE", "model skeleton JSON"},
+    {"no-split", true, true, "CLASS_OR_GLOB", "blocks for the largest-layer column (default: numbered children)"},
+    {"dtypes", true, false, "LIST", "rows to print (default float32,float16,int8,int4)"},
+    {"json", false, false, "", "print JSON instead of the table"},
+};
+
+inline constexpr const char* estimate_usage = R"(usage: accel estimate-memory (--checkpoint PATH | --skeleton FILE) [options]
+
+Total size and largest layer per dtype, as `accelerate estimate-memory` prints them: floating
+tensors counted at each row's width, integer and bool tensors at their own; shared tensors once.)";
+
+struct LoadedModel {
+  accel::ModuleTree tree;
+  std::string label;
+};
+
+inline LoadedModel load_model(const ParsedArgs& a, const char* command) {
+  const bool ck = a.has("checkpoint"), sk = a.has("skeleton");
+  if (ck == sk)
+    accel::detail::throw_error<accel::usage_error>(command, ": give exactly one of --checkpoint PATH or --skeleton FILE");
+  if (ck) return {accel::read_checkpoint_tree(*a.value("checkpoint")), *a.value("checkpoint")};
+  return {accel::read_skeleton(*a.value("skeleton")), *a.value("skeleton")};
+}
+
+inline double parse_rate(const std::optional<std::string>& v, double fallback, const char* option) {
+  if (!v) return fallback;
+  const auto bytes = accel::parse_byte_size(*v);
+  if (bytes == 0) accel::detail::throw_error<accel::usage_error>("plan: --", option, " must be positive (got '", *v, "')");
+  return static_cast<double>(bytes);
+}
+
+inline accel::MaxMemory measured_budgets() {
+  std::vector<accel::DeviceBudgetInfo> gpus;
+  for (const auto& g : accel::default_device_query().list(true).gpus)
+    gpus.push_back({g.index, g.total_memory, g.free_memory});
+  const auto ram = accel::read_available_ram();
+  if (!ram && gpus.empty())
+    accel::detail::throw_error<accel::unavailable_error>("cannot measure available RAM and no GPU is visible; pass --max-memory");
+  return accel::default_max_memory(gpus, ram.value_or(0));
+}
+
+inline int run_plan(std::span<char*> argv) {
+  const auto a = parse_args(argv, plan_options);
+  if (a.help()) {
+    std::fputs(format_help(plan_usage, plan_options).c_str(), stdout);
+    return 0;
+  }
+  auto model = load_model(a, "plan");
+  accel::PlanOptions opts;
+  const bool defaulted = !a.has("max-memory");
+  opts.max_memory = defaulted ? measured_budgets() : accel::parse_max_memory(*a.value("max-memory"));
+  const auto mode = accel::parse_device_map_mode(a.value("device-map").value_or("auto"));
+  opts.no_split = a.values("no-split");
+  if (auto d = a.value("dtype")) opts.dtype = accel::dtype_from_string(*d);
+  opts.keep_in_fp32 = a.values("keep-in-fp32");
+  opts.offload_buffers = a.has("offload-buffers");
+  opts.fallback_allocation = a.has("fallback");
+  opts.clean_result = !a.has("no-clean");
+  if (a.has("verbose")) opts.verbose = &std::cerr;
+  accel::Bandwidths bw;
+  bw.host_to_device = parse_rate(a.value("h2d-bandwidth"), bw.host_to_device, "h2d-bandwidth");
+  bw.disk_read = parse_rate(a.value("disk-bandwidth"), bw.disk_read, "disk-bandwidth");
+
+  const auto plan = accel::plan_device_map(model.tree, mode, opts, defaulted);
+  const auto report = accel::make_plan_report(plan, bw);
+  if (auto svg_path = a.value("svg")) {
+    const auto sizes = accel::compute_module_sizes(model.tree, accel::detail::size_options(opts));
+    std::vector<std::vector<KeySize>> keys(plan.devices.size());
+    for (const auto& [key, where] : plan.device_map) {
+      std::uint64_t bytes = key.empty() ? sizes.total() : 0;
+      if (auto m = model.tree.find_module(key); m && !key.empty()) bytes = sizes.module[*m];
+      else if (auto t = model.tree.find_tensor(key)) bytes = sizes.tensor[*t];
+      for (std::size_t i = 0; i < plan.devices.size(); ++i)
+        if (plan.devices[i].device == where) keys[i].push_back({key, bytes});
+    }
+    std::ofstream out(*svg_path, std::ios::trunc);
+    out << render_plan_svg(plan, report, keys,
+                           "accel plan: " + model.label + " (" + std::string(a.value("device-map").value_or("auto")) + ")");
+    if (!out)
+      accel::detail::throw_error<accel::usage_error>("plan: cannot write the SVG to '", *svg_path, "'; check the path");
+  }
+  if (a.has("json")) {
+    std::printf("%s\n", plan.device_map.to_json_string(2).c_str());
+    return 0;
+  }
+  std::printf("accel plan: %s, %zu tensors, %s, mode %s\n", model.label.c_str(), model.tree.tensors().size(),
+              accel::format_bytes(plan.total_bytes).c_str(), a.value("device-map").value_or("auto").c_str());
+  std::printf("budgets%s: %s\n\n", defaulted ? " (measured: free GPU memory minus max(1 GiB, 10%), 90% of available RAM)" : "",
+              plan.budgets.to_string().c_str());
+  std::fputs(accel::format_plan_table(plan, report).c_str(), stdout);
+  if (plan.device_map.size() <= 40)
+    std::printf("\ndevice map (HF JSON, usable as device_map=):\n%s\n", plan.device_map.to_json_string().c_str());
+  else
+    std::printf("\ndevice map: %zu entries; print it with --json\n", plan.device_map.size());
+  return 0;
+}
+
+inline int run_estimate_memory(std::span<char*> argv) {
+  const auto a = parse_args(argv, estimate_options);
+  if (a.help()) {
+    std::fputs(format_help(estimate_usage, estimate_options).c_str(), stdout);
+    return 0;
+  }
+  auto model = load_model(a, "estimate-memory");
+  const auto& tree = model.tree;
+  std::vector<std::string> rows;
+  {
+    const std::string list = a.value("dtypes").value_or("float32,float16,int8,int4");
+    std::size_t start = 0;
+    while (start <= list.size()) {
+      auto comma = list.find(',', start);
+      auto item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      if (!item.empty()) rows.push_back(item);
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  const auto ix = accel::index_tree(tree);
+  const auto no_split = accel::no_split_modules(tree, a.values("no-split"));
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  std::string table = "dtype       largest layer                          total size\n";
+  for (const auto& row : rows) {
+    unsigned bits = 0;
+    if (row == "int4") bits = 4;
+    else bits = accel::bit_size(accel::dtype_from_string(row));
+    accel::ModuleSizes sizes;
+    sizes.tensor.assign(tree.tensors().size(), 0);
+    sizes.module.assign(tree.modules().size(), 0);
+    sizes.module_buffers.assign(tree.modules().size(), 0);
+    for (std::size_t t = 0; t < tree.tensors().size(); ++t) {
+      if (ix.canonical[t] != t) continue;
+      const auto& ten = tree.tensors()[t];
+      const std::uint64_t bytes = accel::is_integral(ten.dtype) ? ten.numel() * accel::bit_size(ten.dtype) / 8 : ten.numel() * bits / 8;
+      sizes.tensor[t] = bytes;
+      sizes.module[ten.module] += bytes;
+    }
+    for (std::size_t m = tree.modules().size(); m-- > 1;) sizes.module[tree.modules()[m].parent] += sizes.module[m];
+    const auto largest = accel::largest_layer(tree, sizes, no_split);
+    out.push_back({{"dtype", row}, {"largest_layer", largest.name}, {"largest_layer_bytes", largest.bytes},
+                   {"total_bytes", sizes.total()}});
+    std::string line = row;
+    line.resize(12, ' ');
+    std::string l = accel::format_bytes(largest.bytes) + " (" + (largest.name.empty() ? "-" : largest.name) + ")";
+    if (l.size() > 38) l = l.substr(0, 35) + "...";
+    line += l;
+    line.resize(51, ' ');
+    table += line + accel::format_bytes(sizes.total()) + "\n";
+  }
+  if (a.has("json")) {
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  std::printf("memory for %s (%zu tensors, headers only; shared tensors counted once)\n\n%s", model.label.c_str(),
+              tree.tensors().size(), table.c_str());
+  return 0;
+}
+
+}  // namespace accel_cli

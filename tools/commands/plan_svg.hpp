@@ -1,0 +1,140 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// `accel plan --svg`: one bar per device with its modules, the budget line and the reserve.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <accel/memory.hpp>
+#include <accel/plan_report.hpp>
+#include <accel/planner.hpp>
+
+namespace accel_cli {
+
+inline std::string xml_escape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+inline std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", v);
+  return buf;
+}
+
+/// Sizes of each map key (a module's or tensor's bytes, every shared tensor once).
+struct KeySize {
+  std::string key;
+  std::uint64_t bytes = 0;
+};
+
+/// Renders the plan as an SVG document. `keys_per_device[i]` are the keys placed on
+/// plan.devices[i] with their sizes, in model order.
+inline std::string render_plan_svg(const accel::PlanResult& plan, const accel::PlanReport& report,
+                                   const std::vector<std::vector<KeySize>>& keys_per_device, std::string_view title) {
+  constexpr double width = 980, left = 150, bar_w = 600, row_h = 64, bar_h = 30, top = 70;
+  std::vector<std::size_t> rows;
+  for (std::size_t i = 0; i < plan.devices.size(); ++i)
+    if (!(plan.devices[i].device.is_disk() && !plan.devices[i].budget && plan.devices[i].modules.empty())) rows.push_back(i);
+  const double height = top + row_h * static_cast<double>(rows.size()) + 70;
+  std::string s;
+  s += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(width) + "\" height=\"" + num(height) +
+       "\" viewBox=\"0 0 " + num(width) + " " + num(height) + "\" font-family=\"DejaVu Sans, Arial, sans-serif\">\n";
+  s += "<defs><pattern id=\"hatch\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" patternTransform=\"rotate(45)\">"
+       "<rect width=\"6\" height=\"6\" fill=\"#fdecea\"/><line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#e57373\" stroke-width=\"2\"/>"
+       "</pattern></defs>\n";
+  s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  s += "<text x=\"20\" y=\"28\" font-size=\"18\" font-weight=\"bold\">" + xml_escape(title) + "</text>\n";
+  s += "<text x=\"20\" y=\"50\" font-size=\"12\" fill=\"#555\">model " + xml_escape(accel::format_bytes(plan.total_bytes)) +
+       ", largest layer " + xml_escape(accel::format_bytes(plan.largest_layer)) +
+       "; each bar is one device's budget, the red line its limit, the hatched end the reserve kept for the largest layer</text>\n";
+  static constexpr const char* gpu_colors[] = {"#4c78a8", "#72b7b2", "#54a24b", "#88b4d8"};
+  static constexpr const char* cpu_colors[] = {"#f58518", "#f2b05e"};
+  static constexpr const char* disk_colors[] = {"#9d9d9d", "#c7c7c7"};
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    const auto& d = plan.devices[rows[r]];
+    const double y = top + row_h * static_cast<double>(r);
+    const std::string label = d.device.is_gpu() ? "GPU " + d.device.to_string() : d.device.is_cpu() ? "CPU" : "disk";
+    const double scale_bytes = d.budget ? static_cast<double>(std::max<std::uint64_t>(*d.budget, d.placed))
+                                        : static_cast<double>(std::max<std::uint64_t>(d.placed, 1));
+    auto x_of = [&](double bytes) { return left + (scale_bytes > 0 ? bar_w * bytes / scale_bytes : 0.0); };
+    s += "<text x=\"20\" y=\"" + num(y + 19) + "\" font-size=\"15\" font-weight=\"bold\">" + label + "</text>\n";
+    s += "<text x=\"20\" y=\"" + num(y + 36) + "\" font-size=\"11\" fill=\"#555\">" +
+         (d.budget ? "budget " + accel::format_bytes(*d.budget) : std::string("unbounded")) + "</text>\n";
+    s += "<rect x=\"" + num(left) + "\" y=\"" + num(y) + "\" width=\"" + num(bar_w) + "\" height=\"" + num(bar_h) +
+         "\" fill=\"#f4f4f4\" stroke=\"#bbb\"/>\n";
+    if (d.main && d.budget && d.reserve > 0) {
+      const double rx = x_of(static_cast<double>(*d.budget > d.reserve ? *d.budget - d.reserve : 0));
+      s += "<rect x=\"" + num(rx) + "\" y=\"" + num(y) + "\" width=\"" + num(x_of(static_cast<double>(*d.budget)) - rx) +
+           "\" height=\"" + num(bar_h) + "\" fill=\"url(#hatch)\"/>\n";
+    }
+    double cursor = 0;
+    const auto& keys = keys_per_device[rows[r]];
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      const double x0 = x_of(cursor), x1 = x_of(cursor + static_cast<double>(keys[k].bytes));
+      cursor += static_cast<double>(keys[k].bytes);
+      const char* color = d.device.is_gpu() ? gpu_colors[(static_cast<std::size_t>(d.device.index) * 2 + k % 2) % 4]
+                          : d.device.is_cpu() ? cpu_colors[k % 2] : disk_colors[k % 2];
+      s += "<rect x=\"" + num(x0) + "\" y=\"" + num(y) + "\" width=\"" + num(std::max(x1 - x0, 0.0)) + "\" height=\"" +
+           num(bar_h) + "\" fill=\"" + color + "\" stroke=\"white\" stroke-width=\"0.5\"><title>" +
+           xml_escape(keys[k].key.empty() ? "(everything)" : keys[k].key) + ": " + accel::format_bytes(keys[k].bytes) +
+           "</title></rect>\n";
+      // Label the segment with the end of its name when it is wide enough (about 6 px a character).
+      std::string shortname = keys[k].key.empty() ? std::string("everything") : keys[k].key;
+      if (auto dot = shortname.rfind('.'); dot != std::string::npos && dot > 0) {
+        auto prev = shortname.rfind('.', dot - 1);
+        shortname = shortname.substr(prev == std::string::npos ? 0 : prev + 1);
+      }
+      if (x1 - x0 > 6.2 * static_cast<double>(shortname.size()) + 8)
+        s += "<text x=\"" + num((x0 + x1) / 2) + "\" y=\"" + num(y + bar_h / 2 + 4) +
+             "\" font-size=\"10\" fill=\"white\" text-anchor=\"middle\">" + xml_escape(shortname) + "</text>\n";
+    }
+    // One caption under the bar: the modules, with numbered runs collapsed.
+    std::vector<std::string> names;
+    for (const auto& k : keys) names.push_back(k.key);
+    std::string caption = names.empty() ? std::string("(nothing placed)") : accel::detail::summarize_keys(names, 5);
+    if (caption.size() > 95) caption = caption.substr(0, 92) + "...";
+    s += "<text x=\"" + num(left) + "\" y=\"" + num(y + bar_h + 15) + "\" font-size=\"11\" fill=\"#333\">" +
+         xml_escape(caption) + "</text>\n";
+    if (d.budget) {
+      const double bx = x_of(static_cast<double>(*d.budget));
+      s += "<line x1=\"" + num(bx) + "\" y1=\"" + num(y - 4) + "\" x2=\"" + num(bx) + "\" y2=\"" + num(y + bar_h + 4) +
+           "\" stroke=\"#d62728\" stroke-width=\"2\" stroke-dasharray=\"4,2\"/>\n";
+    }
+    std::string right = accel::format_bytes(d.placed);
+    if (d.budget && *d.budget > 0)
+      right += " / " + accel::format_bytes(*d.budget) + " (" +
+               num(100.0 * static_cast<double>(d.placed) / static_cast<double>(*d.budget)) + "%)";
+    s += "<text x=\"" + num(left + bar_w + 12) + "\" y=\"" + num(y + 20) + "\" font-size=\"12\">" + xml_escape(right) + "</text>\n";
+  }
+  const double fy = top + row_h * static_cast<double>(rows.size()) + 20;
+  std::string stream;
+  if (report.streamed_from_cpu + report.streamed_from_disk == 0) {
+    stream = "nothing streams per forward pass: every weight stays on its execution device";
+  } else {
+    stream = "per forward pass: " + accel::format_bytes(report.streamed_from_cpu) + " from CPU + " +
+             accel::format_bytes(report.streamed_from_disk) + " from disk to " +
+             (report.execution_device ? "GPU " + report.execution_device->to_string() : std::string("CPU")) +
+             ", about " + accel::detail::fixed(report.seconds_total(), 3) + " s of transfers at " +
+             accel::detail::fixed(report.bandwidths.host_to_device / 1e9, 1) + " GB/s host-to-GPU and " +
+             accel::detail::fixed(report.bandwidths.disk_read / 1e9, 1) + " GB/s disk";
+  }
+  s += "<text x=\"20\" y=\"" + num(fy) + "\" font-size=\"13\">" + xml_escape(stream) + "</text>\n";
+  s += "</svg>\n";
+  return s;
+}
+
+}  // namespace accel_cli
