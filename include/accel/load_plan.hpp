@@ -121,7 +121,7 @@ struct LoadPlan {
   std::vector<std::string> unexpected;       ///< checkpoint tensors not loaded (no device, or not in the model)
   std::vector<std::string> missing;          ///< expected tensors the checkpoint lacks
   std::vector<std::string> unused_keys;      ///< device-map keys that cover no checkpoint tensor
-  std::optional<int> execution_gpu;          ///< lowest GPU in the map: where fetch() brings weights
+  std::optional<int> execution_gpu;          ///< lowest GPU among the map's values: where fetch() brings weights
   std::uint64_t largest_offloaded_block = 0; ///< bytes of the biggest cpu/disk block (aligned): fetch buffer size
   std::uint64_t total_bytes = 0;             ///< bytes of every loaded tensor, once loaded
 };
@@ -248,7 +248,7 @@ inline std::string name_list(const std::vector<std::string>& names, std::size_t 
     plan.largest_offloaded_block = std::max(plan.largest_offloaded_block, arena_layout(sizes).total);
   for (const auto& [k, p] : map.entries()) {
     if (!used_keys.count(k)) plan.unused_keys.push_back(k);
-    if (p.is_gpu() && (!plan.execution_gpu || p.index < *plan.execution_gpu) && used_keys.count(k)) plan.execution_gpu = p.index;
+    if (p.is_gpu() && (!plan.execution_gpu || p.index < *plan.execution_gpu)) plan.execution_gpu = p.index;
   }
   if (!expected.empty()) {
     std::unordered_set<std::string> loaded;
