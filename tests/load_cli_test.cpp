@@ -30,10 +30,10 @@ TEST_CASE("accel load with a device map file prints per-device totals and the lo
   INFO(r.output);
   REQUIRE(r.status == 0);
   CHECK(r.output.find("(5 tensors, 12.1 KiB), device map from") != std::string::npos);
-  CHECK(r.output.find("cuda:0            1      2.00 KiB  1 device") != std::string::npos);
-  CHECK(r.output.find("cuda:1            1      4.00 KiB  1 device") != std::string::npos);
-  CHECK(r.output.find("cpu               2      4.06 KiB  2 pageable") != std::string::npos);
-  CHECK(r.output.find("disk              1      2.00 KiB  1 mmap") != std::string::npos);
+  CHECK(r.output.find("cuda:0            1     2.00 KiB  1 device") != std::string::npos);
+  CHECK(r.output.find("cuda:1            1     4.00 KiB  1 device") != std::string::npos);
+  CHECK(r.output.find("cpu               2     4.06 KiB  2 pageable") != std::string::npos);
+  CHECK(r.output.find("disk              1     2.00 KiB  1 mmap") != std::string::npos);
   CHECK(r.output.find("copied at") != std::string::npos);
   CHECK(r.output.find("fetch buffers on cuda:0: 2 x") != std::string::npos);
 }

@@ -500,16 +500,20 @@ class CudaDeviceMemory final : public DeviceMemory {
     ACCEL_CUDA_TRY_NO_THROW(cudaEventDestroy(static_cast<cudaEvent_t>(event)));
   }
   void copy_to_device_async(void* dst, const void* src, std::uint64_t bytes, StreamHandle stream) override {
+    make_current();
     ACCEL_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)));
   }
   void copy_to_host_async(void* dst, const void* src, std::uint64_t bytes, StreamHandle stream) override {
+    make_current();
     ACCEL_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)));
   }
   void record_event(EventHandle event, StreamHandle stream) override {
+    make_current();
     ACCEL_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
   }
   void wait_event(EventHandle event) override { ACCEL_CUDA_TRY(cudaEventSynchronize(static_cast<cudaEvent_t>(event))); }
   void stream_wait_event(StreamHandle stream, EventHandle event) override {
+    make_current();
     ACCEL_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
   }
   void synchronize(StreamHandle stream) override {

@@ -115,7 +115,8 @@ struct ModelState {
 
 }  // namespace detail
 
-/// @brief A fetched module: device pointers for its tensors, valid while this object lives.
+/// @brief A fetched module: device pointers for its tensors, valid while this object lives (it
+///        must not outlive its DispatchedModel).
 ///
 /// Destroying it (or release()) records on the compute stream that the buffer may be reused, so a
 /// later fetch/prefetch into the same buffer waits for the work already queued on that stream.

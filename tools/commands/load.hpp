@@ -158,17 +158,17 @@ inline int run_load(std::span<char*> argv) {
     return 0;
   }
   std::printf("accel load: %s (%zu tensors, %s), device map %s\n\n", path->c_str(), model.tensors().size(),
-              accel::detail::format_bytes(static_cast<double>(r.bytes_loaded)).c_str(), map_source.c_str());
+              accel::detail::human_bytes(static_cast<double>(r.bytes_loaded)).c_str(), map_source.c_str());
   std::printf("%-10s %8s %12s  %s\n", "device", "tensors", "bytes", "held as");
   for (const auto& [p, tot] : r.per_placement) {
     std::string held;
     for (const auto& [k, n] : storage[p]) held += (held.empty() ? "" : ", ") + std::to_string(n) + " " + k;
     std::printf("%-10s %8zu %12s  %s\n", detail_load::placement_label(p).c_str(), tot.tensors,
-                accel::detail::format_bytes(static_cast<double>(tot.bytes)).c_str(), held.c_str());
+                accel::detail::human_bytes(static_cast<double>(tot.bytes)).c_str(), held.c_str());
   }
   std::printf("\nloaded in %.3f s: %s copied at %s/s", r.seconds,
-              accel::detail::format_bytes(static_cast<double>(r.bytes_copied)).c_str(),
-              accel::detail::format_bytes(r.copy_rate()).c_str());
+              accel::detail::human_bytes(static_cast<double>(r.bytes_copied)).c_str(),
+              accel::detail::human_bytes(r.copy_rate()).c_str());
   if (r.offload_written + r.offload_reused) std::printf("; offload folder: %zu written, %zu reused", r.offload_written, r.offload_reused);
   std::printf("\n");
   if (!r.unexpected.empty())
@@ -179,7 +179,7 @@ inline int run_load(std::span<char*> argv) {
                 accel::detail::name_list(r.unused_keys).c_str());
   if (model.fetch_buffer_bytes())
     std::printf("fetch buffers on cuda:%d: %d x %s (largest offloaded block)\n", model.execution_device().value_or(0),
-                opts.fetch_slots, accel::detail::format_bytes(static_cast<double>(model.fetch_buffer_bytes())).c_str());
+                opts.fetch_slots, accel::detail::human_bytes(static_cast<double>(model.fetch_buffer_bytes())).c_str());
   return 0;
 }
 

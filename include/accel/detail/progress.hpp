@@ -19,7 +19,7 @@ ACCEL_NAMESPACE_BEGIN
 namespace detail {
 
 /// @brief "1.50 GiB", "12.0 MiB", "512 B": binary units with three significant digits.
-inline std::string format_bytes(double bytes) {
+inline std::string human_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
   while (bytes >= 1024.0 && u < 4) {
@@ -51,8 +51,8 @@ inline std::string format_progress(std::uint64_t done, std::uint64_t total, doub
   }
   char pct[8];
   std::snprintf(pct, sizeof pct, "%3d%%", static_cast<int>(frac * 100));
-  return concat("loading [", bar, "] ", pct, "  ", format_bytes(static_cast<double>(done)), " / ",
-                format_bytes(static_cast<double>(total)), "  ", format_bytes(rate), "/s  ETA ", eta);
+  return concat("loading [", bar, "] ", pct, "  ", human_bytes(static_cast<double>(done)), " / ",
+                human_bytes(static_cast<double>(total)), "  ", human_bytes(rate), "/s  ETA ", eta);
 }
 
 /// @brief Draws format_progress() on `out` (carriage return, no newline until finish()).
