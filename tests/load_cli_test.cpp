@@ -70,7 +70,7 @@ TEST_CASE("accel load maps bad input to documented exit codes with the reason", 
   }
   SECTION("a GPU too small is out of memory, naming device and bytes") {
     auto r = accel_test::run_command(accel_test::accel_cli("load" + ck + " --device-map '{\"\": 0}' --simulate-gpus 4KiB 2>&1"));
-    CHECK(r.status == 70);
+    CHECK(r.status == 9);
     CHECK(r.output.find("out of device memory on cuda:0 (host-simulated): requested") != std::string::npos);
   }
   SECTION("strict mode refuses tensors the map does not cover (6)") {

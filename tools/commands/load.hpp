@@ -48,7 +48,7 @@ Validates every header of the checkpoint (before allocating anything), plans a d
 headers unless one is given, loads each tensor onto its GPU, CPU memory or disk (disk tensors stay
 views into the shards unless their dtype changes), and prints per device the tensors and bytes
 placed and the load rate. Exit status: 0; 2 bad arguments; 3 bad device map or budgets;
-4 GPU not available; 5 infeasible plan; 6 bad checkpoint; 70 out of memory or other failure.)";
+4 GPU not available; 5 infeasible plan; 6 bad checkpoint; 9 out of device memory or another CUDA failure; 70 internal error.)";
 
 namespace detail_load {
 
