@@ -359,16 +359,16 @@ TEST_CASE("wait statuses are described and mapped to shell exit codes", "[launch
   const int exited3 = 3 << 8;
   const int killed_segv = SIGSEGV;
   const int killed_kill = SIGKILL;
-  CHECK(accel::detail::describe_wait_status(exited3) == "exited with code 3");
-  CHECK(accel::detail::exit_code_of(exited3) == 3);
-  CHECK(accel::detail::describe_wait_status(killed_segv) == "was killed by signal 11 (SIGSEGV)");
-  CHECK(accel::detail::exit_code_of(killed_segv) == 139);
-  CHECK(accel::detail::describe_wait_status(killed_kill) == "was killed by signal 9 (SIGKILL)");
-  CHECK(accel::detail::exit_code_of(killed_kill) == 137);
-  CHECK(accel::detail::succeeded(0));
-  CHECK_FALSE(accel::detail::succeeded(exited3));
-  CHECK(accel::detail::signal_name(SIGTERM) == "SIGTERM");
-  CHECK(accel::detail::signal_name(63) == "signal 63");
+  CHECK(accel::detail::proc::describe_wait_status(exited3) == "exited with code 3");
+  CHECK(accel::detail::proc::exit_code_of(exited3) == 3);
+  CHECK(accel::detail::proc::describe_wait_status(killed_segv) == "was killed by signal 11 (SIGSEGV)");
+  CHECK(accel::detail::proc::exit_code_of(killed_segv) == 139);
+  CHECK(accel::detail::proc::describe_wait_status(killed_kill) == "was killed by signal 9 (SIGKILL)");
+  CHECK(accel::detail::proc::exit_code_of(killed_kill) == 137);
+  CHECK(accel::detail::proc::succeeded(0));
+  CHECK_FALSE(accel::detail::proc::succeeded(exited3));
+  CHECK(accel::detail::proc::signal_name(SIGTERM) == "SIGTERM");
+  CHECK(accel::detail::proc::signal_name(63) == "signal 63");
 }
 
 TEST_CASE("output is cut into whole lines and partial lines wait for their end", "[launch][lines]") {
@@ -388,20 +388,20 @@ TEST_CASE("output is cut into whole lines and partial lines wait for their end",
 }
 
 TEST_CASE("programs are found on PATH like execvp does", "[launch][spawn]") {
-  CHECK(accel::detail::find_program("sh", "/nonexistent:/bin:/usr/bin").ends_with("/sh"));
-  CHECK(accel::detail::find_program("sh", "/nonexistent").empty());
-  CHECK(accel::detail::find_program("/bin/sh", "") == "/bin/sh");
-  CHECK(accel::detail::find_program("./no-such-program", "/bin").empty());
-  CHECK(accel::detail::find_program("", "/bin").empty());
+  CHECK(accel::detail::proc::find_program("sh", "/nonexistent:/bin:/usr/bin").ends_with("/sh"));
+  CHECK(accel::detail::proc::find_program("sh", "/nonexistent").empty());
+  CHECK(accel::detail::proc::find_program("/bin/sh", "") == "/bin/sh");
+  CHECK(accel::detail::proc::find_program("./no-such-program", "/bin").empty());
+  CHECK(accel::detail::proc::find_program("", "/bin").empty());
 }
 
 TEST_CASE("random job tokens are 128 bits of hex and differ", "[launch][spawn]") {
-  const auto a = accel::detail::random_hex(16);
-  const auto b = accel::detail::random_hex(16);
+  const auto a = accel::detail::proc::random_hex(16);
+  const auto b = accel::detail::proc::random_hex(16);
   CHECK(a.size() == 32);
   CHECK(a.find_first_not_of("0123456789abcdef") == std::string::npos);
   CHECK(a != b);
-  const int port = accel::detail::pick_free_port();
+  const int port = accel::detail::proc::pick_free_port();
   CHECK(port > 0);
   CHECK(port <= 65535);
 }

@@ -210,6 +210,19 @@ TEST_CASE("every rank gets its own rank environment and the program's arguments"
   CHECK_THAT(l.err(), !contains("[rank"));
 }
 
+TEST_CASE("the launcher hosts the job's store and every rank reaches it through ACCEL_STORE", "[launch][mp]") {
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "3", "--tee", children + "/store_ping"});
+  REQUIRE(l.wait() == 0);
+  const std::string out = l.out();
+  for (int r = 0; r < 3; ++r)
+    CHECK_THAT(out, contains("[rank " + std::to_string(r) + "] rank " + std::to_string(r) + " store=127.0.0.1:"));
+  CHECK_THAT(out, contains("[rank 0] rank 0 store=127.0.0.1:"));
+  CHECK_THAT(out, contains("got 'hello from 1'"));
+  CHECK_THAT(out, contains("got 'hello from 2'"));
+  CHECK_THAT(out, contains("got 'hello from 0'"));
+}
+
 TEST_CASE("gpu_ids set CUDA_VISIBLE_DEVICES and the process count for every child", "[launch][mp]") {
   TempDir dir;
   Launcher l(dir, {"--gpu_ids", "2,5", "--log_dir", dir / "logs", children + "/print_env"},

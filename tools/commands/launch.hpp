@@ -4,8 +4,12 @@
 #pragma once
 
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <span>
+#include <string>
 
+#include <accel/comm/store.hpp>
 #include <accel/launch.hpp>
 
 namespace accel_cli {
@@ -39,7 +43,8 @@ each process gets:
   RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (machine index), GROUP_WORLD_SIZE,
   MASTER_ADDR, MASTER_PORT, ACCEL_LAUNCHED=1, ACCEL_JOB_TOKEN (128 random bits as hex; with several
   machines the ACCEL_JOB_TOKEN you export on every machine), ACCEL_TIMEOUT_S, ACCEL_STORE (host:port
-  of the store the launcher hosts, when it hosts one), CUDA_VISIBLE_DEVICES (with --gpu_ids),
+  of the store the launcher hosts on one machine; with several machines rank 0 hosts it at
+  MASTER_ADDR:MASTER_PORT and ACCEL_STORE is unset), CUDA_VISIBLE_DEVICES (with --gpu_ids),
   ACCEL_USE_CPU=1 (with --cpu). Other launchers' rank variables (SLURM_PROCID, OMPI_COMM_WORLD_*,
   PMI_*, MV2_*) are removed so they cannot contradict these.
 
@@ -79,7 +84,19 @@ inline int run_launch(std::span<char*> args) {
     std::fputs(launch_help, stdout);
     return 0;
   }
-  return accel::launch::run(options);
+  // On one machine the launcher hosts the job's store on loopback, so it outlives any rank (a dead
+  // rank 0 is then reported to the others instead of taking the store with it). With several
+  // machines ACCEL_STORE stays unset and rank 0 hosts it at MASTER_ADDR:MASTER_PORT.
+  std::unique_ptr<accel::StoreServer> store;
+  accel::launch::LaunchHooks hooks;
+  hooks.host_store = [&store](const accel::launch::LaunchPlan& plan) -> std::optional<std::string> {
+    if (plan.num_machines > 1) return std::nullopt;
+    accel::StoreServerOptions o;
+    o.world_size = plan.world_size;
+    store = std::make_unique<accel::StoreServer>("127.0.0.1", std::uint16_t{0}, plan.job_token, std::move(o));
+    return store->address();
+  };
+  return accel::launch::run(options, hooks);
 }
 
 }  // namespace accel_cli

@@ -34,7 +34,8 @@
 #include "../error.hpp"
 
 ACCEL_NAMESPACE_BEGIN
-namespace detail {
+// A namespace of its own: names like write_all or errno_text also exist in other detail headers.
+namespace detail::proc {
 
 /// @brief "SIGKILL" for 9, "signal 42" for names we do not know.
 inline std::string signal_name(int sig) {
@@ -333,5 +334,5 @@ inline std::string random_hex(std::size_t bytes) {
   return out;
 }
 
-}  // namespace detail
+}  // namespace detail::proc
 ACCEL_NAMESPACE_END

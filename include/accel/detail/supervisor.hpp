@@ -77,7 +77,7 @@ inline void make_directories(const std::string& dir) {
     pos = slash == std::string::npos ? dir.size() + 1 : slash + 1;
     if (partial.empty()) continue;
     if (::mkdir(partial.c_str(), 0777) != 0 && errno != EEXIST)
-      accel::detail::throw_error<launch_error>("cannot create the log directory '", dir, "' (", accel::detail::errno_text(errno),
+      accel::detail::throw_error<launch_error>("cannot create the log directory '", dir, "' (", accel::detail::proc::errno_text(errno),
                                                " at '", partial, "'); choose another --log_dir");
   }
   struct stat st {};
@@ -87,8 +87,8 @@ inline void make_directories(const std::string& dir) {
 
 /// @brief One output stream of one child, read through a pipe.
 struct Stream {
-  accel::detail::UniqueFd pipe;  ///< read end; reset at end of stream
-  accel::detail::UniqueFd log;   ///< log file, or empty
+  accel::detail::proc::UniqueFd pipe;  ///< read end; reset at end of stream
+  accel::detail::proc::UniqueFd log;   ///< log file, or empty
   int rank = 0;
   int console = 1;               ///< launcher descriptor the lines go to (1 or 2)
   LineSplitter lines;
@@ -105,7 +105,7 @@ struct Child {
 /// @brief The supervision loop over started children (one thread, poll + signalfd + waitpid).
 class Supervisor {
  public:
-  Supervisor(accel::detail::BlockedSignals& signals, double grace_s, bool tee,
+  Supervisor(accel::detail::proc::BlockedSignals& signals, double grace_s, bool tee,
              std::function<void(const std::string&)> say)
       : signals_(signals), grace_(std::chrono::milliseconds(static_cast<long long>(grace_s * 1000.0))), tee_(tee),
         say_(std::move(say)) {}
@@ -155,7 +155,7 @@ class Supervisor {
         }
       const int ready = ::poll(fds.data(), static_cast<nfds_t>(fds.size()), static_cast<int>(std::max<long long>(wait_ms, 0)));
       if (ready < 0 && errno != EINTR)
-        accel::detail::throw_error<launch_error>("poll failed while supervising (", accel::detail::errno_text(errno), ")");
+        accel::detail::throw_error<launch_error>("poll failed while supervising (", accel::detail::proc::errno_text(errno), ")");
       if (ready > 0) {
         for (std::size_t i = 0; i < polled.size(); ++i)
           if (fds[i + 1].revents != 0) read_stream(*polled[i]);
@@ -175,13 +175,13 @@ class Supervisor {
     for (auto& s : streams) close_stream(s);
     if (failed_) {
       const Child& f = children[*failed_];
-      const int code = accel::detail::exit_code_of(f.status);
-      say_(accel::detail::concat("job failed: rank ", f.rank, " ", accel::detail::describe_wait_status(f.status),
+      const int code = accel::detail::proc::exit_code_of(f.status);
+      say_(accel::detail::concat("job failed: rank ", f.rank, " ", accel::detail::proc::describe_wait_status(f.status),
                                  "; exit status ", code));
       return code;
     }
     if (interrupt_) {
-      say_(accel::detail::concat("job interrupted by ", accel::detail::signal_name(*interrupt_), "; exit status ", 128 + *interrupt_));
+      say_(accel::detail::concat("job interrupted by ", accel::detail::proc::signal_name(*interrupt_), "; exit status ", 128 + *interrupt_));
       return 128 + *interrupt_;
     }
     return 0;
@@ -208,7 +208,7 @@ class Supervisor {
     if (sig == SIGCHLD) return;  // reap() follows
     const int n = count_running();
     if (stopping_) {
-      say_(accel::detail::concat("received ", accel::detail::signal_name(sig), " while stopping: killing ", n,
+      say_(accel::detail::concat("received ", accel::detail::proc::signal_name(sig), " while stopping: killing ", n,
                                  n == 1 ? " process" : " processes", " now"));
       kill_running(SIGKILL);
       killed_ = true;
@@ -216,7 +216,7 @@ class Supervisor {
       return;
     }
     interrupt_ = sig;
-    say_(accel::detail::concat("received ", accel::detail::signal_name(sig), ": forwarding it to ", n,
+    say_(accel::detail::concat("received ", accel::detail::proc::signal_name(sig), ": forwarding it to ", n,
                                n == 1 ? " process" : " processes", " (", stop_plan(), "; send it again to kill them now)"));
     kill_running(sig);
     begin_stop();
@@ -231,12 +231,12 @@ class Supervisor {
       if (r != c.pid) continue;
       c.running = false;
       c.status = status;
-      const std::string how = accel::detail::describe_wait_status(status);
+      const std::string how = accel::detail::proc::describe_wait_status(status);
       if (stopping_) {
-        if (!accel::detail::succeeded(status)) say_(accel::detail::concat("rank ", c.rank, " (pid ", c.pid, ") stopped: ", how));
+        if (!accel::detail::proc::succeeded(status)) say_(accel::detail::concat("rank ", c.rank, " (pid ", c.pid, ") stopped: ", how));
         continue;
       }
-      if (accel::detail::succeeded(status)) continue;
+      if (accel::detail::proc::succeeded(status)) continue;
       failed_ = i;
       const int others = count_running();
       say_(accel::detail::concat("rank ", c.rank, " (local rank ", c.local_rank, ", pid ", c.pid, ") ", how,
@@ -256,7 +256,7 @@ class Supervisor {
   }
   void flush_batch(const Stream& s) {
     bool& dead = console_dead_[s.console == 2 ? 1 : 0];
-    if (!dead && !batch_.empty() && !accel::detail::write_all(s.console, batch_)) dead = true;  // closed console: keep draining
+    if (!dead && !batch_.empty() && !accel::detail::proc::write_all(s.console, batch_)) dead = true;  // closed console: keep draining
     batch_.clear();
   }
 
@@ -269,8 +269,8 @@ class Supervisor {
       return;
     }
     const std::string_view data(buf, static_cast<std::size_t>(n));
-    if (s.log && !accel::detail::write_all(s.log.get(), data)) {
-      say_(accel::detail::concat("cannot write the log of rank ", s.rank, " (", accel::detail::errno_text(errno),
+    if (s.log && !accel::detail::proc::write_all(s.log.get(), data)) {
+      say_(accel::detail::concat("cannot write the log of rank ", s.rank, " (", accel::detail::proc::errno_text(errno),
                                  "); its output still goes to the console"));
       s.log.reset();
     }
@@ -286,7 +286,7 @@ class Supervisor {
     s.log.reset();
   }
 
-  accel::detail::BlockedSignals& signals_;
+  accel::detail::proc::BlockedSignals& signals_;
   std::chrono::milliseconds grace_;
   bool tee_;
   std::function<void(const std::string&)> say_;
@@ -320,10 +320,10 @@ inline int run(const LaunchOptions& options, const LaunchHooks& hooks = {}) {
   using accel::detail::throw_error;
   auto say = hooks.message ? hooks.message
                            : std::function<void(const std::string&)>([](const std::string& m) {
-                               accel::detail::write_all(2, "accel launch: " + m + "\n");
+                               accel::detail::proc::write_all(2, "accel launch: " + m + "\n");
                              });
   // Block first: threads started from here on (CUDA's, the store's) inherit the mask.
-  accel::detail::BlockedSignals signals({SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT});
+  accel::detail::proc::BlockedSignals signals({SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT});
   auto getenv_opt = [](const char* name) -> std::optional<std::string> {
     const char* v = std::getenv(name);
     return v ? std::optional<std::string>(v) : std::nullopt;
@@ -335,14 +335,14 @@ inline int run(const LaunchOptions& options, const LaunchHooks& hooks = {}) {
     in.gpu_count = static_cast<int>(list.gpus.size());
     in.gpu_status = list.status;
   }
-  if (options.num_machines == 1 && options.main_process_port.value_or(0) == 0) in.free_port = accel::detail::pick_free_port();
-  in.fresh_job_token = accel::detail::random_hex(16);
+  if (options.num_machines == 1 && options.main_process_port.value_or(0) == 0) in.free_port = accel::detail::proc::pick_free_port();
+  in.fresh_job_token = accel::detail::proc::random_hex(16);
   in.env_job_token = getenv_opt("ACCEL_JOB_TOKEN");
   LaunchPlan plan = plan_launch(options, in);
   for (const auto& w : plan.warnings) say("warning: " + w);
 
   const std::string& program = options.command.front();
-  const std::string path = accel::detail::find_program(program, getenv_opt("PATH").value_or("/usr/local/bin:/usr/bin:/bin"));
+  const std::string path = accel::detail::proc::find_program(program, getenv_opt("PATH").value_or("/usr/local/bin:/usr/bin:/bin"));
   if (path.empty())
     throw_error<launch_error>("cannot find the program '", program, "'",
                               program.find('/') != std::string::npos ? ": no executable file at that path"
@@ -353,7 +353,7 @@ inline int run(const LaunchOptions& options, const LaunchHooks& hooks = {}) {
 
   std::vector<std::string> parent_env;
   for (char** e = environ; e && *e; ++e) parent_env.emplace_back(*e);
-  accel::detail::UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  accel::detail::proc::UniqueFd devnull(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   // The launcher's stdin goes to local rank 0 when it is a file or pipe; a terminal would stop a
   // child of another process group with SIGTTIN, so then everyone reads /dev/null.
   const bool pass_stdin = !::isatty(0);
@@ -362,7 +362,7 @@ inline int run(const LaunchOptions& options, const LaunchHooks& hooks = {}) {
   detail::Supervisor sup(signals, options.grace_s, options.tee, say);
   try {
     for (const auto& r : plan.ranks) {
-      accel::detail::SpawnRequest req;
+      accel::detail::proc::SpawnRequest req;
       req.path = path;
       req.argv = options.command;
       req.env = child_environment(plan, r, parent_env);
@@ -370,10 +370,10 @@ inline int run(const LaunchOptions& options, const LaunchHooks& hooks = {}) {
       req.child_mask = signals.original_mask();
       req.reset_signals = signals.reset_list();
       std::vector<detail::Stream> mine;
-      std::optional<accel::detail::Pipe> out, err;
+      std::optional<accel::detail::proc::Pipe> out, err;
       if (piped) {
-        out = accel::detail::make_pipe();
-        err = accel::detail::make_pipe();
+        out = accel::detail::proc::make_pipe();
+        err = accel::detail::proc::make_pipe();
         req.stdout_fd = out->write_end.get();
         req.stderr_fd = err->write_end.get();
         for (int which : {1, 2}) {
@@ -385,7 +385,7 @@ inline int run(const LaunchOptions& options, const LaunchHooks& hooks = {}) {
             const std::string file = concat(*options.log_dir, "/rank_", r.rank, which == 1 ? ".stdout.log" : ".stderr.log");
             s.log.reset(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
             if (!s.log)
-              throw_error<launch_error>("cannot create the log file '", file, "' (", accel::detail::errno_text(errno),
+              throw_error<launch_error>("cannot create the log file '", file, "' (", accel::detail::proc::errno_text(errno),
                                         "); choose another --log_dir");
           }
           mine.push_back(std::move(s));
@@ -394,7 +394,7 @@ inline int run(const LaunchOptions& options, const LaunchHooks& hooks = {}) {
       detail::Child child;
       child.rank = r.rank;
       child.local_rank = r.local_rank;
-      child.pid = accel::detail::spawn_child(req);
+      child.pid = accel::detail::proc::spawn_child(req);
       sup.children.push_back(child);
       for (auto& s : mine) sup.streams.push_back(std::move(s));
     }
