@@ -251,7 +251,7 @@ TEST_CASE("the plan report counts bytes streamed per forward pass from cpu and d
   CHECK(report.seconds_disk == Approx(20.0 + 2.0));
   const auto table = accel::format_plan_table(plan, report);
   CHECK(table.find("cpu     200 B        100 B") != std::string::npos);
-  CHECK(table.find("260 B stream to GPU 0: 60 B from CPU (0.600 s at 0.0 GB/s), 200 B from disk") != std::string::npos);
+  CHECK(table.find("260 B stream to GPU 0: 60 B from CPU (600.0 ms at 0.0 GB/s), 200 B from disk") != std::string::npos);
   CHECK(accel::detail::summarize_keys({"a.0", "a.1", "a.2", "a.3", "b"}) == "a.0-3, b");
 }
 

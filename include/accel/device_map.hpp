@@ -96,6 +96,11 @@ class DeviceMap {
     index_.emplace(name, entries_.size());
     entries_.emplace_back(std::move(name), p);
   }
+  /// @brief Reserves room for `n` keys.
+  void reserve(std::size_t n) {
+    entries_.reserve(n);
+    index_.reserve(n);
+  }
   /// @brief The placement stored under exactly `key`, or nullptr.
   [[nodiscard]] const Placement* find(std::string_view key) const {
     auto it = index_.find(std::string(key));

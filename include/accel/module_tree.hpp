@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -55,6 +57,42 @@ struct Module {
   std::vector<std::size_t> buffers;     ///< direct buffer tensor ids, registration order
 };
 
+struct TreeIndex;
+
+namespace detail {
+// A lazily computed TreeIndex shared by const users. Copies start empty; the mutex makes the
+// first computation safe when several threads plan the same (const) tree.
+class TreeIndexCache {
+ public:
+  TreeIndexCache() = default;
+  TreeIndexCache(const TreeIndexCache&) noexcept {}
+  TreeIndexCache(TreeIndexCache&&) noexcept {}
+  TreeIndexCache& operator=(const TreeIndexCache&) noexcept {
+    clear();
+    return *this;
+  }
+  TreeIndexCache& operator=(TreeIndexCache&&) noexcept {
+    clear();
+    return *this;
+  }
+  ~TreeIndexCache() = default;
+  // Mutating a tree while another thread reads it is a data race anyway; no lock needed here.
+  void clear() noexcept {
+    if (value_) value_.reset();
+  }
+  template <class Compute>
+  std::shared_ptr<const TreeIndex> get(Compute&& compute) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!value_) value_ = std::make_shared<const TreeIndex>(compute());
+    return value_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  mutable std::shared_ptr<const TreeIndex> value_;
+};
+}  // namespace detail
+
 /// @brief A model's structure: modules, parameters, buffers, and tensors that share storage.
 ///
 /// Tensors tied together (or declared `alias_of` another) are one tensor with several names; sizes
@@ -76,6 +114,15 @@ class ModuleTree {
 
   /// @name Builder
   ///@{
+  /// @brief Reserves room for `modules` modules and `tensors` tensors (saves rehashing).
+  void reserve(std::size_t modules, std::size_t tensors) {
+    modules_.reserve(modules + 1);
+    module_ids_.reserve(modules + 1);
+    tensors_.reserve(tensors);
+    tensor_ids_.reserve(tensors);
+    tie_parent_.reserve(tensors);
+  }
+
   /// @brief Adds a module (and any missing ancestors), or sets the class of an existing one.
   /// @return the module id
   /// @throws accel::usage_error when the name is a tensor's, has an empty component, or the module
@@ -100,6 +147,7 @@ class ModuleTree {
     const std::size_t id = modules_.size();
     modules_.push_back(Module{std::string(name), std::string(class_name), parent, {}, {}, {}});
     modules_[parent].children.push_back(id);
+    cache_.clear();
     module_ids_.emplace(std::string(name), id);
     return id;
   }
@@ -175,6 +223,9 @@ class ModuleTree {
   }
   /// @brief True when some tensor shares storage with another.
   [[nodiscard]] bool has_ties() const noexcept { return tie_count_ > 0; }
+  /// @brief The model order (see TreeIndex), computed on first use and kept until the tree
+  ///        changes; safe to call from several threads on a tree nobody modifies.
+  [[nodiscard]] std::shared_ptr<const TreeIndex> index() const;
   ///@}
 
  private:
@@ -186,19 +237,24 @@ class ModuleTree {
 
   std::size_t add_tensor(std::string_view name, DType dtype, std::vector<std::int64_t> shape, bool buffer, bool persistent) {
     check_name(name, buffer ? "buffer" : "parameter");
-    if (tensor_ids_.count(std::string(name)))
+    std::string key(name);
+    if (tensor_ids_.count(key))
       detail::throw_error<usage_error>("tensor '", name, "' is registered twice; give each tensor one entry");
-    if (module_ids_.count(std::string(name)))
+    if (module_ids_.count(key))
       detail::throw_error<usage_error>("tensor name '", name, "' is already a module's name; names must be unique");
     for (auto d : shape)
       if (d < 0) detail::throw_error<usage_error>("tensor '", name, "' has negative dimension ", d);
     const auto dot = name.rfind('.');
-    const std::size_t module = add_module(dot == std::string_view::npos ? std::string_view{} : name.substr(0, dot));
+    const std::string_view prefix = dot == std::string_view::npos ? std::string_view{} : name.substr(0, dot);
+    // Consecutive tensors usually share a module: skip the lookup then.
+    const std::size_t module = last_module_ < modules_.size() && modules_[last_module_].name == prefix ? last_module_ : add_module(prefix);
+    last_module_ = module;
     const std::size_t id = tensors_.size();
     tensors_.push_back(Tensor{std::string(name), dtype, std::move(shape), buffer, persistent, module});
     tie_parent_.push_back(id);
     (buffer ? modules_[module].buffers : modules_[module].parameters).push_back(id);
-    tensor_ids_.emplace(std::string(name), id);
+    cache_.clear();
+    tensor_ids_.emplace(std::move(key), id);
     return id;
   }
 
@@ -212,6 +268,7 @@ class ModuleTree {
     const std::size_t ra = tie_root(a), rb = tie_root(b);
     if (ra == rb) return;
     tie_parent_[rb] = ra;
+    cache_.clear();
     ++tie_count_;
   }
 
@@ -219,6 +276,8 @@ class ModuleTree {
   std::vector<Tensor> tensors_;
   std::vector<std::size_t> tie_parent_;
   std::size_t tie_count_ = 0;
+  std::size_t last_module_ = 0;
+  detail::TreeIndexCache cache_;
   std::unordered_map<std::string, std::size_t> module_ids_;
   std::unordered_map<std::string, std::size_t> tensor_ids_;
 };
@@ -234,6 +293,14 @@ struct TreeIndex {
   std::vector<std::uint32_t> tensor_rank;  ///< tensor id → its position
   std::vector<std::uint32_t> canonical;    ///< tensor id → the group member first in model order
   std::vector<std::vector<std::uint32_t>> tied_groups;  ///< tensor ids of each tie group, model order
+  /// @name Compact copies for hot loops (no pointer chasing into Module/Tensor)
+  ///@{
+  std::vector<std::uint32_t> module_parent;   ///< module id → parent id (root: UINT32_MAX)
+  std::vector<std::uint32_t> tensor_module;   ///< tensor id → owning module
+  std::vector<std::uint64_t> tensor_numel;    ///< tensor id → element count
+  std::vector<DType> tensor_dtype;            ///< tensor id → stored dtype
+  std::vector<bool> tensor_buffer;            ///< tensor id → is a buffer
+  ///@}
 
   /// @brief True when tensor `t` lies in module `m`'s subtree.
   [[nodiscard]] bool contains(std::size_t m, std::size_t t) const noexcept {
@@ -249,6 +316,19 @@ struct TreeIndex {
   ix.module_rank.assign(mods.size(), 0);
   ix.module_end.assign(mods.size(), 0);
   ix.tensor_rank.assign(tens.size(), 0);
+  ix.module_parent.resize(mods.size());
+  for (std::size_t m = 0; m < mods.size(); ++m)
+    ix.module_parent[m] = mods[m].parent == npos_id ? UINT32_MAX : static_cast<std::uint32_t>(mods[m].parent);
+  ix.tensor_module.resize(tens.size());
+  ix.tensor_numel.resize(tens.size());
+  ix.tensor_dtype.resize(tens.size());
+  ix.tensor_buffer.resize(tens.size());
+  for (std::size_t t = 0; t < tens.size(); ++t) {
+    ix.tensor_module[t] = static_cast<std::uint32_t>(tens[t].module);
+    ix.tensor_numel[t] = tens[t].numel();
+    ix.tensor_dtype[t] = tens[t].dtype;
+    ix.tensor_buffer[t] = tens[t].buffer;
+  }
   std::uint32_t next = 0;
   // Explicit stack: (module, stage) where stage 0 = enter, 1 = leave.
   std::vector<std::pair<std::size_t, bool>> stack{{0, false}};
@@ -290,6 +370,10 @@ struct TreeIndex {
               [&](const auto& a, const auto& b) { return ix.tensor_rank[a.front()] < ix.tensor_rank[b.front()]; });
   }
   return ix;
+}
+
+inline std::shared_ptr<const TreeIndex> ModuleTree::index() const {
+  return cache_.get([this] { return index_tree(*this); });
 }
 
 /// @brief How tensor sizes are counted (accelerate's compute_module_sizes options).
@@ -351,24 +435,35 @@ inline bool has_component(std::string_view name, std::string_view comp) {
   s.tensor.assign(tens.size(), 0);
   s.module.assign(mods.size(), 0);
   s.module_buffers.assign(mods.size(), 0);
+  const bool by_name = !opts.special_dtypes.empty() || !opts.keep_in_fp32.empty();
+  const unsigned target_bits = opts.dtype ? bit_size(*opts.dtype) : 0;
   for (std::size_t t = 0; t < tens.size(); ++t) {
     if (ix.canonical[t] != t) continue;
-    const auto bytes = tensor_size(tens[t], opts);
+    std::uint64_t bytes;
+    if (by_name) {
+      bytes = tensor_size(tens[t], opts);
+    } else {
+      const DType d = ix.tensor_dtype[t];
+      unsigned bits = bit_size(d);
+      if (target_bits && !is_integral(d) && target_bits < bits) bits = target_bits;
+      bytes = ix.tensor_numel[t] * bits / 8;
+    }
     s.tensor[t] = bytes;
-    s.module[tens[t].module] += bytes;
-    if (tens[t].buffer) s.module_buffers[tens[t].module] += bytes;
+    const auto m = ix.tensor_module[t];
+    s.module[m] += bytes;
+    if (ix.tensor_buffer[t]) s.module_buffers[m] += bytes;
   }
   // Children always have larger ids than their parents (add_module creates parents first).
   for (std::size_t m = mods.size(); m-- > 1;) {
-    s.module[mods[m].parent] += s.module[m];
-    s.module_buffers[mods[m].parent] += s.module_buffers[m];
+    s.module[ix.module_parent[m]] += s.module[m];
+    s.module_buffers[ix.module_parent[m]] += s.module_buffers[m];
   }
   return s;
 }
 
 /// @brief Convenience overload computing the index itself.
 [[nodiscard]] inline ModuleSizes compute_module_sizes(const ModuleTree& tree, const SizeOptions& opts = {}) {
-  return compute_module_sizes(tree, index_tree(tree), opts);
+  return compute_module_sizes(tree, *tree.index(), opts);
 }
 
 /// @brief fnmatch-style glob: `*` matches any run of characters (dots included), `?` one character.
@@ -394,31 +489,40 @@ inline bool has_component(std::string_view name, std::string_view comp) {
 
 /// @brief Which modules must never be split across devices.
 ///
-/// A module is a block when its class name equals one of `specs`, or its name matches one of them
-/// as a glob (`model.layers.*`). With no specs and `auto_numbered`, the numbered children of any
-/// module (`layers.0`, `layers.1`, `h.11`) are blocks.
-/// @return one flag per module id
-[[nodiscard]] inline std::vector<bool> no_split_modules(const ModuleTree& tree, const std::vector<std::string>& specs,
-                                                        bool auto_numbered = true) {
-  const auto& mods = tree.modules();
-  std::vector<bool> out(mods.size(), false);
-  for (std::size_t m = 1; m < mods.size(); ++m) {
-    const auto& mod = mods[m];
+/// A module is a block when its class name equals one of `specs`, or its name equals one or matches
+/// it as a glob (`model.layers.*`). With no specs and `auto_numbered`, the numbered children of any
+/// module (`layers.0`, `layers.1`, `h.11`) are blocks. The root is never a block.
+struct NoSplitRule {
+  std::vector<std::string> specs{};  ///< class names, module names or globs
+  bool auto_numbered = true;         ///< with no specs: numbered children are blocks
+
+  /// @brief Whether module `m` of `tree` is a block.
+  [[nodiscard]] bool matches(const ModuleTree& tree, std::size_t m) const {
+    if (m == 0) return false;
+    const auto& mod = tree.modules()[m];
     if (specs.empty()) {
-      if (!auto_numbered) continue;
+      if (!auto_numbered) return false;
       const auto dot = mod.name.rfind('.');
       const std::string_view local = dot == std::string::npos ? std::string_view(mod.name) : std::string_view(mod.name).substr(dot + 1);
       bool digits = !local.empty();
       for (char c : local) digits = digits && c >= '0' && c <= '9';
-      out[m] = digits;
-      continue;
+      return digits;
     }
-    for (const auto& s : specs)
-      if ((!mod.class_name.empty() && mod.class_name == s) || glob_match(s, mod.name)) {
-        out[m] = true;
-        break;
-      }
+    for (const auto& s : specs) {
+      if (!mod.class_name.empty() && mod.class_name == s) return true;
+      if (s.find_first_of("*?") == std::string::npos ? mod.name == s : glob_match(s, mod.name)) return true;
+    }
+    return false;
   }
+};
+
+/// @brief NoSplitRule evaluated for every module.
+/// @return one flag per module id
+[[nodiscard]] inline std::vector<bool> no_split_modules(const ModuleTree& tree, const std::vector<std::string>& specs,
+                                                        bool auto_numbered = true) {
+  const NoSplitRule rule{specs, auto_numbered};
+  std::vector<bool> out(tree.modules().size(), false);
+  for (std::size_t m = 1; m < out.size(); ++m) out[m] = rule.matches(tree, m);
   return out;
 }
 

@@ -102,6 +102,13 @@ inline std::string fixed(double v, int digits) {
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
   return buf;
 }
+
+// "1.25 s", "3.4 ms", "12.0 us".
+inline std::string format_seconds(double s) {
+  if (s >= 1.0) return fixed(s, 2) + " s";
+  if (s >= 1e-3) return fixed(s * 1e3, 1) + " ms";
+  return fixed(s * 1e6, 1) + " us";
+}
 }  // namespace detail
 
 /// @brief A readable table: one row per device (budget, placed, % of budget, reserve, modules),
@@ -130,15 +137,15 @@ inline std::string fixed(double v, int digits) {
     const std::string target = report.execution_device ? "GPU " + report.execution_device->to_string() : "CPU";
     out += "per forward pass " + format_bytes(report.streamed_from_cpu + report.streamed_from_disk) + " stream to " + target + ":";
     if (report.streamed_from_cpu)
-      out += " " + format_bytes(report.streamed_from_cpu) + " from CPU (" + detail::fixed(report.seconds_cpu, 3) + " s at " +
+      out += " " + format_bytes(report.streamed_from_cpu) + " from CPU (" + detail::format_seconds(report.seconds_cpu) + " at " +
              detail::fixed(report.bandwidths.host_to_device / 1e9, 1) + " GB/s)";
     if (report.streamed_from_disk)
       out += std::string(report.streamed_from_cpu ? "," : "") + " " + format_bytes(report.streamed_from_disk) +
-             " from disk (" + detail::fixed(report.seconds_disk, 3) + " s at " +
+             " from disk (" + detail::format_seconds(report.seconds_disk) + " at " +
              detail::fixed(report.bandwidths.disk_read / 1e9, 1) + " GB/s" +
              (report.execution_device ? " + host to GPU" : "") + ")";
-    out += "\nestimated transfer time: " + detail::fixed(report.seconds_total(), 3) +
-           " s per forward pass before any compute (it runs, but it is not fast)\n";
+    out += "\nestimated transfer time: " + detail::format_seconds(report.seconds_total()) +
+           " per forward pass before any compute (it runs, but it is not fast)\n";
   }
   for (const auto& w : plan.warnings) out += "warning: " + w + "\n";
   for (const auto& i : plan.info) out += "note: " + i + "\n";

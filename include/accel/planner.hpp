@@ -118,27 +118,37 @@ ACCEL_NAMESPACE_BEGIN
     if (budgets_defaulted) out.gpus[gpus[0]] = static_cast<std::uint64_t>(static_cast<double>(out.gpus[gpus[0]]) * 0.9);
     return out;
   }
-  const auto ix = index_tree(tree);
+  const auto ix_holder = tree.index();
+  const auto& ix = *ix_holder;
   const auto sizes = compute_module_sizes(tree, ix, detail::size_options(opts));
-  const auto no_split = no_split_modules(tree, opts.no_split, opts.auto_no_split);
   const std::uint64_t total = sizes.total();
   const auto n = static_cast<std::uint64_t>(gpus.size());
   std::uint64_t per_gpu = total / (low_zero ? n - 1 : n);
-  std::uint64_t block = 0;
-  for (std::size_t m = 0; m < no_split.size(); ++m)
-    if (no_split[m]) block = std::max(block, sizes.module[m]);
-  // "Final modules": modules holding tensors none of whose child modules does (root excluded).
+  // Largest no-split block: a depth-first walk that stops at blocks (a block nested in another
+  // is never larger than it).
+  const NoSplitRule rule{opts.no_split, opts.auto_no_split};
   const auto& mods = tree.modules();
-  std::vector<bool> has_entry(mods.size(), false);
-  for (std::size_t t = 0; t < tree.tensors().size(); ++t)
+  std::uint64_t block = 0;
+  std::vector<std::size_t> stack{0};
+  while (!stack.empty()) {
+    const auto m = stack.back();
+    stack.pop_back();
+    if (rule.matches(tree, m)) {
+      block = std::max(block, sizes.module[m]);
+      continue;
+    }
+    for (auto c : mods[m].children) stack.push_back(c);
+  }
+  // "Final modules": modules holding tensors none of whose child modules does (root excluded).
+  std::vector<bool> has_entry(mods.size(), false), child_entry(mods.size(), false);
+  for (std::size_t t = 0; t < ix.canonical.size(); ++t)
     if (ix.canonical[t] == t)
-      for (std::size_t m = tree.tensors()[t].module; m != npos_id && !has_entry[m]; m = mods[m].parent) has_entry[m] = true;
+      for (auto m = ix.tensor_module[t]; m != UINT32_MAX && !has_entry[m]; m = ix.module_parent[m]) has_entry[m] = true;
+  for (std::size_t m = 1; m < mods.size(); ++m)
+    if (has_entry[m]) child_entry[ix.module_parent[m]] = true;
   std::uint64_t leaf_sum = 0, leaf_count = 0;
   for (std::size_t m = 1; m < mods.size(); ++m) {
-    if (!has_entry[m]) continue;
-    bool child_entry = false;
-    for (auto c : mods[m].children) child_entry = child_entry || has_entry[c];
-    if (child_entry) continue;
+    if (!has_entry[m] || child_entry[m]) continue;
     leaf_sum += sizes.module[m];
     ++leaf_count;
   }

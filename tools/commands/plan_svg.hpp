@@ -128,7 +128,7 @@ inline std::string render_plan_svg(const accel::PlanResult& plan, const accel::P
     stream = "per forward pass: " + accel::format_bytes(report.streamed_from_cpu) + " from CPU + " +
              accel::format_bytes(report.streamed_from_disk) + " from disk to " +
              (report.execution_device ? "GPU " + report.execution_device->to_string() : std::string("CPU")) +
-             ", about " + accel::detail::fixed(report.seconds_total(), 3) + " s of transfers at " +
+             ", about " + accel::detail::format_seconds(report.seconds_total()) + " of transfers at " +
              accel::detail::fixed(report.bandwidths.host_to_device / 1e9, 1) + " GB/s host-to-GPU and " +
              accel::detail::fixed(report.bandwidths.disk_read / 1e9, 1) + " GB/s disk";
   }

@@ -54,7 +54,7 @@ struct SkeletonReader {
                     std::vector<std::pair<std::string, std::string>>& aliases) const {
     for (std::size_t i = 0; i < list.size(); ++i) {
       const auto& e = list[i];
-      const std::string where = concat(key, "[", i, "]");
+      const std::string where = std::string(key) + "[" + std::to_string(i) + "]";
       if (!e.is_object()) fail(where, concat("is a JSON ", e.type_name(), ", not an object"));
       const auto name = string_field(e, where, "name", true);
       const auto alias = string_field(e, where, "alias_of", false);
@@ -101,10 +101,17 @@ struct SkeletonReader {
     const auto& root = parsed.value;
     if (!root.is_object()) fail("the top level", concat("is a JSON ", root.type_name(), ", not an object"));
     ModuleTree tree;
+    {
+      auto count = [&](const char* k) {
+        auto it = root.find(k);
+        return it != root.end() && it->is_array() ? it->size() : std::size_t{0};
+      };
+      tree.reserve(count("modules"), count("parameters") + count("buffers"));
+    }
     if (const auto* mods = optional_array(root, "modules")) {
       for (std::size_t i = 0; i < mods->size(); ++i) {
         const auto& e = (*mods)[i];
-        const std::string where = concat("modules[", i, "]");
+        const std::string where = "modules[" + std::to_string(i) + "]";
         if (!e.is_object()) fail(where, concat("is a JSON ", e.type_name(), ", not an object"));
         auto name_it = e.find("name");
         if (name_it == e.end() || !name_it->is_string()) fail(where, "has no string 'name'");
@@ -129,7 +136,7 @@ struct SkeletonReader {
     if (const auto* tied = optional_array(root, "tied")) {
       for (std::size_t i = 0; i < tied->size(); ++i) {
         const auto& g = (*tied)[i];
-        const std::string where = concat("tied[", i, "]");
+        const std::string where = "tied[" + std::to_string(i) + "]";
         if (!g.is_array()) fail(where, concat("is a JSON ", g.type_name(), ", not an array of tensor names"));
         std::vector<std::string> names;
         for (const auto& n : g) {

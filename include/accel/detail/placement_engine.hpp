@@ -32,12 +32,14 @@ inline SizeOptions size_options(const PlanOptions& o) { return SizeOptions{o.dty
 class PlacementEngine {
  public:
   PlacementEngine(const ModuleTree& tree, const PlanOptions& opts)
-      : tree_(tree), opts_(opts), ix_(index_tree(tree)), sizes_(compute_module_sizes(tree, ix_, size_options(opts))),
-        no_split_(no_split_modules(tree, opts.no_split, opts.auto_no_split)),
+      : tree_(tree), opts_(opts), ix_holder_(tree.index()), ix_(*ix_holder_),
+        sizes_(compute_module_sizes(tree, ix_, size_options(opts))),
         m_(static_cast<std::uint32_t>(tree.modules().size())),
         n_(m_ + static_cast<std::uint32_t>(tree.tensors().size())) {}
 
   PlanResult run() {
+    no_split_rule_ = NoSplitRule{opts_.no_split, opts_.auto_no_split};
+    no_split_cache_.assign(m_, -1);
     if (opts_.max_memory.empty())
       throw_error<usage_error>("no memory budgets given; pass max_memory (e.g. parse_max_memory(\"0=20GiB,cpu=64GiB\")) "
                                "or default_max_memory(devices, ram)");
@@ -84,7 +86,12 @@ class PlacementEngine {
     const auto p = tree_.modules()[n].parent;
     return p == npos_id ? none : static_cast<std::uint32_t>(p);
   }
-  bool splittable(std::uint32_t n) const { return is_module(n) && !no_split_[n] && !tree_.modules()[n].children.empty(); }
+  bool no_split(std::uint32_t m) {
+    auto& c = no_split_cache_[m];
+    if (c < 0) c = no_split_rule_.matches(tree_, m) ? 1 : 0;
+    return c == 1;
+  }
+  bool splittable(std::uint32_t n) { return is_module(n) && !tree_.modules()[n].children.empty() && !no_split(n); }
   // Direct parameters, children, direct buffers (accelerate drops the buffers; we keep them).
   template <class F>
   void for_expansion(std::uint32_t n, F&& f) const {
@@ -146,7 +153,7 @@ class PlacementEngine {
         continue;
       }
       layer_first_[m] = static_cast<std::uint32_t>(layer_modules_.size());
-      if (mods[m].children.empty() || no_split_[m]) {
+      if (mods[m].children.empty() || no_split(m)) {
         layer_modules_.push_back(m);
         layer_last_[m] = layer_first_[m] + 1;
         continue;
@@ -155,18 +162,22 @@ class PlacementEngine {
       for (auto c = mods[m].children.rbegin(); c != mods[m].children.rend(); ++c)
         stack.emplace_back(static_cast<std::uint32_t>(*c), false);
     }
+    // Module layers: sorted once by size, with a cursor to the largest active one. Loose tensor
+    // entries (few: the direct tensors of split modules) go to a lazy max-heap instead, so the
+    // many tensors inside blocks cost nothing here.
     const auto layers = static_cast<std::uint32_t>(layer_modules_.size());
-    const std::uint32_t slots = layers + (n_ - m_);
-    slot_size_.resize(slots);
+    slot_size_.resize(layers);
     for (std::uint32_t i = 0; i < layers; ++i) slot_size_[i] = sizes_.module[layer_modules_[i]];
-    for (std::uint32_t t = 0; t < n_ - m_; ++t) slot_size_[layers + t] = sizes_.tensor[t];
-    sorted_.resize(slots);
-    for (std::uint32_t i = 0; i < slots; ++i) sorted_[i] = i;
-    std::stable_sort(sorted_.begin(), sorted_.end(), [&](auto a, auto b) { return slot_size_[a] > slot_size_[b]; });
-    pos_in_sorted_.resize(slots);
-    for (std::uint32_t i = 0; i < slots; ++i) pos_in_sorted_[sorted_[i]] = i;
-    active_.assign(slots, false);
-    top_ = slots;
+    sorted_.resize(layers);
+    for (std::uint32_t i = 0; i < layers; ++i) sorted_[i] = i;
+    std::sort(sorted_.begin(), sorted_.end(), [&](auto a, auto b) {
+      return slot_size_[a] != slot_size_[b] ? slot_size_[a] > slot_size_[b] : a < b;
+    });
+    pos_in_sorted_.resize(layers);
+    for (std::uint32_t i = 0; i < layers; ++i) pos_in_sorted_[sorted_[i]] = i;
+    active_.assign(layers, false);
+    top_ = layers;
+    tensor_active_.assign(n_ - m_, false);
   }
   void set_slot(std::uint32_t slot, bool on) {
     active_[slot] = on;
@@ -176,14 +187,25 @@ class PlacementEngine {
   void deactivate(std::uint32_t n) { toggle(n, false); }
   void toggle(std::uint32_t n, bool on) {
     if (!is_module(n)) {
-      set_slot(static_cast<std::uint32_t>(layer_modules_.size()) + tensor_of(n), on);
+      const auto t = tensor_of(n);
+      tensor_active_[t] = on;
+      if (on) {
+        tensor_heap_.emplace_back(sizes_.tensor[t], t);
+        std::push_heap(tensor_heap_.begin(), tensor_heap_.end());
+      }
       return;
     }
     for (auto i = layer_first_[n]; i < layer_last_[n]; ++i) set_slot(i, on);
   }
   std::uint64_t max_layer() {
     while (top_ < sorted_.size() && !active_[sorted_[top_]]) ++top_;
-    return top_ < sorted_.size() ? slot_size_[sorted_[top_]] : 0;
+    const std::uint64_t module_max = top_ < sorted_.size() ? slot_size_[sorted_[top_]] : 0;
+    while (!tensor_heap_.empty() && !tensor_active_[tensor_heap_.front().second]) {
+      std::pop_heap(tensor_heap_.begin(), tensor_heap_.end());
+      tensor_heap_.pop_back();
+    }
+    const std::uint64_t tensor_max = tensor_heap_.empty() ? 0 : tensor_heap_.front().first;
+    return std::max(module_max, tensor_max);
   }
 
   // ---- ties -----------------------------------------------------------------------------------
@@ -467,11 +489,54 @@ class PlacementEngine {
                                 "\nraise the budgets (--max-memory), add cpu, or allow disk offload");
   }
 
-  PlanResult finish() {
+  // clean_device_map on the tree itself: a module whose subtree holds more than one placed entry,
+  // all on one device, replaces them. Same result as the string version, without building it.
+  void build_map() {
     std::sort(placed_.begin(), placed_.end(), [&](auto a, auto b) { return node_rank(a) < node_rank(b); });
-    DeviceMap raw;
-    for (auto n : placed_) raw.set(node_name(n), devices_[static_cast<std::size_t>(device_of_[n])].where);
-    result_.device_map = opts_.clean_result ? clean_device_map(raw) : std::move(raw);
+    std::vector<std::uint32_t> keys;
+    if (!opts_.clean_result) {
+      keys = placed_;
+    } else {
+      std::vector<std::uint32_t> count(m_, 0);
+      std::vector<std::int32_t> value(m_, -1);  // device index, or -2 when mixed
+      for (auto n : placed_) {
+        const auto d = device_of_[n];
+        for (std::uint32_t a = is_module(n) ? n : parent_of(n); a != none; a = parent_of(a)) {
+          ++count[a];
+          if (value[a] == -1) value[a] = d;
+          else if (value[a] != d) value[a] = -2;
+        }
+      }
+      // Top-down: emit merged modules; elsewhere emit placed entries as they are.
+      std::vector<std::uint32_t> stack{0};
+      while (!stack.empty()) {
+        const auto m = stack.back();
+        stack.pop_back();
+        if (device_of_[m] >= 0) {
+          keys.push_back(m);
+          continue;
+        }
+        if (count[m] > 1 && value[m] >= 0) {
+          keys.push_back(m);
+          device_of_[m] = value[m];
+          continue;
+        }
+        for_expansion(m, [&](std::uint32_t c) {
+          if (!is_module(c)) {
+            if (device_of_[c] >= 0) keys.push_back(c);
+          } else if (count[c] > 0) {
+            stack.push_back(c);
+          }
+        });
+      }
+      std::sort(keys.begin(), keys.end(), [&](auto a, auto b) { return node_rank(a) < node_rank(b); });
+    }
+    result_.device_map.reserve(keys.size());
+    for (auto n : keys) result_.device_map.set(node_name(n), devices_[static_cast<std::size_t>(device_of_[n])].where);
+  }
+
+  PlanResult finish() {
+    build_map();
     std::vector<std::string> nothing;
     std::uint64_t offloaded_buffers = 0;
     bool any_gpu = false;
@@ -515,9 +580,11 @@ class PlacementEngine {
 
   const ModuleTree& tree_;
   const PlanOptions& opts_;
-  TreeIndex ix_;
+  std::shared_ptr<const TreeIndex> ix_holder_;
+  const TreeIndex& ix_;
   ModuleSizes sizes_;
-  std::vector<bool> no_split_;
+  NoSplitRule no_split_rule_{};
+  std::vector<std::int8_t> no_split_cache_;  // -1 unknown, 0/1 (evaluated only for visited modules)
   std::uint32_t m_, n_;
   std::vector<Device> devices_;
   PlanResult result_;
@@ -532,6 +599,8 @@ class PlacementEngine {
   std::vector<std::uint32_t> sorted_, pos_in_sorted_;
   std::vector<bool> active_;
   std::uint32_t top_ = 0;
+  std::vector<bool> tensor_active_;
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> tensor_heap_;
   // ties
   std::vector<std::int32_t> group_of_;
   std::vector<std::pair<std::uint32_t, std::uint32_t>> tied_by_rank_;

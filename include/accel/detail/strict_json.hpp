@@ -23,31 +23,68 @@ struct StrictJsonResult {
   std::string error;  ///< empty on success; else nlohmann's message or "duplicate key 'k'"
 };
 
+// SAX handler: builds the DOM like nlohmann's own parser and remembers the first duplicate key.
+// (nlohmann's callback parser can do this too, but is about 20x slower.)
+class StrictJsonSax : public nlohmann::detail::json_sax_dom_parser<nlohmann::json> {
+  using base = nlohmann::detail::json_sax_dom_parser<nlohmann::json>;
+  struct Level {
+    std::vector<std::string> few;         // linear scan while small
+    std::unordered_set<std::string> many;  // then a hash set
+  };
+
+ public:
+  explicit StrictJsonSax(nlohmann::json& result) : base(result, true) {}
+  bool start_object(std::size_t n) {
+    if (depth_ == open_.size()) open_.emplace_back();
+    auto& level = open_[depth_++];
+    level.few.clear();
+    level.many.clear();
+    return base::start_object(n);
+  }
+  bool end_object() {
+    --depth_;
+    return base::end_object();
+  }
+  bool key(string_t& k) {
+    if (!duplicate_ && depth_ > 0) {
+      auto& level = open_[depth_ - 1];
+      bool seen = false;
+      if (level.many.empty()) {
+        for (const auto& x : level.few) seen = seen || x == k;
+        if (!seen) {
+          level.few.push_back(k);
+          if (level.few.size() > 16) {
+            level.many.insert(level.few.begin(), level.few.end());
+            level.few.clear();
+          }
+        }
+      } else {
+        seen = !level.many.insert(k).second;
+      }
+      if (seen) duplicate_ = k;
+    }
+    return base::key(k);
+  }
+  [[nodiscard]] const std::optional<std::string>& duplicate() const noexcept { return duplicate_; }
+
+ private:
+  std::vector<Level> open_;
+  std::size_t depth_ = 0;
+  std::optional<std::string> duplicate_;
+};
+
 /// @brief Parses `text` as JSON, rejecting invalid UTF-8, trailing garbage and duplicate keys in
 ///        any object.
 inline StrictJsonResult parse_json_strict(std::string_view text) {
   StrictJsonResult out;
-  std::vector<std::unordered_set<std::string>> open;
-  std::optional<std::string> duplicate;
-  auto callback = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    using E = nlohmann::json::parse_event_t;
-    if (event == E::object_start) {
-      open.emplace_back();
-    } else if (event == E::object_end) {
-      if (!open.empty()) open.pop_back();
-    } else if (event == E::key && !open.empty() && !duplicate) {
-      auto key = parsed.get<std::string>();
-      if (!open.back().insert(key).second) duplicate = std::move(key);
-    }
-    return true;
-  };
   try {
-    out.value = nlohmann::json::parse(text.begin(), text.end(), callback);
+    StrictJsonSax sax(out.value);
+    nlohmann::json::sax_parse(text.begin(), text.end(), &sax);
+    if (sax.duplicate()) out.error = "duplicate key '" + *sax.duplicate() + "'";
   } catch (const nlohmann::json::exception& e) {
     out.error = e.what();
-    return out;
+    out.value = nullptr;
   }
-  if (duplicate) out.error = "duplicate key '" + *duplicate + "'";
   return out;
 }
 
