@@ -4,4 +4,5 @@
 /// @brief Umbrella header: everything a user program needs.
 #pragma once
 
+#include "collectives.hpp"
 #include "state.hpp"
