@@ -4,8 +4,12 @@
 #pragma once
 
 #include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
 #include <span>
 
+#include <accel/comm/store.hpp>
 #include <accel/launch.hpp>
 
 namespace accel_cli {
@@ -79,7 +83,20 @@ inline int run_launch(std::span<char*> args) {
     std::fputs(launch_help, stdout);
     return 0;
   }
-  return accel::launch::run(options);
+  // The job's store lives in the launcher, so it outlives every rank and a dead rank is reported
+  // by the survivors. Several machines: each launcher only knows its own, so rank 0 hosts the store
+  // at MASTER_ADDR:MASTER_PORT instead (connect_job_store's fallback).
+  std::shared_ptr<accel::StoreServer> store;
+  accel::launch::LaunchHooks hooks;
+  hooks.host_store = [&store](const accel::launch::LaunchPlan& plan) -> std::optional<std::string> {
+    if (plan.num_machines > 1) return std::nullopt;
+    accel::StoreServerOptions o;
+    o.world_size = plan.world_size;
+    o.log = [](const std::string& m) { std::fprintf(stderr, "accel launch: store: %s\n", m.c_str()); };
+    store = std::make_shared<accel::StoreServer>("127.0.0.1", 0, plan.job_token, std::move(o));
+    return store->address();
+  };
+  return accel::launch::run(options, hooks);
 }
 
 }  // namespace accel_cli
