@@ -72,8 +72,8 @@ TEST_CASE("serialize: trivially copyable values, strings and vectors of them tak
   REQUIRE(round_trip(std::vector<std::string>{"a", "", "ccc"}) == std::vector<std::string>{"a", "", "ccc"});
   REQUIRE(round_trip(std::vector<int>{}).empty());
   REQUIRE(round_trip(std::vector<bool>{true, false}) == std::vector<bool>{true, false});  // not raw: CBOR
-  // Raw layouts: format byte, then the item size, then the bytes; no per-item overhead.
-  REQUIRE(accel::to_bytes(std::vector<std::int32_t>(10)).size() == 1 + 8 + 8 + 40);
+  // Raw layouts: a 32-byte header (format, item size, count), then the bytes; no per-item overhead.
+  REQUIRE(accel::to_bytes(std::vector<std::int32_t>(10)).size() == 32 + 40);
   REQUIRE(accel::to_bytes(std::string(5, 'x')).size() == 6);
   REQUIRE(accel::to_bytes(std::vector<bool>{true})[0] == std::byte{5});
 }
@@ -96,9 +96,12 @@ TEST_CASE("serialize: truncated, padded and corrupted payloads are errors, never
   REQUIRE_THROWS_WITH(accel::from_bytes<std::vector<std::int64_t>>(cut, 2), accel_test::contains("value from rank 2 announces 3 items"));
   auto longer = v;
   longer.push_back(std::byte{0});
-  REQUIRE_THROWS_WITH(accel::from_bytes<std::vector<std::int64_t>>(longer, 2), accel_test::contains("1 unexpected trailing bytes"));
+  REQUIRE_THROWS_WITH(accel::from_bytes<std::vector<std::int64_t>>(longer, 2), accel_test::contains("but 25 bytes follow"));
+  REQUIRE_THROWS_WITH(accel::from_bytes<std::int64_t>(corrupt(accel::to_bytes(std::int64_t{1}), 16, std::byte{2}), 2),
+                      accel_test::contains("is not one long"));
+  REQUIRE(accel::from_bytes<std::string>(std::vector<std::byte>{std::byte{2}}, 0).empty());
   // A huge item count in a tiny payload does not allocate.
-  auto huge = corrupt(corrupt(v, 16, std::byte{0xff}), 15, std::byte{0xff});
+  auto huge = corrupt(corrupt(v, 23, std::byte{0xff}), 22, std::byte{0xff});
   REQUIRE_THROWS_AS(accel::from_bytes<std::vector<std::int64_t>>(huge, 0), accel::serialization_error);
   auto sv = accel::to_bytes(std::vector<std::string>{"abc", "de"});
   REQUIRE_THROWS_WITH(accel::from_bytes<std::vector<std::string>>(corrupt(sv, 9, std::byte{50}), 1), accel_test::contains("truncated"));

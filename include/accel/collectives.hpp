@@ -218,10 +218,10 @@ void print(const DistributedState& state, Args&&... args) {
 /// @note collective
 template <class T>
 std::vector<T> gather_object(Communicator& comm, const T& value) {
-  std::vector<std::byte> bytes;
+  std::vector<std::byte>& bytes = comm.send_buffer();
   std::exception_ptr failure;
   try {
-    bytes = to_bytes(value, comm.rank());
+    to_bytes_into(bytes, value, comm.rank());
   } catch (...) {
     failure = std::current_exception();
   }
@@ -281,13 +281,13 @@ inline std::uint64_t read_u64(std::span<const std::byte> b) {
 /// @note collective
 template <class T>
 std::vector<T> gather_object(Communicator& comm, const std::vector<T>& results, const Shard& shard) {
-  std::vector<std::byte> bytes;
+  std::vector<std::byte>& bytes = comm.send_buffer();
   std::exception_ptr failure;
   try {
     if (results.size() != shard.padded_count && results.size() != shard.real_count)
       detail::throw_error<usage_error>("gather_object: rank ", comm.rank(), " passed ", results.size(), " results for a shard of ",
                                        shard.real_count, " items (", shard.padded_count, " with padding); pass one result per item");
-    bytes = to_bytes(results, comm.rank());
+    to_bytes_into(bytes, results, comm.rank());
     detail::append_u64(bytes, shard.total);
     detail::append_u64(bytes, shard.first_index);
     detail::append_u64(bytes, shard.real_count);
@@ -345,11 +345,12 @@ std::vector<T> gather_object(DistributedState& state, const std::vector<T>& resu
 /// @note collective
 template <class T>
 T broadcast_object(Communicator& comm, const T& value, int root = 0) {
-  std::vector<std::byte> bytes;
+  std::vector<std::byte>& bytes = comm.send_buffer();
+  bytes.clear();
   std::exception_ptr failure;
   if (comm.rank() == root) {
     try {
-      bytes = to_bytes(value, root);
+      to_bytes_into(bytes, value, root);
     } catch (...) {
       failure = std::current_exception();
     }

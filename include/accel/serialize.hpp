@@ -63,6 +63,9 @@ struct is_std_vector<std::vector<T, A>> : std::true_type {};
 /// @brief The first byte of every payload.
 enum class PayloadFormat : std::uint8_t { raw = 1, string = 2, raw_vector = 3, string_vector = 4, cbor = 5 };
 
+/// @brief Raw payloads: format byte, item size (u64 at 8), item count (u64 at 16), data at 32.
+inline constexpr std::size_t raw_header_bytes = 32;
+
 template <class T>
 std::string type_name() {
   int status = 0;
@@ -72,19 +75,25 @@ std::string type_name() {
 
 inline std::string from_rank(int rank) { return rank >= 0 ? concat(" from rank ", rank) : std::string(); }
 
+// Appends to a caller's buffer (reused between collectives, so large payloads do not fault in
+// fresh pages every time).
 class ByteSink {
  public:
-  explicit ByteSink(PayloadFormat f, std::size_t reserve = 0) { out_.reserve(reserve + 16), out_.push_back(static_cast<std::byte>(f)); }
+  ByteSink(std::vector<std::byte>& out, PayloadFormat f, std::size_t reserve = 0) : out_(out) {
+    out_.clear();
+    out_.reserve(reserve + raw_header_bytes);
+    out_.push_back(static_cast<std::byte>(f));
+  }
   void raw(const void* p, std::size_t n) {
-    const auto at = out_.size();
-    out_.resize(at + n);
-    if (n) std::memcpy(out_.data() + at, p, n);
+    const auto* b = static_cast<const std::byte*>(p);
+    out_.insert(out_.end(), b, b + n);
   }
   void u64(std::uint64_t v) { raw(&v, sizeof v); }
-  std::vector<std::byte> take() { return std::move(out_); }
+  // Pads to `raw_header_bytes`, so raw data starts 32-byte aligned in a page-aligned segment.
+  void pad_header() { out_.resize(raw_header_bytes, std::byte{0}); }
 
  private:
-  std::vector<std::byte> out_;
+  std::vector<std::byte>& out_;
 };
 
 class ByteSource {
@@ -103,6 +112,7 @@ class ByteSource {
     std::memcpy(&v, take(sizeof v).data(), sizeof v);
     return v;
   }
+  [[nodiscard]] std::size_t remaining() const noexcept { return b_.size() - pos_; }
   // A count of items of at least `item_bytes` each cannot exceed what is left (guards huge allocations).
   std::size_t count(std::size_t item_bytes) {
     const std::uint64_t n = u64();
@@ -140,54 +150,64 @@ constexpr PayloadFormat format_of() {
 
 }  // namespace detail
 
-/// @brief Encodes a value: raw bytes for plain data, strings and vectors of them; CBOR otherwise.
+/// @brief Encodes a value into `out` (replacing its content, keeping its capacity): raw bytes for
+/// plain data, strings and vectors of them; CBOR otherwise.
 /// @param rank the producing rank, only for the error message (-1: unknown)
 /// @throws serialization_error naming the type (and rank) when to_json throws
 template <class T>
-std::vector<std::byte> to_bytes(const T& value, int rank = -1) {
+void to_bytes_into(std::vector<std::byte>& out, const T& value, int rank = -1) {
   using detail::PayloadFormat;
   constexpr PayloadFormat f = detail::format_of<T>();
   static_assert(f != PayloadFormat::cbor || json_serializable<T>,
                 "accel::to_bytes: T is neither trivially copyable, a string, a vector of those, nor convertible with "
                 "nlohmann/json; define to_json/from_json or use NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(T, members...)");
   if constexpr (f == PayloadFormat::raw) {
-    detail::ByteSink s(f, sizeof(T));
+    detail::ByteSink s(out, f, sizeof(T));
+    s.raw("\0\0\0\0\0\0\0", 7);
     s.u64(sizeof(T));
+    s.u64(1);
+    s.pad_header();
     s.raw(&value, sizeof(T));
-    return s.take();
   } else if constexpr (f == PayloadFormat::string) {
-    detail::ByteSink s(f, value.size());
+    detail::ByteSink s(out, f, value.size());
     s.raw(value.data(), value.size());
-    return s.take();
   } else if constexpr (f == PayloadFormat::raw_vector) {
     using V = typename T::value_type;
-    detail::ByteSink s(f, value.size() * sizeof(V));
+    detail::ByteSink s(out, f, value.size() * sizeof(V));
+    s.raw("\0\0\0\0\0\0\0", 7);
     s.u64(sizeof(V));
     s.u64(value.size());
+    s.pad_header();
     s.raw(value.data(), value.size() * sizeof(V));
-    return s.take();
   } else if constexpr (f == PayloadFormat::string_vector) {
     std::size_t total = 0;
     for (const auto& str : value) total += str.size() + 8;
-    detail::ByteSink s(f, total + 8);
+    detail::ByteSink s(out, f, total + 8);
     s.u64(value.size());
     for (const auto& str : value) s.u64(str.size());
     for (const auto& str : value) s.raw(str.data(), str.size());
-    return s.take();
   } else {
     try {
       const nlohmann::json j = value;
       std::vector<std::uint8_t> cbor;
       cbor.push_back(static_cast<std::uint8_t>(f));
       nlohmann::json::to_cbor(j, cbor);
-      std::vector<std::byte> out(cbor.size());
+      out.resize(cbor.size());
       std::memcpy(out.data(), cbor.data(), cbor.size());
-      return out;
     } catch (const std::exception& e) {
       detail::throw_error<serialization_error>("cannot encode a ", detail::type_name<T>(), rank >= 0 ? detail::concat(" on rank ", rank) : "",
                                                ": ", e.what());
     }
   }
+}
+
+/// @brief Encodes a value (see to_bytes_into).
+/// @throws serialization_error naming the type (and rank) when to_json throws
+template <class T>
+std::vector<std::byte> to_bytes(const T& value, int rank = -1) {
+  std::vector<std::byte> out;
+  to_bytes_into(out, value, rank);
+  return out;
 }
 
 /// @brief Decodes what to_bytes<T> produced. Checks the format byte, sizes and counts; never runs sender-chosen code.
@@ -206,7 +226,10 @@ T from_bytes(std::span<const std::byte> bytes, int source_rank = -1) {
                                              " (do all ranks pass the same type to the collective?)");
   detail::ByteSource src(bytes.subspan(1), source_rank, type);
   if constexpr (f == PayloadFormat::raw) {
+    src.take(7);
     const auto size = src.u64();
+    if (src.u64() != 1) detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " is not one ", type);
+    src.take(detail::raw_header_bytes - 24);
     if (size != sizeof(T))
       detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " holds ", size, "-byte items but ", type,
                                                " has ", sizeof(T), " (do all ranks pass the same type?)");
@@ -219,14 +242,26 @@ T from_bytes(std::span<const std::byte> bytes, int source_rank = -1) {
     return std::string(reinterpret_cast<const char*>(rest.data()), rest.size());
   } else if constexpr (f == PayloadFormat::raw_vector) {
     using V = typename T::value_type;
+    src.take(7);
     const auto size = src.u64();
     if (size != sizeof(V))
       detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " holds ", size, "-byte items but ", type,
                                                " has ", sizeof(V), "-byte items (do all ranks pass the same type?)");
-    const std::size_t n = src.count(sizeof(V));
+    const std::uint64_t n64 = src.u64();
+    src.take(detail::raw_header_bytes - 24);
+    if (n64 != src.remaining() / sizeof(V) || src.remaining() % sizeof(V) != 0)
+      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " announces ", n64, " items of ", type,
+                                               " but ", src.remaining(), " bytes follow");
+    const auto n = static_cast<std::size_t>(n64);
+    const auto data = src.take(n * sizeof(V));
+    // Aligned data (shared memory is page-aligned) is copied once, straight into the new vector;
+    // otherwise the items are zero-constructed and then filled.
+    if (reinterpret_cast<std::uintptr_t>(data.data()) % alignof(V) == 0) {
+      const auto* first = reinterpret_cast<const V*>(data.data());
+      return T(first, first + n);
+    }
     T out(n);
-    if (n) std::memcpy(static_cast<void*>(out.data()), src.take(n * sizeof(V)).data(), n * sizeof(V));
-    src.end();
+    if (n) std::memcpy(static_cast<void*>(out.data()), data.data(), n * sizeof(V));
     return out;
   } else if constexpr (f == PayloadFormat::string_vector) {
     const std::size_t n = src.count(8);

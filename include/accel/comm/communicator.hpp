@@ -89,6 +89,9 @@ class Communicator {
   [[nodiscard]] virtual std::string backend() const = 0;
   /// @brief Number of collectives entered so far (the next one gets number collectives_entered()+1).
   [[nodiscard]] std::uint64_t collectives_entered() const noexcept { return seq_; }
+  /// @brief The buffer the typed collectives encode into, reused between calls so large payloads
+  /// do not fault in fresh pages each time (it keeps the largest payload's capacity).
+  [[nodiscard]] std::vector<std::byte>& send_buffer() noexcept { return send_buffer_; }
 
   /// @brief Every rank's bytes, in rank order.
   /// @param op the operation's name, checked across ranks ("gather_object")
@@ -190,6 +193,7 @@ class Communicator {
   int size_;
   std::chrono::milliseconds timeout_;
   std::uint64_t seq_ = 0;
+  std::vector<std::byte> send_buffer_;
 };
 
 /// @brief The communicator of a one-process job: every collective returns this process's own data.

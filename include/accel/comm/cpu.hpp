@@ -110,7 +110,6 @@ class CpuCommunicator final : public Communicator {
       std::size_t size = 0;
     };
     std::vector<Part> parts(all.size());
-    std::size_t total = 0;
     for (std::size_t i = 0; i < all.size(); ++i) {
       try {
         detail::WireReader rd(all[i]);
@@ -126,19 +125,21 @@ class CpuCommunicator final : public Communicator {
       } catch (const detail::wire_error& e) {
         detail::throw_error<comm_error>("rank ", i, " sent a malformed entry for ", label, " (", e.what(), ")");
       }
-      total += parts[i].size;
     }
-    r.payloads.buffer.resize(total);
-    std::size_t at = 0;
+    // Inline parts are copied next to each other; shared-memory parts (our own included) are
+    // mapped and viewed in place, so a large payload is copied once, by the decoder.
+    std::size_t inline_total = 0;
+    for (const auto& p : parts)
+      if (p.segment.empty()) inline_total += p.size;
+    r.payloads.buffer.reserve(inline_total);
     for (std::size_t i = 0; i < parts.size(); ++i) {
-      r.payloads.offset.push_back(at);
-      r.payloads.length.push_back(parts[i].size);
-      std::span<std::byte> dst(r.payloads.buffer.data() + at, parts[i].size);
-      if (dst.empty()) continue;
-      if (static_cast<int>(i) == rank()) std::memcpy(dst.data(), payload.data(), payload.size());
-      else if (parts[i].segment.empty()) std::memcpy(dst.data(), parts[i].inline_data.data(), dst.size());
-      else detail::read_shm(parts[i].segment, dst, static_cast<int>(i));
-      at += parts[i].size;
+      if (!parts[i].segment.empty()) {
+        auto map = parts[i].size ? detail::map_shm(parts[i].segment, parts[i].size, static_cast<int>(i)) : nullptr;
+        const auto* base = static_cast<const std::byte*>(map.get());
+        r.payloads.push_external(std::span<const std::byte>(base, parts[i].size), std::move(map));
+      } else {
+        r.payloads.push_back(static_cast<int>(i) == rank() ? payload : parts[i].inline_data);
+      }
     }
     return r;
   }

@@ -71,7 +71,7 @@ class StoreServer {
     listener_ = detail::listen_tcp(host_, port);
     port_ = static_cast<std::uint16_t>(detail::socket_port(listener_.get()));
     int p[2];
-    if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) detail::throw_error<comm_error>("store: pipe failed: ", detail::errno_text(errno));
+    if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) detail::throw_error<comm_error>("store: pipe failed: ", detail::os_error_text(errno));
     wake_read_.reset(p[0]), wake_write_.reset(p[1]);
     thread_ = std::thread([this] { loop(); });
   }
@@ -359,7 +359,7 @@ class StoreClient {
       fd_.reset();
       detail::throw_error<timeout_error>("the store at ", address(), " did not answer ", what, " in time");
     }
-    if (st == detail::IoStatus::closed) lost(what, err ? detail::errno_text(err) : "connection closed");
+    if (st == detail::IoStatus::closed) lost(what, err ? detail::os_error_text(err) : "connection closed");
     return body;
   }
 

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <span>
 #include <string>
 
@@ -83,7 +84,7 @@ class ShmSegment {
 inline void read_shm(const std::string& name, std::span<std::byte> out, int owner_rank) {
   Fd fd(::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0));
   if (!fd)
-    throw_error<comm_error>("cannot open rank ", owner_rank, "'s shared-memory segment ", name, ": ", errno_text(errno),
+    throw_error<comm_error>("cannot open rank ", owner_rank, "'s shared-memory segment ", name, ": ", os_error_text(errno),
                             "; set ACCEL_CPU_SHM=0 to send payloads over TCP instead");
   std::size_t done = 0;
   while (done < out.size()) {
@@ -94,6 +95,22 @@ inline void read_shm(const std::string& name, std::span<std::byte> out, int owne
                               " expected");
     done += static_cast<std::size_t>(n);
   }
+}
+
+/// @brief Maps `size` bytes of a segment read-only (pages pre-faulted in one call); the mapping
+/// lives as long as the returned pointer, which points at the first byte.
+/// @throws comm_error naming the segment and rank when it is missing or shorter than `size`
+inline std::shared_ptr<const void> map_shm(const std::string& name, std::size_t size, int owner_rank) {
+  Fd fd(::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0));
+  if (!fd)
+    throw_error<comm_error>("cannot open rank ", owner_rank, "'s shared-memory segment ", name, ": ", os_error_text(errno),
+                            "; set ACCEL_CPU_SHM=0 to send payloads over TCP instead");
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || static_cast<std::size_t>(st.st_size) < size)
+    throw_error<comm_error>("rank ", owner_rank, "'s shared-memory segment ", name, " holds ", st.st_size, " bytes, ", size, " expected");
+  void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+  if (p == MAP_FAILED) throw_error<comm_error>("cannot map rank ", owner_rank, "'s shared-memory segment ", name, ": ", os_error_text(errno));
+  return std::shared_ptr<const void>(p, [size](const void* q) { ::munmap(const_cast<void*>(q), size); });
 }
 
 /// @brief A name unique to this process and call: "/accel.<pid>.<counter>".

@@ -53,7 +53,11 @@ class Fd {
   int fd_ = -1;
 };
 
-inline std::string errno_text(int err) { return concat(std::strerror(err), " (errno ", err, ")"); }
+/// @brief "Connection refused (errno 111)", thread-safe (GNU strerror_r).
+inline std::string os_error_text(int err) {
+  char buf[256] = {};
+  return concat(::strerror_r(err, buf, sizeof buf), " (errno ", err, ")");
+}
 
 inline void set_nonblocking(int fd, bool on) {
   const int flags = ::fcntl(fd, F_GETFL, 0);
@@ -130,7 +134,7 @@ inline Fd listen_tcp(const std::string& host, int port, int backlog = 512) {
     }
     last = errno;
   }
-  throw_error<comm_error>("cannot listen on ", host_port(host, port), ": ", errno_text(last),
+  throw_error<comm_error>("cannot listen on ", host_port(host, port), ": ", os_error_text(last),
                           last == EADDRINUSE ? "; another job uses this port: pick another MASTER_PORT, or use accel launch"
                                              : "; check the address belongs to this machine");
 }
@@ -156,7 +160,7 @@ inline Fd connect_tcp(const std::string& host, int port, std::chrono::steady_clo
       last = errno;
     }
     if (std::chrono::steady_clock::now() + pause >= deadline)
-      throw_error<timeout_error>("could not connect to the store at ", host_port(host, port), ": ", errno_text(last),
+      throw_error<timeout_error>("could not connect to the store at ", host_port(host, port), ": ", os_error_text(last),
                                  "; is the process that hosts it (accel launch, or rank 0) running and reachable?");
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(100));
