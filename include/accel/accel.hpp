@@ -4,7 +4,6 @@
 /// @brief Umbrella header: every public part of accel (the launcher's internals excepted).
 #pragma once
 
-#include "collectives.hpp"
 #include "state.hpp"
 #include "collectives.hpp"
 #include "module_tree.hpp"
