@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
-// The seed program: each process prints its state, takes its share of the prompts, and "processes"
-// them (deterministic work on the CPU; a round trip through its own GPU when it has one).
+// The seed program: each process prints its state, takes its share of the prompts, "processes"
+// them (deterministic work on the CPU; a round trip through its own GPU when it has one), and the
+// main process prints every prompt's result in the original order, gathered from all processes.
 //
 //   accel launch --num_processes 2 ./infer_split_gather
+#include <accel/collectives.hpp>
 #include <accel/state.hpp>
 
 #include <cstdint>
@@ -47,7 +49,16 @@ int main() {
     auto mine = state.split_between_processes(prompts);
     std::printf("%s handles prompts %zu..%zu of %zu\n", state.to_string().c_str(), mine.shard().first_index,
                 mine.shard().first_index + mine.shard().real_count, prompts.size());
-    for (const auto& p : mine) std::printf("rank %d: %s\n", state.process_index(), complete(p, state.device()).c_str());
+    std::vector<std::string> results;
+    for (const auto& p : mine) {
+      results.push_back(complete(p, state.device()));
+      std::printf("rank %d: %s\n", state.process_index(), results.back().c_str());
+    }
+    std::fflush(stdout);
+    // Collective: every process contributes its share; padding is dropped and input order restored.
+    const auto all = accel::gather_object(state, results, mine.shard());
+    accel::print(state, "all ", all.size(), " results, in input order:");
+    for (std::size_t i = 0; i < all.size(); ++i) accel::print(state, "  ", i, ". ", all[i]);
     return 0;
   } catch (const accel::error& e) {
     std::fprintf(stderr, "infer_split_gather: %s\n", e.what());

@@ -12,6 +12,8 @@
 
 #include "commands/env.hpp"
 #include "commands/exit_codes.hpp"
+#include "commands/launch.hpp"
+#include "commands/load.hpp"
 #include "commands/plan.hpp"
 
 namespace {
@@ -28,9 +30,11 @@ constexpr Command commands[] = {
        std::printf("accel %s\n", accel::version_string);
        return 0;
      }},
+    {"launch", "start N processes with their rank environment and supervise them", accel_cli::run_launch},
     {"env", "print what this process sees: features, driver, GPUs, CUDA_VISIBLE_DEVICES, launcher", accel_cli::run_env},
     {"plan", "plan a device map (GPUs, cpu, disk) from checkpoint headers or a skeleton", accel_cli::run_plan},
     {"estimate-memory", "model size and largest layer per dtype, from headers only", accel_cli::run_estimate_memory},
+    {"load", "validate and load a checkpoint onto GPUs/cpu/disk by device map; per-device totals and load rate", accel_cli::run_load},
 };
 
 void print_help(std::FILE* out) {

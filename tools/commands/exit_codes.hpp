@@ -16,6 +16,7 @@ inline constexpr int exit_planning = 5;     ///< infeasible device map
 inline constexpr int exit_checkpoint = 6;   ///< malformed checkpoint
 inline constexpr int exit_comm = 7;         ///< communication failure or timeout
 inline constexpr int exit_launch = 8;       ///< launcher could not start its children
+inline constexpr int exit_device = 9;       ///< a CUDA call failed (out of device memory, driver error)
 inline constexpr int exit_internal = 70;    ///< anything else (a bug: please report it)
 
 /// @brief Maps an accel::error to the command's exit code by its category.
@@ -28,6 +29,7 @@ inline int exit_code_for(const accel::error& e) {
   if (c == "checkpoint") return exit_checkpoint;
   if (c == "comm" || c == "comm.timeout" || c == "nccl") return exit_comm;
   if (c == "launch") return exit_launch;
+  if (c == "cuda") return exit_device;
   return exit_internal;
 }
 

@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// gather_object latency/throughput and barrier latency between real processes on the CPU backend.
+//
+//   collectives_bench [--procs 2,4] [--quick]
+//
+// The parent hosts the job's store (as accel launch does) and starts N copies of itself as ranks;
+// rank 0 prints one CSV line per case: impl,case,procs,payload_bytes,iters,mean_us,MB_per_s
+// (MB/s = bytes every rank receives per gather / mean time). benchmarks/compare/torch_gather.py
+// runs this and torch.distributed's all_gather_object on gloo with the same payloads.
+#include <accel/collectives.hpp>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+extern "C" char** environ;
+
+namespace {
+
+// The struct-list payload: what a generation step might return per prompt (~70 bytes in CBOR).
+struct Item {
+  int id = 0;
+  double score = 0;
+  std::string text;
+  std::vector<int> tokens;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Item, id, score, text, tokens)
+
+constexpr std::size_t item_bytes = 70;  // keep in step with torch_gather.py's item
+
+std::vector<Item> make_items(std::size_t bytes, int rank) {
+  std::vector<Item> v(std::max<std::size_t>(1, bytes / item_bytes));
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = {static_cast<int>(i), 0.5 * static_cast<double>(i), "completion text for prompt " + std::to_string(rank * 1000000 + static_cast<int>(i)),
+            {1, 2, 3, static_cast<int>(i)}};
+  return v;
+}
+
+int iterations(std::size_t bytes, bool structs, bool quick) {
+  int n = bytes <= 1024 ? 400 : bytes <= 65536 ? 100 : bytes <= (1u << 20) ? 20 : 5;
+  if (structs) n = bytes <= 1024 ? 200 : bytes <= 65536 ? 30 : bytes <= (1u << 20) ? 3 : 1;
+  return quick ? std::max(1, n / 10) : n;
+}
+
+template <class F>
+double time_us(accel::DistributedState& state, int iters, F&& op) {
+  op();  // warm-up (first-touch of buffers and segments)
+  accel::wait_for_everyone(state);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) op();
+  const auto t1 = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::micro>(t1 - t0).count() / iters;
+}
+
+int worker(bool quick) {
+  accel::DistributedState state;
+  const int n = state.num_processes(), rank = state.process_index();
+  auto report = [&](const char* name, std::size_t bytes, int iters, double us) {
+    const double received = static_cast<double>(bytes) * n;
+    if (rank == 0)
+      std::printf("accel,%s,%d,%zu,%d,%.1f,%.1f\n", name, n, bytes, iters, us, us > 0 ? received / us : 0.0);
+    std::fflush(stdout);
+  };
+  const int barrier_iters = quick ? 100 : 1000;
+  report("barrier", 0, barrier_iters, time_us(state, barrier_iters, [&] { accel::wait_for_everyone(state); }));
+  for (std::size_t bytes : {std::size_t{100}, std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
+    const std::vector<std::uint8_t> raw(bytes, static_cast<std::uint8_t>(rank));
+    const int ri = iterations(bytes, false, quick);
+    report("raw_bytes", bytes, ri, time_us(state, ri, [&] {
+             auto all = accel::gather_object(state, raw);
+             if (all.size() != static_cast<std::size_t>(n) || all.back().size() != bytes) std::abort();
+           }));
+    const auto items = make_items(bytes, rank);
+    const int si = iterations(bytes, true, quick);
+    report("struct_list", bytes, si, time_us(state, si, [&] {
+             auto all = accel::gather_object(state, items);
+             if (all.size() != static_cast<std::size_t>(n) || all.back().size() != items.size()) std::abort();
+           }));
+  }
+  return 0;
+}
+
+int run_job(const char* self, int procs, bool quick) {
+  accel::StoreServerOptions o;
+  o.world_size = procs;
+  accel::StoreServer store("127.0.0.1", 0, "bench-token", o);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < procs; ++r) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e; ++e) env.emplace_back(*e);
+    for (const auto& kv : std::vector<std::string>{
+             "RANK=" + std::to_string(r), "WORLD_SIZE=" + std::to_string(procs), "LOCAL_RANK=" + std::to_string(r),
+             "LOCAL_WORLD_SIZE=" + std::to_string(procs), "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1", "ACCEL_USE_CPU=1",
+             "ACCEL_STORE=" + store.address(), "ACCEL_JOB_TOKEN=bench-token", "ACCEL_TIMEOUT_S=600"})
+      env.push_back(kv);
+    std::vector<char*> e;
+    for (auto& s : env) e.push_back(s.data());
+    e.push_back(nullptr);
+    std::string a0 = self, a1 = "--worker", a2 = quick ? "--quick" : "--full";
+    char* argv[] = {a0.data(), a1.data(), a2.data(), nullptr};
+    pid_t pid = -1;
+    if (posix_spawn(&pid, self, nullptr, nullptr, argv, e.data()) != 0) return 1;
+    pids.push_back(pid);
+  }
+  int rc = 0;
+  for (auto pid : pids) {
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) rc = 1;
+  }
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false, is_worker = false;
+  std::vector<int> procs = {2, 4};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--worker") is_worker = true;
+    else if (a == "--quick") quick = true;
+    else if (a == "--procs" && i + 1 < argc) {
+      procs.clear();
+      for (const char* p = argv[++i]; *p;) {
+        procs.push_back(std::atoi(p));
+        while (*p && *p != ',') ++p;
+        if (*p == ',') ++p;
+      }
+    }
+  }
+  try {
+    if (is_worker) return worker(quick);
+    char self[4096] = {};
+    if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) std::strncpy(self, argv[0], sizeof self - 1);
+    std::printf("impl,case,procs,payload_bytes,iters,mean_us,MB_per_s\n");
+    std::fflush(stdout);
+    for (int p : procs)
+      if (run_job(self, p, quick) != 0) return 1;
+    return 0;
+  } catch (const accel::error& e) {
+    std::fprintf(stderr, "collectives_bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,214 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file communicator.hpp
+/// @brief Communicator: the seam every backend (CPU over TCP, NCCL, in-process threads) implements.
+///
+/// A backend only implements one round, exchange(): every rank contributes a small header and a
+/// payload and receives everyone's. This base class turns rounds into all_gather / broadcast /
+/// barrier and adds what must hold for every backend:
+/// - a sequence check: each round carries its number and operation, so a collective called on only
+///   some ranks, or different collectives on different ranks, is reported instead of hanging;
+/// - failure markers: a rank whose local step failed still joins the round, flagged, so every
+///   other rank throws a comm_error naming it while the failed rank rethrows its own error.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "../config.hpp"
+#include "../detail/wire.hpp"
+#include "../error.hpp"
+#include "blobs.hpp"
+
+ACCEL_NAMESPACE_BEGIN
+
+namespace detail {
+
+/// @brief What each rank says about the round it joins.
+struct RoundHeader {
+  std::uint64_t seq = 0;
+  std::string op;
+  std::int32_t root = -1;
+  bool failed = false;
+  std::string failure;  ///< the local error's message when failed
+};
+
+inline std::vector<std::byte> encode_round_header(const RoundHeader& h) {
+  WireWriter w;
+  w.u64(h.seq).i32(h.root).u8(h.failed ? 1 : 0).str(h.op).str(h.failure);
+  return w.take();
+}
+
+inline RoundHeader decode_round_header(std::span<const std::byte> b, int rank) {
+  try {
+    WireReader r(b);
+    RoundHeader h;
+    h.seq = r.u64(), h.root = r.i32(), h.failed = r.u8() != 0, h.op = r.str(), h.failure = r.str();
+    r.expect_end();
+    return h;
+  } catch (const error& e) {
+    throw_error<comm_error>("rank ", rank, " sent a malformed collective header (", e.what(), ")");
+  }
+}
+
+inline std::string exception_message(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace detail
+
+/// @brief A group of `size()` processes (or threads) that run collectives together.
+///
+/// @note Every public member function except the accessors is collective: every rank must call
+/// it, in the same order, with the same operation name (and root).
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  /// @brief This member's rank, 0 .. size()-1.
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  /// @brief Number of members.
+  [[nodiscard]] int size() const noexcept { return size_; }
+  /// @brief Bound on every wait.
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  /// @brief "cpu", "nccl", "solo", "threads".
+  [[nodiscard]] virtual std::string backend() const = 0;
+  /// @brief Number of collectives entered so far (the next one gets number collectives_entered()+1).
+  [[nodiscard]] std::uint64_t collectives_entered() const noexcept { return seq_; }
+  /// @brief The buffer the typed collectives encode into, reused between calls so large payloads
+  /// do not fault in fresh pages each time (it keeps the largest payload's capacity).
+  [[nodiscard]] std::vector<std::byte>& send_buffer() noexcept { return send_buffer_; }
+
+  /// @brief Every rank's bytes, in rank order.
+  /// @param op the operation's name, checked across ranks ("gather_object")
+  /// @param failure non-null when this rank's local step failed: it joins flagged, with no data
+  /// @throws comm_error naming the rank(s) when another rank failed, the ranks disagree on the
+  ///         operation, or a rank died; timeout_error naming the missing ranks after timeout()
+  /// @throws (the original exception) on the rank whose `failure` it is
+  /// @note collective
+  Blobs all_gather(std::string_view op, std::span<const std::byte> data, std::exception_ptr failure = nullptr) {
+    return round(op, data, -1, std::move(failure));
+  }
+
+  /// @brief Root's bytes, on every rank.
+  /// @throws usage_error when root is not a rank; otherwise as all_gather()
+  /// @note collective
+  std::vector<std::byte> broadcast(std::string_view op, std::span<const std::byte> data, int root, std::exception_ptr failure = nullptr) {
+    ACCEL_EXPECTS(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of this ", size_, "-process job");
+    Blobs all = round(op, rank_ == root ? data : std::span<const std::byte>(), root, std::move(failure));
+    const auto mine = all[static_cast<std::size_t>(root)];
+    return {mine.begin(), mine.end()};
+  }
+
+  /// @brief Returns once every rank called it.
+  /// @note collective
+  void barrier(std::string_view op = "wait_for_everyone", std::exception_ptr failure = nullptr) {
+    round(op, {}, -1, std::move(failure));
+  }
+
+ protected:
+  /// @param rank this member's rank; @param size members; @param timeout bound on every wait
+  /// @throws usage_error when rank is not in [0, size)
+  Communicator(int rank, int size, std::chrono::milliseconds timeout) : rank_(rank), size_(size), timeout_(timeout) {
+    ACCEL_EXPECTS(size > 0 && rank >= 0 && rank < size, "communicator: rank ", rank, " is not in [0, ", size, ")");
+  }
+
+  /// @brief One round's results: every rank's header and payload, in rank order.
+  struct Round {
+    Blobs headers;
+    Blobs payloads;
+  };
+
+  /// @brief The backend's one primitive: contribute (header, payload), receive everyone's.
+  /// @param seq the round's number (1, 2, …), equal on every rank that is in step
+  /// @param label "gather_object #3", for messages
+  /// @throws comm_error / timeout_error naming the rank(s) that died or did not arrive
+  virtual Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header,
+                         std::span<const std::byte> payload) = 0;
+
+ private:
+  Blobs round(std::string_view op, std::span<const std::byte> data, int root, std::exception_ptr failure) {
+    detail::RoundHeader h;
+    h.seq = ++seq_;
+    h.op = std::string(op);
+    h.root = root;
+    h.failed = failure != nullptr;
+    if (failure) h.failure = detail::exception_message(failure), data = {};
+    const std::string label = detail::concat(op, " #", h.seq);
+    Round r;
+    try {
+      r = exchange(h.seq, label, detail::encode_round_header(h), data);
+    } catch (...) {
+      if (failure) std::rethrow_exception(failure);  // this rank's own error says more than the aftermath
+      throw;
+    }
+    if (r.headers.size() != static_cast<std::size_t>(size_) || r.payloads.size() != static_cast<std::size_t>(size_))
+      detail::throw_error<comm_error>(backend(), " backend returned ", r.headers.size(), " parts for ", label, " among ", size_, " ranks");
+    std::vector<detail::RoundHeader> all;
+    all.reserve(r.headers.size());
+    for (std::size_t i = 0; i < r.headers.size(); ++i) all.push_back(detail::decode_round_header(r.headers[i], static_cast<int>(i)));
+    check_in_step(all, h, label);
+    std::string failed_ranks, messages;
+    int failures = 0;
+    for (std::size_t i = 0; i < all.size(); ++i)
+      if (all[i].failed) {
+        failed_ranks += detail::concat(failures ? ", " : "", i);
+        messages += detail::concat(failures++ ? "; " : "", "rank ", i, ": ", all[i].failure);
+      }
+    if (failure) std::rethrow_exception(failure);
+    if (failures)
+      detail::throw_error<comm_error>(failures == 1 ? "rank " : "ranks ", failed_ranks, " failed before ", label, " and joined it with a "
+                                      "failure marker, so no result can be returned (", messages, ")");
+    return std::move(r.payloads);
+  }
+
+  void check_in_step(const std::vector<detail::RoundHeader>& all, const detail::RoundHeader& mine, const std::string& label) const {
+    bool same = true;
+    for (const auto& h : all) same = same && h.seq == mine.seq && h.op == mine.op && h.root == mine.root;
+    if (same) return;
+    std::string calls;
+    for (std::size_t i = 0; i < all.size(); ++i)
+      calls += detail::concat(i ? ", " : "", "rank ", i, " called ", all[i].op, " #", all[i].seq,
+                              all[i].root >= 0 ? detail::concat(" (root ", all[i].root, ")") : std::string());
+    detail::throw_error<comm_error>("collective mismatch at ", label, ": ", calls,
+                                    "; every rank must call the same collectives in the same order (a collective inside "
+                                    "if (state.is_main_process()) is the usual cause)");
+  }
+
+  int rank_;
+  int size_;
+  std::chrono::milliseconds timeout_;
+  std::uint64_t seq_ = 0;
+  std::vector<std::byte> send_buffer_;
+};
+
+/// @brief The communicator of a one-process job: every collective returns this process's own data.
+class SoloCommunicator final : public Communicator {
+ public:
+  explicit SoloCommunicator(std::chrono::milliseconds timeout = std::chrono::seconds(300)) : Communicator(0, 1, timeout) {}
+  [[nodiscard]] std::string backend() const override { return "solo"; }
+
+ protected:
+  Round exchange(std::uint64_t, const std::string&, std::span<const std::byte> header, std::span<const std::byte> payload) override {
+    Round r;
+    r.headers.push_back(header);
+    r.payloads.push_back(payload);
+    return r;
+  }
+};
+
+ACCEL_NAMESPACE_END

@@ -1,0 +1,159 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file cpu.hpp
+/// @brief CpuCommunicator: collectives for processes on CPU, over the job's store and shared memory.
+///
+/// Each round is one store exchange (one request per rank, one reply when the last rank arrives),
+/// which also carries the sequence check and failure markers. Small payloads ride inside it. Large
+/// payloads of ranks that share a machine go through POSIX shared memory: each rank writes its
+/// payload once into its own segment (two, alternating between rounds, so a rank that races ahead
+/// never overwrites what a slower one still reads) and every peer reads it once. Across machines
+/// (or with ACCEL_CPU_SHM=0) everything rides in the store exchange.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../config.hpp"
+#include "../detail/shm.hpp"
+#include "../detail/wire.hpp"
+#include "../error.hpp"
+#include "communicator.hpp"
+#include "store.hpp"
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief Settings of a CpuCommunicator.
+struct CpuCommOptions {
+  std::string name = "default";               ///< distinguishes several communicators of one job (same on every rank)
+  std::size_t shm_threshold = 32 * 1024;      ///< payloads of at least this many bytes use shared memory
+  bool use_shm = true;                        ///< false (or ACCEL_CPU_SHM=0): everything through the store
+};
+
+/// @brief Collectives over the job's store (and shared memory on one machine).
+class CpuCommunicator final : public Communicator {
+ public:
+  /// @brief Joins the communicator. Collective: every rank constructs it with the same options.name.
+  /// @param store the job's store (connect_job_store())
+  /// @throws comm_error / timeout_error when a rank does not join within the store's timeout
+  CpuCommunicator(std::shared_ptr<StoreClient> store, int rank, int size, CpuCommOptions options = {})
+      : Communicator(rank, size, store->timeout()), store_(std::move(store)), options_(std::move(options)) {
+    const char* env = std::getenv("ACCEL_CPU_SHM");
+    if (env && (std::string(env) == "0" || std::string(env) == "false" || std::string(env) == "off")) options_.use_shm = false;
+    // Rank 0 draws a generation number so a communicator re-created under the same name never
+    // sees keys of an earlier one; the setup round hands it to everyone with the machine identities.
+    const std::string me = detail::machine_identity();
+    const std::uint64_t generation = rank == 0 ? static_cast<std::uint64_t>(store_->add(base_key() + "generation", 1)) : 0;
+    detail::WireWriter w;
+    w.str(me).u64(generation);
+    const Blobs all = store_->exchange(base_key() + "setup", rank, size, w.take(), "communicator setup (" + options_.name + ")");
+    same_machine_ = true;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      detail::WireReader rd(all[i]);
+      same_machine_ = same_machine_ && rd.str() == me;
+      if (i == 0) prefix_ = base_key() + std::to_string(rd.u64()) + "/";
+    }
+    if (same_machine_ && options_.use_shm) {
+      const std::string prefix = detail::unique_shm_prefix();
+      segments_.emplace_back(prefix + ".a");
+      segments_.emplace_back(prefix + ".b");
+    }
+  }
+
+  /// @brief Says this rank is done; if its last round went through shared memory, first waits
+  /// (bounded) until every rank is done too, so nobody is left reading a segment being unlinked.
+  ~CpuCommunicator() override {
+    try {
+      store_->set(key("closed/" + std::to_string(rank())), std::string_view("1"));
+      if (!segments_.empty() && last_shm_round_ != 0 && last_shm_round_ == collectives_entered()) {
+        std::vector<std::string> keys;
+        for (int r = 0; r < size(); ++r) keys.push_back(key("closed/" + std::to_string(r)));
+        store_->wait(keys, std::min(timeout(), std::chrono::milliseconds(30'000)));
+      }
+    } catch (...) {  // a dead peer or store: nobody is left to read the segments
+    }
+  }
+
+  [[nodiscard]] std::string backend() const override { return "cpu"; }
+  /// @brief Whether large payloads go through shared memory (every rank on this machine, not disabled).
+  [[nodiscard]] bool uses_shared_memory() const noexcept { return !segments_.empty(); }
+  /// @brief The store this communicator runs on.
+  [[nodiscard]] StoreClient& store() const noexcept { return *store_; }
+
+ protected:
+  Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header,
+                 std::span<const std::byte> payload) override {
+    // Entry: u32 header size, header, u8 transport, then the payload (inline) or a segment reference.
+    detail::WireWriter w;
+    w.bytes(header);
+    bool shm = false;
+    if (!segments_.empty() && payload.size() >= options_.shm_threshold) {
+      auto& seg = segments_[seq % 2];
+      shm = seg.write(payload);
+      if (shm) w.u8(1).str(seg.name()).u64(payload.size()), last_shm_round_ = seq;
+    }
+    if (!shm) w.u8(0).bytes(payload);
+    const auto entry = w.take();
+    Blobs all = store_->exchange(key(std::to_string(seq)), rank(), size(), entry, label);
+
+    Round r;
+    struct Part {
+      std::span<const std::byte> inline_data;
+      std::string segment;
+      std::size_t size = 0;
+    };
+    std::vector<Part> parts(all.size());
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      try {
+        detail::WireReader rd(all[i]);
+        r.headers.push_back(rd.bytes());
+        if (rd.u8() == 0) {
+          parts[i].inline_data = rd.bytes();
+          parts[i].size = parts[i].inline_data.size();
+        } else {
+          parts[i].segment = rd.str();
+          parts[i].size = static_cast<std::size_t>(rd.u64());
+        }
+        rd.expect_end();
+      } catch (const detail::wire_error& e) {
+        detail::throw_error<comm_error>("rank ", i, " sent a malformed entry for ", label, " (", e.what(), ")");
+      }
+    }
+    // Inline parts are copied next to each other; shared-memory parts (our own included) are
+    // mapped and viewed in place, so a large payload is copied once, by the decoder.
+    std::size_t inline_total = 0;
+    for (const auto& p : parts)
+      if (p.segment.empty()) inline_total += p.size;
+    r.payloads.buffer.reserve(inline_total);
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      if (!parts[i].segment.empty()) {
+        auto map = parts[i].size ? detail::map_shm(parts[i].segment, parts[i].size, static_cast<int>(i)) : nullptr;
+        const auto* base = static_cast<const std::byte*>(map.get());
+        r.payloads.push_external(std::span<const std::byte>(base, parts[i].size), std::move(map));
+      } else {
+        r.payloads.push_back(static_cast<int>(i) == rank() ? payload : parts[i].inline_data);
+      }
+    }
+    return r;
+  }
+
+ private:
+  std::string base_key() const { return "accel/comm/" + options_.name + "/"; }
+  std::string key(const std::string& what) const { return prefix_ + what; }
+
+  std::shared_ptr<StoreClient> store_;
+  CpuCommOptions options_;
+  std::string prefix_;  ///< store key prefix of this communicator instance
+  bool same_machine_ = false;
+  std::uint64_t last_shm_round_ = 0;  ///< the latest round whose payload went through our segments
+  std::vector<detail::ShmSegment> segments_;
+};
+
+ACCEL_NAMESPACE_END

@@ -1,0 +1,457 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file store.hpp
+/// @brief The job's TCP key-value store: a server on its own thread, a blocking client, and
+/// connect_job_store() which finds (or, on rank 0, hosts) the store from the launcher environment.
+///
+/// @code
+///   accel::StoreServer server("127.0.0.1", 0, token);           // port 0: pick a free one
+///   accel::StoreClient client("127.0.0.1", server.port(), token, std::chrono::seconds(30));
+///   client.set("answer", std::string_view("42"));
+///   auto v = client.get_string("answer");                      // waits until set, or times out
+/// @endcode
+#pragma once
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../config.hpp"
+#include "../detail/socket.hpp"
+#include "../detail/store_core.hpp"
+#include "../detail/wire.hpp"
+#include "../env.hpp"
+#include "../error.hpp"
+#include "blobs.hpp"
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief Settings of a StoreServer.
+struct StoreServerOptions {
+  int world_size = 0;                                  ///< expected ranks (0 = learn from the first client)
+  std::size_t max_frame_bytes = std::size_t{1} << 30;  ///< largest request accepted after the handshake
+  /// Server-side events (refused clients, ranks that died); default: one line on stderr.
+  std::function<void(const std::string&)> log = [](const std::string& m) {
+    std::fprintf(stderr, "[accel.comm] store: %s\n", m.c_str());
+  };
+  /// On destruction, keep serving until every client disconnected or this long passed (rank 0 hosting).
+  std::chrono::milliseconds linger{0};
+};
+
+/// @brief The store server: listens on one address, serves any number of clients from one thread.
+///
+/// Binds only to `bind_host` (use "127.0.0.1" for a single-machine job). Survives any byte sequence
+/// from any client: malformed, oversized or unauthenticated frames get an error reply and the
+/// connection is closed; nothing else is affected.
+class StoreServer {
+ public:
+  /// @param bind_host address to listen on (a name or a numeric address)
+  /// @param port port to listen on; 0 picks a free port (read it with port())
+  /// @param job_token secret every client must present (the launcher's ACCEL_JOB_TOKEN)
+  /// @throws comm_error naming the address when it cannot listen (port in use, foreign address)
+  StoreServer(std::string bind_host, std::uint16_t port, std::string job_token, StoreServerOptions options = {})
+      : host_(std::move(bind_host)), options_(std::move(options)),
+        core_(detail::StoreCoreOptions{std::move(job_token), options_.max_frame_bytes, 4096, options_.world_size, options_.log}) {
+    listener_ = detail::listen_tcp(host_, port);
+    port_ = static_cast<std::uint16_t>(detail::socket_port(listener_.get()));
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) detail::throw_error<comm_error>("store: pipe failed: ", detail::os_error_text(errno));
+    wake_read_.reset(p[0]), wake_write_.reset(p[1]);
+    thread_ = std::thread([this] { loop(); });
+  }
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+  /// @brief Stops serving (after the linger time, if any) and closes every connection.
+  ~StoreServer() { stop(); }
+
+  /// @brief The port it listens on.
+  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
+  /// @brief The address it was bound to.
+  [[nodiscard]] const std::string& host() const noexcept { return host_; }
+  /// @brief "host:port", the form ACCEL_STORE takes.
+  [[nodiscard]] std::string address() const { return detail::host_port(host_, port_); }
+
+  /// @brief Stops the server thread; idempotent.
+  void stop() noexcept {
+    if (!thread_.joinable()) return;
+    stopping_ = true;
+    const char c = 1;
+    [[maybe_unused]] auto n = ::write(wake_write_.get(), &c, 1);
+    thread_.join();
+  }
+
+ private:
+  using Clock = detail::StoreClock;
+
+  void loop() noexcept {
+    std::map<detail::StoreCore::ConnId, detail::Fd> fds;
+    detail::StoreCore::ConnId next_id = 1;
+    std::vector<std::byte> buf(256 * 1024);
+    std::optional<Clock::time_point> stop_at;
+    std::vector<pollfd> pfds;
+    std::vector<detail::StoreCore::ConnId> ids;
+    for (;;) {
+      if (stopping_ && !stop_at) stop_at = Clock::now() + options_.linger;
+      if (stop_at && (fds.empty() || Clock::now() >= *stop_at)) break;
+      pfds.clear(), ids.clear();
+      pfds.push_back({wake_read_.get(), POLLIN, 0});
+      pfds.push_back({listener_.get(), static_cast<short>(stop_at ? 0 : POLLIN), 0});
+      for (auto& [id, fd] : fds) {
+        auto& c = core_.connections().at(id);
+        short ev = c.close_after_flush ? 0 : POLLIN;
+        if (!c.out.empty()) ev = static_cast<short>(ev | POLLOUT);
+        pfds.push_back({fd.get(), ev, 0});
+        ids.push_back(id);
+      }
+      auto deadline = core_.next_deadline();
+      if (stop_at) deadline = deadline ? std::min(*deadline, *stop_at) : *stop_at;
+      const int timeout = deadline ? detail::poll_ms(*deadline) : -1;
+      if (::poll(pfds.data(), pfds.size(), timeout) < 0 && errno != EINTR) break;
+      const auto now = Clock::now();
+      if (pfds[0].revents & POLLIN) {
+        char drain[64];
+        while (::read(wake_read_.get(), drain, sizeof drain) > 0) {
+        }
+      }
+      std::vector<detail::StoreCore::ConnId> dead;
+      if (pfds[1].revents & POLLIN) {
+        for (;;) {
+          const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+          if (fd < 0) break;
+          detail::set_nodelay(fd);
+          const auto id = next_id++;
+          fds.emplace(id, detail::Fd(fd));
+          core_.open(id, detail::socket_address(fd, true));
+        }
+      }
+      for (std::size_t i = 2; i < pfds.size(); ++i) {
+        if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        const auto id = ids[i - 2];
+        for (;;) {
+          const ssize_t n = ::recv(pfds[i].fd, buf.data(), buf.size(), 0);
+          if (n > 0) {
+            core_.receive(id, std::span<const std::byte>(buf.data(), static_cast<std::size_t>(n)), now);
+            if (static_cast<std::size_t>(n) < buf.size()) break;
+            continue;
+          }
+          if (n < 0 && errno == EINTR) continue;
+          if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+          dead.push_back(id);  // orderly close (0) or reset
+          break;
+        }
+      }
+      core_.tick(now);
+      core_.resume(now);
+      flush(fds, dead);
+      while (!dead.empty()) {
+        for (auto id : dead) {
+          fds.erase(id);
+          core_.closed(id, Clock::now());
+        }
+        dead.clear();
+        core_.resume(Clock::now());
+        flush(fds, dead);
+      }
+    }
+  }
+
+  // Writes as much pending output as the sockets take; refused connections close once flushed.
+  void flush(std::map<detail::StoreCore::ConnId, detail::Fd>& fds, std::vector<detail::StoreCore::ConnId>& dead) {
+    for (auto& [id, fd] : fds) {
+      if (std::find(dead.begin(), dead.end(), id) != dead.end()) continue;
+      auto& c = core_.connections().at(id);
+      bool broken = false;
+      while (!c.out.empty()) {
+        const auto& chunk = *c.out.front();
+        const ssize_t n = ::send(fd.get(), chunk.data() + c.out_offset, chunk.size() - c.out_offset, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          broken = errno != EAGAIN && errno != EWOULDBLOCK;
+          break;
+        }
+        c.out_offset += static_cast<std::size_t>(n);
+        if (c.out_offset == chunk.size()) c.out.pop_front(), c.out_offset = 0;
+      }
+      if (broken || (c.close_after_flush && c.out.empty())) {
+        if (!broken) ::shutdown(fd.get(), SHUT_WR);
+        dead.push_back(id);
+      }
+    }
+  }
+
+  std::string host_;
+  StoreServerOptions options_;
+  detail::StoreCore core_;
+  detail::Fd listener_, wake_read_, wake_write_;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+/// @brief A blocking connection to a StoreServer. Thread-safe (one request at a time).
+///
+/// Every waiting call is bounded: the server answers "timed out" at the request's deadline, naming
+/// the keys or ranks that did not arrive; a vanished server or peer is reported at once.
+class StoreClient {
+ public:
+  /// @param host store host; @param port store port
+  /// @param job_token the job's token (ACCEL_JOB_TOKEN)
+  /// @param timeout default bound on connecting and on every wait
+  /// @param rank this process's rank (registered so its death is reported), -1 for none
+  /// @param world_size the job's world size, 0 if unknown
+  /// @throws timeout_error when the store is not reachable within the timeout
+  /// @throws comm_error when the store refuses the connection (wrong token, other job, other version)
+  StoreClient(std::string host, int port, std::string job_token, std::chrono::milliseconds timeout = std::chrono::seconds(300),
+              int rank = -1, int world_size = 0)
+      : host_(std::move(host)), port_(port), timeout_(timeout), rank_(rank) {
+    fd_ = detail::connect_tcp(host_, port_, Clock::now() + timeout_);
+    const auto reply = round_trip(detail::encode_hello(job_token, rank, world_size), Clock::now() + timeout_, "handshake");
+    expect(reply, detail::Msg::ok, "handshake");
+  }
+  StoreClient(const StoreClient&) = delete;
+  StoreClient& operator=(const StoreClient&) = delete;
+  /// @brief Says goodbye (so the server knows this rank exited rather than died) and closes.
+  ~StoreClient() {
+    std::lock_guard lock(mutex_);
+    if (!fd_) return;
+    int err = 0;
+    const auto bye = detail::WireWriter(detail::Msg::bye).finish();
+    detail::send_all(fd_.get(), bye, Clock::now() + std::chrono::milliseconds(200), err);
+    fd_.reset();  // before owner_ (a hosted server waits for its clients, this one included)
+  }
+
+  /// @brief Sets `key` to `value`, waking anyone waiting for it.
+  void set(const std::string& key, std::span<const std::byte> value) {
+    expect(request(detail::WireWriter(detail::Msg::set).str(key).bytes(value).finish(), timeout_, "set '" + key + "'"),
+           detail::Msg::ok, "set");
+  }
+  /// @brief Sets `key` to a text value.
+  void set(const std::string& key, std::string_view value) { set(key, as_bytes(value)); }
+
+  /// @brief The value of `key`, waiting until some process sets it.
+  /// @throws timeout_error naming the key and the ranks connected when it is not set in time
+  /// @throws comm_error when a rank died while waiting, or the store is gone
+  /// @note blocks up to `timeout` (default: the client's)
+  std::vector<std::byte> get(const std::string& key, std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+    const auto t = timeout.value_or(timeout_);
+    auto reply = request(detail::WireWriter(detail::Msg::get).str(key).u64(ms(t)).finish(), t, "get '" + key + "'");
+    expect(reply, detail::Msg::value, "get");
+    detail::WireReader r(std::span<const std::byte>(reply).subspan(1));
+    return detail::to_vector(r.bytes());
+  }
+  /// @brief get() as text.
+  std::string get_string(const std::string& key, std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+    const auto v = get(key, timeout);
+    return std::string(reinterpret_cast<const char*>(v.data()), v.size());
+  }
+  /// @brief Adds `delta` to the integer at `key` (created at 0) and returns the new value.
+  std::int64_t add(const std::string& key, std::int64_t delta) {
+    auto reply = request(detail::WireWriter(detail::Msg::add).str(key).i64(delta).finish(), timeout_, "add '" + key + "'");
+    expect(reply, detail::Msg::integer, "add");
+    detail::WireReader r(std::span<const std::byte>(reply).subspan(1));
+    return r.i64();
+  }
+  /// @brief Waits until every key exists.
+  /// @throws timeout_error naming the missing keys; comm_error when a rank died meanwhile
+  void wait(const std::vector<std::string>& keys, std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+    const auto t = timeout.value_or(timeout_);
+    detail::WireWriter w(detail::Msg::wait);
+    w.u32(static_cast<std::uint32_t>(keys.size()));
+    for (const auto& k : keys) w.str(k);
+    expect(request(w.u64(ms(t)).finish(), t, "wait"), detail::Msg::ok, "wait");
+  }
+  /// @brief Deletes `key`; true when it existed.
+  bool remove(const std::string& key) {
+    auto reply = request(detail::WireWriter(detail::Msg::remove).str(key).finish(), timeout_, "delete '" + key + "'");
+    expect(reply, detail::Msg::integer, "delete");
+    detail::WireReader r(std::span<const std::byte>(reply).subspan(1));
+    return r.i64() != 0;
+  }
+  /// @brief Sets `key` to `desired` if it holds `expected` (or is missing and `expected` is empty).
+  /// @return the key's value afterwards (`expected` when the key is missing and `expected` is not empty)
+  std::vector<std::byte> compare_set(const std::string& key, std::span<const std::byte> expected, std::span<const std::byte> desired) {
+    auto reply = request(detail::WireWriter(detail::Msg::compare_set).str(key).bytes(expected).bytes(desired).finish(), timeout_,
+                         "compare_set '" + key + "'");
+    expect(reply, detail::Msg::value, "compare_set");
+    detail::WireReader r(std::span<const std::byte>(reply).subspan(1));
+    return detail::to_vector(r.bytes());
+  }
+
+  /// @brief The collective exchange: every rank of `world` sends one value under `key`; each
+  /// receives all values in rank order once the last arrives.
+  /// @param label what the collective is ("gather_object #3"), used in error messages
+  /// @throws timeout_error naming the ranks that have not arrived
+  /// @throws comm_error when a missing rank died or exited, or ranks disagree on the world size
+  /// @note collective over the ranks of `world`
+  Blobs exchange(const std::string& key, int rank, int world, std::span<const std::byte> value, std::string_view label,
+                 std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+    const auto t = timeout.value_or(timeout_);
+    auto reply = request(detail::WireWriter(detail::Msg::exchange).str(key).i32(rank).i32(world).u64(ms(t)).str(label).bytes(value).finish(),
+                         t, std::string(label));
+    expect(reply, detail::Msg::list, "exchange");
+    detail::WireReader r(std::span<const std::byte>(reply).subspan(1));
+    const std::uint32_t n = r.u32();
+    if (n != static_cast<std::uint32_t>(world))
+      detail::throw_error<comm_error>("store returned ", n, " values for ", label, " among ", world, " ranks");
+    Blobs out;
+    out.offset.reserve(n), out.length.reserve(n);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      const auto part = r.bytes();
+      out.offset.push_back(static_cast<std::size_t>(part.data() - reply.data()));
+      out.length.push_back(part.size());
+    }
+    out.buffer = std::move(reply);  // the parts point into the reply body: no copy
+    return out;
+  }
+
+  /// @brief The default timeout.
+  [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  /// @brief The rank registered in the handshake (-1 for none).
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  /// @brief "host:port" of the store.
+  [[nodiscard]] std::string address() const { return detail::host_port(host_, port_); }
+  /// @brief Keeps `owner` alive as long as this client (rank 0 holds the server it hosts this way).
+  void keep_alive(std::shared_ptr<void> owner) { owner_ = std::move(owner); }
+
+ private:
+  using Clock = detail::StoreClock;
+  static std::uint64_t ms(std::chrono::milliseconds t) { return static_cast<std::uint64_t>(std::max<std::int64_t>(0, t.count())); }
+  static std::span<const std::byte> as_bytes(std::string_view s) { return std::as_bytes(std::span<const char>(s.data(), s.size())); }
+
+  // The server answers at the request's own deadline; the extra grace only guards against a store
+  // that stopped answering without closing the connection.
+  std::vector<std::byte> request(const std::vector<std::byte>& frame, std::chrono::milliseconds timeout, const std::string& what) {
+    std::lock_guard lock(mutex_);
+    return round_trip(frame, Clock::now() + timeout + std::chrono::seconds(10), what);
+  }
+
+  std::vector<std::byte> round_trip(const std::vector<std::byte>& frame, Clock::time_point deadline, const std::string& what) {
+    if (!fd_) detail::throw_error<comm_error>("the connection to the store at ", address(), " is closed after an earlier failure");
+    int err = 0;
+    auto st = detail::send_all(fd_.get(), frame, deadline, err);
+    std::byte head[4];
+    if (st == detail::IoStatus::ok) st = detail::recv_all(fd_.get(), head, deadline, err);
+    std::vector<std::byte> body;
+    if (st == detail::IoStatus::ok) {
+      std::uint32_t len = 0;
+      for (int i = 0; i < 4; ++i) len |= static_cast<std::uint32_t>(static_cast<std::uint32_t>(head[i]) << (8 * i));
+      if (len == 0) lost(what, "an empty reply");
+      body.resize(len);
+      st = detail::recv_all(fd_.get(), body, deadline, err);
+    }
+    if (st == detail::IoStatus::timeout) {
+      fd_.reset();
+      detail::throw_error<timeout_error>("the store at ", address(), " did not answer ", what, " in time");
+    }
+    if (st == detail::IoStatus::closed) lost(what, err ? detail::os_error_text(err) : "connection closed");
+    return body;
+  }
+
+  [[noreturn]] void lost(const std::string& what, const std::string& why) {
+    fd_.reset();
+    detail::throw_error<comm_error>("lost the connection to the store at ", address(), " during ", what, " (", why,
+                                    "); the process hosting it (accel launch, or rank 0) exited or crashed");
+  }
+
+  // Turns a failure reply into the matching exception; checks the reply type otherwise.
+  void expect(const std::vector<std::byte>& reply, detail::Msg type, const char* what) {
+    const auto got = static_cast<detail::Msg>(reply.at(0));
+    if (got == type) return;
+    if (got != detail::Msg::failure) detail::throw_error<comm_error>("the store sent reply type ", static_cast<int>(got), " to ", what);
+    detail::WireReader r(std::span<const std::byte>(reply).subspan(1));
+    const auto kind = static_cast<detail::FailureKind>(r.u8());
+    const std::string msg = r.str();
+    switch (kind) {
+      case detail::FailureKind::timeout: detail::throw_error<timeout_error>(msg);
+      case detail::FailureKind::refused:
+        fd_.reset();
+        detail::throw_error<comm_error>("the store at ", address(), " refused this process: ", msg);
+      case detail::FailureKind::protocol:
+        fd_.reset();
+        detail::throw_error<comm_error>("the store at ", address(), " rejected a request: ", msg);
+      default: detail::throw_error<comm_error>(msg);
+    }
+  }
+
+  std::string host_;
+  int port_;
+  std::chrono::milliseconds timeout_;
+  int rank_;
+  std::mutex mutex_;
+  detail::Fd fd_;
+  std::shared_ptr<void> owner_;
+};
+
+/// @brief Parses "host:port" or "[v6]:port".
+/// @throws config_error naming the value when it is malformed
+inline std::pair<std::string, int> parse_store_address(const std::string& text, const char* var = "ACCEL_STORE") {
+  const auto colon = text.rfind(':');
+  long long port = -1;
+  if (colon != std::string::npos && colon > 0 && detail::parse_nonnegative(std::string_view(text).substr(colon + 1), port) &&
+      port > 0 && port <= 65535) {
+    std::string host = text.substr(0, colon);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    return {host, static_cast<int>(port)};
+  }
+  detail::throw_error<config_error>(var, "='", text, "' is not host:port (port 1-65535)");
+}
+
+/// @brief Where the job's store lives and whether this process must host it (pure decision).
+struct StorePlan {
+  std::string host;
+  int port = 0;
+  bool host_here = false;  ///< this process (rank 0) starts the StoreServer
+};
+
+/// @brief Decides where the store is: ACCEL_STORE (accel launch hosts it) if set; otherwise rank 0
+/// hosts it at MASTER_ADDR:MASTER_PORT, or MASTER_PORT+1 under torchrun's agent store (which
+/// already occupies MASTER_PORT with torch's own TCPStore).
+/// @throws config_error when no address is known (several machines and no MASTER_ADDR)
+inline StorePlan plan_job_store(const LaunchEnv& env) {
+  if (env.store_address) {
+    auto [h, p] = parse_store_address(*env.store_address);
+    return {h, p, false};
+  }
+  if (env.master_addr.empty())
+    detail::throw_error<config_error>("MASTER_ADDR is unset in a job on ", env.num_machines,
+                                      " machines; set MASTER_ADDR to rank 0's host (or start the job with accel launch)");
+  const int port = env.master_port + (env.torchelastic_agent_store ? 1 : 0);
+  if (port <= 0 || port > 65535) detail::throw_error<config_error>("MASTER_PORT=", env.master_port, " gives store port ", port, ", outside 1-65535");
+  return {env.master_addr, port, env.rank == 0};
+}
+
+/// @brief Connects to the job's store (see plan_job_store), hosting it first on rank 0 when no
+/// launcher does. Rank 0's server lives as long as the returned client, and on shutdown waits
+/// (at most the timeout) for the other ranks to disconnect.
+/// @throws comm_error / timeout_error when the store cannot be reached or refuses this process
+inline std::shared_ptr<StoreClient> connect_job_store(const LaunchEnv& env) {
+  const StorePlan plan = plan_job_store(env);
+  std::shared_ptr<StoreServer> server;
+  if (plan.host_here) {
+    StoreServerOptions o;
+    o.world_size = env.world_size;
+    o.linger = env.timeout;
+    server = std::make_shared<StoreServer>(plan.host, static_cast<std::uint16_t>(plan.port), env.job_token, std::move(o));
+  }
+  auto client = std::make_shared<StoreClient>(plan.host, plan.port, env.job_token, env.timeout, env.rank, env.world_size);
+  if (server) client->keep_alive(std::move(server));
+  return client;
+}
+
+ACCEL_NAMESPACE_END

@@ -1,0 +1,289 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file serialize.hpp
+/// @brief Value ↔ bytes for the collectives: a raw fast path for plain data, CBOR (via nlohmann/json) for the rest.
+///
+/// In:  any T that is trivially copyable, a std::string, a std::vector of those, or anything
+///      nlohmann/json converts (ADL to_json/from_json, NLOHMANN_DEFINE_TYPE_*).
+/// Out: a self-describing byte string (1 format byte, then the payload); decoding checks the format
+///      and sizes and never runs code chosen by the sender (unlike pickle).
+///
+/// @code
+///   struct Result { int id; std::string text; };
+///   NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Result, id, text)
+///   auto bytes = accel::to_bytes(std::vector<Result>{{1, "hi"}});
+///   auto back  = accel::from_bytes<std::vector<Result>>(bytes);
+/// @endcode
+#pragma once
+
+#include <cxxabi.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <typeinfo>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config.hpp"
+#include "error.hpp"
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief Specialise to std::true_type to send a trivially copyable type through CBOR anyway
+/// (e.g. when processes may differ in endianness or struct layout).
+template <class T>
+struct force_json_serialization : std::false_type {};
+
+/// @brief Trivially copyable data sent as its bytes (pointers excluded: they mean nothing elsewhere).
+template <class T>
+concept raw_serializable = std::is_trivially_copyable_v<T> && !std::is_pointer_v<T> && !std::is_member_pointer_v<T> &&
+                           !force_json_serialization<T>::value;
+
+/// @brief Types nlohmann/json can convert both ways.
+template <class T>
+concept json_serializable = requires(const T& v, const nlohmann::json& j) {
+  nlohmann::json(v);
+  j.get<T>();
+};
+
+namespace detail {
+
+template <class T>
+struct is_std_vector : std::false_type {};
+template <class T, class A>
+struct is_std_vector<std::vector<T, A>> : std::true_type {};
+
+/// @brief The first byte of every payload.
+enum class PayloadFormat : std::uint8_t { raw = 1, string = 2, raw_vector = 3, string_vector = 4, cbor = 5 };
+
+/// @brief Raw payloads: format byte, item size (u64 at 8), item count (u64 at 16), data at 32.
+inline constexpr std::size_t raw_header_bytes = 32;
+
+template <class T>
+std::string type_name() {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> p(abi::__cxa_demangle(typeid(T).name(), nullptr, nullptr, &status), std::free);
+  return status == 0 && p ? std::string(p.get()) : std::string(typeid(T).name());
+}
+
+inline std::string from_rank(int rank) { return rank >= 0 ? concat(" from rank ", rank) : std::string(); }
+
+// Appends to a caller's buffer (reused between collectives, so large payloads do not fault in
+// fresh pages every time).
+class ByteSink {
+ public:
+  ByteSink(std::vector<std::byte>& out, PayloadFormat f, std::size_t reserve = 0) : out_(out) {
+    out_.clear();
+    out_.reserve(reserve + raw_header_bytes);
+    out_.push_back(static_cast<std::byte>(f));
+  }
+  void raw(const void* p, std::size_t n) {
+    const auto* b = static_cast<const std::byte*>(p);
+    out_.insert(out_.end(), b, b + n);
+  }
+  void u64(std::uint64_t v) { raw(&v, sizeof v); }
+  // Pads to `raw_header_bytes`, so raw data starts 32-byte aligned in a page-aligned segment.
+  void pad_header() { out_.resize(raw_header_bytes, std::byte{0}); }
+
+ private:
+  std::vector<std::byte>& out_;
+};
+
+class ByteSource {
+ public:
+  ByteSource(std::span<const std::byte> b, int rank, const std::string& type) : b_(b), rank_(rank), type_(type) {}
+  std::span<const std::byte> take(std::size_t n) {
+    if (n > b_.size() - pos_)
+      throw_error<serialization_error>("value", from_rank(rank_), " is truncated: ", type_, " needs ", n, " more bytes at offset ",
+                                       pos_, " of ", b_.size());
+    auto s = b_.subspan(pos_, n);
+    pos_ += n;
+    return s;
+  }
+  std::uint64_t u64() {
+    std::uint64_t v = 0;
+    std::memcpy(&v, take(sizeof v).data(), sizeof v);
+    return v;
+  }
+  [[nodiscard]] std::size_t remaining() const noexcept { return b_.size() - pos_; }
+  // A count of items of at least `item_bytes` each cannot exceed what is left (guards huge allocations).
+  std::size_t count(std::size_t item_bytes) {
+    const std::uint64_t n = u64();
+    if (item_bytes > 0 && n > (b_.size() - pos_) / item_bytes)
+      throw_error<serialization_error>("value", from_rank(rank_), " announces ", n, " items of ", type_, " but only ",
+                                       b_.size() - pos_, " bytes follow");
+    return static_cast<std::size_t>(n);
+  }
+  void end() const {
+    if (pos_ != b_.size())
+      throw_error<serialization_error>("value", from_rank(rank_), " has ", b_.size() - pos_, " unexpected trailing bytes after a ", type_);
+  }
+
+ private:
+  std::span<const std::byte> b_;
+  std::size_t pos_ = 0;
+  int rank_;
+  const std::string& type_;
+};
+
+template <class T>
+constexpr PayloadFormat format_of() {
+  if constexpr (raw_serializable<T>) return PayloadFormat::raw;
+  else if constexpr (std::is_same_v<T, std::string>) return PayloadFormat::string;
+  else if constexpr (is_std_vector<T>::value) {
+    using V = typename T::value_type;
+    if constexpr (std::is_same_v<V, bool>) return PayloadFormat::cbor;  // bit-packed: no contiguous items
+    else if constexpr (raw_serializable<V>) return PayloadFormat::raw_vector;
+    else if constexpr (std::is_same_v<V, std::string>) return PayloadFormat::string_vector;
+    else return PayloadFormat::cbor;
+  } else {
+    return PayloadFormat::cbor;
+  }
+}
+
+}  // namespace detail
+
+/// @brief Encodes a value into `out` (replacing its content, keeping its capacity): raw bytes for
+/// plain data, strings and vectors of them; CBOR otherwise.
+/// @param rank the producing rank, only for the error message (-1: unknown)
+/// @throws serialization_error naming the type (and rank) when to_json throws
+template <class T>
+void to_bytes_into(std::vector<std::byte>& out, const T& value, int rank = -1) {
+  using detail::PayloadFormat;
+  constexpr PayloadFormat f = detail::format_of<T>();
+  static_assert(f != PayloadFormat::cbor || json_serializable<T>,
+                "accel::to_bytes: T is neither trivially copyable, a string, a vector of those, nor convertible with "
+                "nlohmann/json; define to_json/from_json or use NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(T, members...)");
+  if constexpr (f == PayloadFormat::raw) {
+    detail::ByteSink s(out, f, sizeof(T));
+    s.raw("\0\0\0\0\0\0\0", 7);
+    s.u64(sizeof(T));
+    s.u64(1);
+    s.pad_header();
+    s.raw(&value, sizeof(T));
+  } else if constexpr (f == PayloadFormat::string) {
+    detail::ByteSink s(out, f, value.size());
+    s.raw(value.data(), value.size());
+  } else if constexpr (f == PayloadFormat::raw_vector) {
+    using V = typename T::value_type;
+    detail::ByteSink s(out, f, value.size() * sizeof(V));
+    s.raw("\0\0\0\0\0\0\0", 7);
+    s.u64(sizeof(V));
+    s.u64(value.size());
+    s.pad_header();
+    s.raw(value.data(), value.size() * sizeof(V));
+  } else if constexpr (f == PayloadFormat::string_vector) {
+    std::size_t total = 0;
+    for (const auto& str : value) total += str.size() + 8;
+    detail::ByteSink s(out, f, total + 8);
+    s.u64(value.size());
+    for (const auto& str : value) s.u64(str.size());
+    for (const auto& str : value) s.raw(str.data(), str.size());
+  } else {
+    try {
+      const nlohmann::json j = value;
+      std::vector<std::uint8_t> cbor;
+      cbor.push_back(static_cast<std::uint8_t>(f));
+      nlohmann::json::to_cbor(j, cbor);
+      out.resize(cbor.size());
+      std::memcpy(out.data(), cbor.data(), cbor.size());
+    } catch (const std::exception& e) {
+      detail::throw_error<serialization_error>("cannot encode a ", detail::type_name<T>(), rank >= 0 ? detail::concat(" on rank ", rank) : "",
+                                               ": ", e.what());
+    }
+  }
+}
+
+/// @brief Encodes a value (see to_bytes_into).
+/// @throws serialization_error naming the type (and rank) when to_json throws
+template <class T>
+std::vector<std::byte> to_bytes(const T& value, int rank = -1) {
+  std::vector<std::byte> out;
+  to_bytes_into(out, value, rank);
+  return out;
+}
+
+/// @brief Decodes what to_bytes<T> produced. Checks the format byte, sizes and counts; never runs sender-chosen code.
+/// @param source_rank the rank that produced the bytes, for the error message
+/// @throws serialization_error naming the rank and type when the bytes are not a valid T
+template <class T>
+T from_bytes(std::span<const std::byte> bytes, int source_rank = -1) {
+  using detail::PayloadFormat;
+  constexpr PayloadFormat f = detail::format_of<T>();
+  const std::string type = detail::type_name<T>();
+  if (bytes.empty()) detail::throw_error<serialization_error>("empty value", detail::from_rank(source_rank), " cannot be a ", type);
+  const auto got = static_cast<PayloadFormat>(bytes[0]);
+  if (got != f)
+    detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " has format ", static_cast<int>(got),
+                                             " but a ", type, " needs format ", static_cast<int>(f),
+                                             " (do all ranks pass the same type to the collective?)");
+  detail::ByteSource src(bytes.subspan(1), source_rank, type);
+  if constexpr (f == PayloadFormat::raw) {
+    src.take(7);
+    const auto size = src.u64();
+    if (src.u64() != 1) detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " is not one ", type);
+    src.take(detail::raw_header_bytes - 24);
+    if (size != sizeof(T))
+      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " holds ", size, "-byte items but ", type,
+                                               " has ", sizeof(T), " (do all ranks pass the same type?)");
+    T out;
+    std::memcpy(static_cast<void*>(&out), src.take(sizeof(T)).data(), sizeof(T));
+    src.end();
+    return out;
+  } else if constexpr (f == PayloadFormat::string) {
+    auto rest = bytes.subspan(1);
+    return std::string(reinterpret_cast<const char*>(rest.data()), rest.size());
+  } else if constexpr (f == PayloadFormat::raw_vector) {
+    using V = typename T::value_type;
+    src.take(7);
+    const auto size = src.u64();
+    if (size != sizeof(V))
+      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " holds ", size, "-byte items but ", type,
+                                               " has ", sizeof(V), "-byte items (do all ranks pass the same type?)");
+    const std::uint64_t n64 = src.u64();
+    src.take(detail::raw_header_bytes - 24);
+    if (n64 != src.remaining() / sizeof(V) || src.remaining() % sizeof(V) != 0)
+      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " announces ", n64, " items of ", type,
+                                               " but ", src.remaining(), " bytes follow");
+    const auto n = static_cast<std::size_t>(n64);
+    const auto data = src.take(n * sizeof(V));
+    // Aligned data (shared memory is page-aligned) is copied once, straight into the new vector;
+    // otherwise the items are zero-constructed and then filled.
+    if (reinterpret_cast<std::uintptr_t>(data.data()) % alignof(V) == 0) {
+      const auto* first = reinterpret_cast<const V*>(data.data());
+      return T(first, first + n);
+    }
+    T out(n);
+    if (n) std::memcpy(static_cast<void*>(out.data()), data.data(), n * sizeof(V));
+    return out;
+  } else if constexpr (f == PayloadFormat::string_vector) {
+    const std::size_t n = src.count(8);
+    std::vector<std::uint64_t> lens(n);
+    for (auto& l : lens) l = src.u64();
+    T out;
+    out.reserve(n);
+    for (auto l : lens) {
+      auto b = src.take(static_cast<std::size_t>(l));
+      out.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
+    }
+    src.end();
+    return out;
+  } else {
+    try {
+      const auto rest = bytes.subspan(1);
+      const auto* p = reinterpret_cast<const std::uint8_t*>(rest.data());
+      return nlohmann::json::from_cbor(p, p + rest.size()).template get<T>();
+    } catch (const std::exception& e) {  // nlohmann's parse/type errors, or a user from_json that throws
+      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " is not a valid ", type, ": ", e.what());
+    }
+  }
+}
+
+ACCEL_NAMESPACE_END

@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// Child program of tests/multiprocess/collectives_test.cpp: one rank of a job started by the test
+// (or by accel launch). argv[1] picks the scenario; errors go to stderr as "rank R: <message>".
+//   gather      every rank completes its shard of 11 prompts; rank 0 prints them in input order
+//   throw       rank 1's value fails to serialize
+//   die [R]     rank R (default 1) dies (std::_Exit) while the others wait inside gather_object
+//   main-only   gather_object called only on the main process
+//   big         4 MiB per rank through gather_object (shared memory), checksummed
+#include <accel/collectives.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+struct Completion {
+  int prompt = 0;
+  std::string text;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Completion, prompt, text)
+
+struct Fragile {
+  int rank = 0;
+};
+void to_json(nlohmann::json& j, const Fragile& f) {
+  if (f.rank == 1) throw std::runtime_error("rank 1's result holds invalid data");
+  j = f.rank;
+}
+void from_json(const nlohmann::json& j, Fragile& f) { f.rank = j.get<int>(); }
+}  // namespace
+template <>
+struct accel::force_json_serialization<Fragile> : std::true_type {};
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "gather";
+  int rank = -1;
+  try {
+    accel::DistributedState state;
+    rank = state.process_index();
+    if (mode == "gather") {
+      std::vector<std::string> prompts;
+      for (int i = 0; i < 11; ++i) prompts.push_back("prompt " + std::to_string(i));
+      auto mine = state.split_between_processes(prompts, {.apply_padding = true});
+      std::vector<Completion> out;
+      for (std::size_t i = 0; i < mine.size(); ++i)
+        out.push_back({static_cast<int>(mine.shard().first_index + i), mine[static_cast<std::ptrdiff_t>(i)] + " by rank " + std::to_string(rank)});
+      const auto all = accel::gather_object(state, out, mine.shard());
+      accel::print(state, "backend ", accel::communicator(state).backend(), ", ", all.size(), " results");
+      for (const auto& c : all) accel::print(state, c.prompt, ": ", c.text);
+      accel::wait_for_everyone(state);
+    } else if (mode == "throw") {
+      accel::gather_object(state, Fragile{rank});
+    } else if (mode == "die") {
+      const int victim = argc > 2 ? std::atoi(argv[2]) : 1;
+      accel::wait_for_everyone(state);
+      if (rank == victim) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the others are inside gather_object by now
+        std::_Exit(9);
+      }
+      accel::gather_object(state, rank);
+    } else if (mode == "main-only") {
+      accel::wait_for_everyone(state);
+      if (state.is_main_process()) accel::gather_object(state, rank);
+    } else if (mode == "big") {
+      std::vector<std::uint32_t> mine(1u << 20, static_cast<std::uint32_t>(rank + 1));
+      const auto all = accel::gather_object(state, mine);
+      std::uint64_t sum = 0;
+      for (const auto& v : all) for (auto x : v) sum += x;
+      accel::print(state, "sum ", sum);
+    }
+    return 0;
+  } catch (const accel::error& e) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,429 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// Real processes through the real `accel launch`: environment per rank, output merging, failure
+// propagation, signal forwarding, and no orphans.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/catch.hpp"
+
+extern "C" char** environ;
+
+using accel_test::contains;
+
+namespace {
+
+const std::string cli = ACCEL_TEST_CLI;
+const std::string children = ACCEL_TEST_CHILD_DIR;
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream s(text);
+  for (std::string l; std::getline(s, l);) out.push_back(l);
+  return out;
+}
+
+bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+/// A scratch directory for one test, removed at the end.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string tmpl = std::string(ACCEL_TEST_BINARY_DIR) + "/launch_mp_XXXXXX";
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() { (void)!std::system(("rm -rf '" + path + "'").c_str()); }
+  std::string operator/(const std::string& name) const { return path + "/" + name; }
+};
+
+/// `accel launch ...` started in the background with stdout/stderr captured in files.
+struct Launcher {
+  pid_t pid = -1;
+  std::string out_file, err_file;
+  std::optional<int> status;
+
+  Launcher(const TempDir& dir, const std::vector<std::string>& args, const std::map<std::string, std::optional<std::string>>& env = {},
+           const std::string& stdin_file = "/dev/null") {
+    out_file = dir / "launcher.out";
+    err_file = dir / "launcher.err";
+    std::vector<std::string> argv = {cli, "launch"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<std::string> envs;
+    for (char** e = environ; *e; ++e) {
+      const std::string entry = *e;
+      if (!env.count(entry.substr(0, entry.find('=')))) envs.push_back(entry);
+    }
+    for (const auto& [k, v] : env)
+      if (v) envs.push_back(k + "=" + *v);
+    std::vector<char*> a, e;
+    for (auto& s : argv) a.push_back(s.data());
+    a.push_back(nullptr);
+    for (auto& s : envs) e.push_back(s.data());
+    e.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 0, stdin_file.c_str(), O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&fa, 1, out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int rc = posix_spawn(&pid, cli.c_str(), &fa, nullptr, a.data(), e.data());
+    posix_spawn_file_actions_destroy(&fa);
+    REQUIRE(rc == 0);
+  }
+  Launcher(const Launcher&) = delete;
+  ~Launcher() {
+    if (!status) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+  /// Waits for the launcher (a hung launcher fails the test instead of hanging it).
+  int wait(int limit_s = 20) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(limit_s);
+    while (!status) {
+      int st = 0;
+      if (::waitpid(pid, &st, WNOHANG) == pid) {
+        status = st;
+        break;
+      }
+      if (std::chrono::steady_clock::now() > until) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &st, 0);
+        status = st;
+        FAIL("accel launch did not finish within " << limit_s << " s; stderr:\n" << read_file(err_file));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return WIFEXITED(*status) ? WEXITSTATUS(*status) : 128 + WTERMSIG(*status);
+  }
+  std::string out() const { return read_file(out_file); }
+  std::string err() const { return read_file(err_file); }
+};
+
+/// Waits until `path` exists (a child wrote it); fails the test after a while.
+std::string await_file(const std::string& path, int limit_s = 10) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(limit_s);
+  while (!exists(path)) {
+    if (std::chrono::steady_clock::now() > until) FAIL("no " << path << " after " << limit_s << " s");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return read_file(path);
+}
+
+/// A pid is gone when /proc has no entry for it or it is a zombie nobody reaped yet.
+bool process_gone(pid_t pid) {
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  if (stat.empty()) return true;
+  const auto close = stat.rfind(')');
+  return close != std::string::npos && close + 2 < stat.size() && (stat[close + 2] == 'Z' || stat[close + 2] == 'X');
+}
+
+bool await_gone(pid_t pid, int limit_s = 5) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(limit_s);
+  while (!process_gone(pid)) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+std::map<std::string, std::string> env_lines(const std::string& text) {
+  std::map<std::string, std::string> m;
+  for (const auto& l : lines_of(text)) {
+    const auto eq = l.find('=');
+    if (eq != std::string::npos) m[l.substr(0, eq)] = l.substr(eq + 1);
+    else if (l.ends_with(" unset")) m[l.substr(0, l.size() - 6)] = "<unset>";
+  }
+  return m;
+}
+
+std::vector<pid_t> read_pids(const TempDir& dir, const std::string& prefix, int n) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) pids.push_back(static_cast<pid_t>(std::stol(await_file(dir / (prefix + std::to_string(r))))));
+  return pids;
+}
+
+}  // namespace
+
+TEST_CASE("every rank gets its own rank environment and the program's arguments", "[launch][mp]") {
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "3", "--log_dir", dir / "logs", "--timeout", "7", "--", children + "/print_env", "a",
+                   "b c"},
+             {{"SLURM_PROCID", "5"}, {"ACCEL_TEST_MARKER", "inherited"}, {"RANK", "9"}});
+  REQUIRE(l.wait() == 0);
+  CHECK_THAT(l.err(), !contains("accel launch"));  // --cpu: nothing to warn about, and a clean run says nothing
+  std::string port, token;
+  for (int r = 0; r < 3; ++r) {
+    const auto e = env_lines(read_file(dir / ("logs/rank_" + std::to_string(r) + ".stdout.log")));
+    CHECK(e.at("RANK") == std::to_string(r));
+    CHECK(e.at("LOCAL_RANK") == std::to_string(r));
+    CHECK(e.at("WORLD_SIZE") == "3");
+    CHECK(e.at("LOCAL_WORLD_SIZE") == "3");
+    CHECK(e.at("GROUP_RANK") == "0");
+    CHECK(e.at("GROUP_WORLD_SIZE") == "1");
+    CHECK(e.at("MASTER_ADDR") == "127.0.0.1");
+    CHECK(e.at("ACCEL_LAUNCHED") == "1");
+    CHECK(e.at("ACCEL_TIMEOUT_S") == "7");
+    CHECK(e.at("ACCEL_USE_CPU") == "1");
+    CHECK(e.at("SLURM_PROCID") == "<unset>");           // another launcher's rank would contradict ours
+    CHECK(e.at("ACCEL_TEST_MARKER") == "inherited");    // the rest of the environment passes through
+    CHECK(e.at("arg1") == "a");
+    CHECK(e.at("arg2") == "b c");
+    const int p = std::stoi(e.at("MASTER_PORT"));
+    CHECK(p > 0);
+    CHECK(p <= 65535);
+    CHECK(std::regex_match(e.at("ACCEL_JOB_TOKEN"), std::regex("[0-9a-f]{32}")));
+    if (r == 0) {
+      port = e.at("MASTER_PORT");
+      token = e.at("ACCEL_JOB_TOKEN");
+    }
+    CHECK(e.at("MASTER_PORT") == port);
+    CHECK(e.at("ACCEL_JOB_TOKEN") == token);
+    CHECK(read_file(dir / ("logs/rank_" + std::to_string(r) + ".stderr.log")) == "stderr of rank " + std::to_string(r) + "\n");
+  }
+  // --log_dir also shows the output on the console (unprefixed without --tee).
+  CHECK_THAT(l.out(), contains("\nRANK=2\n"));
+  CHECK_THAT(l.err(), contains("stderr of rank 2\n"));
+  CHECK_THAT(l.err(), !contains("[rank"));
+}
+
+TEST_CASE("the launcher hosts the job's store and every rank reaches it through ACCEL_STORE", "[launch][mp]") {
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "3", "--tee", children + "/store_ping"});
+  REQUIRE(l.wait() == 0);
+  const std::string out = l.out();
+  for (int r = 0; r < 3; ++r)
+    CHECK_THAT(out, contains("[rank " + std::to_string(r) + "] rank " + std::to_string(r) + " store=127.0.0.1:"));
+  CHECK_THAT(out, contains("[rank 0] rank 0 store=127.0.0.1:"));
+  CHECK_THAT(out, contains("got 'hello from 1'"));
+  CHECK_THAT(out, contains("got 'hello from 2'"));
+  CHECK_THAT(out, contains("got 'hello from 0'"));
+}
+
+TEST_CASE("gpu_ids set CUDA_VISIBLE_DEVICES and the process count for every child", "[launch][mp]") {
+  TempDir dir;
+  Launcher l(dir, {"--gpu_ids", "2,5", "--log_dir", dir / "logs", children + "/print_env"},
+             {{"CUDA_VISIBLE_DEVICES", "9"}});  // hides any real GPU, so the ids are never checked against one
+  REQUIRE(l.wait() == 0);
+  CHECK_THAT(l.err(), contains("--gpu_ids 2,5 replaces CUDA_VISIBLE_DEVICES='9' for the children"));
+  for (int r = 0; r < 2; ++r) {
+    const auto e = env_lines(read_file(dir / ("logs/rank_" + std::to_string(r) + ".stdout.log")));
+    CHECK(e.at("CUDA_VISIBLE_DEVICES") == "2,5");
+    CHECK(e.at("WORLD_SIZE") == "2");
+    CHECK(e.at("ACCEL_USE_CPU") == "<unset>");
+  }
+  CHECK_FALSE(exists(dir / "logs/rank_2.stdout.log"));
+}
+
+TEST_CASE("tee prefixes every line with its rank and never mixes partial lines", "[launch][mp]") {
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "3", "--tee", children + "/chatter", "30"});
+  REQUIRE(l.wait() == 0);
+  const std::regex line(R"(\[rank ([0-2])\] rank ([0-2]) line ([0-9]+) a{40}b{40})");
+  int per_rank[3] = {0, 0, 0};
+  int tails = 0;
+  for (const auto& s : lines_of(l.out())) {
+    std::smatch m;
+    if (std::regex_match(s, m, line)) {
+      CHECK(m[1] == m[2]);
+      ++per_rank[std::stoi(m[1])];
+    } else if (std::regex_match(s, m, std::regex(R"(\[rank ([0-2])\] tail of rank ([0-2]))"))) {
+      CHECK(m[1] == m[2]);
+      ++tails;
+    } else {
+      FAIL("a mixed or unprefixed line: '" << s << "'");
+    }
+  }
+  CHECK(per_rank[0] == 30);
+  CHECK(per_rank[1] == 30);
+  CHECK(per_rank[2] == 30);
+  CHECK(tails == 3);
+  for (int r = 0; r < 3; ++r) CHECK_THAT(l.err(), contains("[rank " + std::to_string(r) + "] to stderr from rank " + std::to_string(r) + "\n"));
+}
+
+TEST_CASE("a failing rank's exit code becomes the launcher's and the other ranks are stopped", "[launch][mp]") {
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "3", children + "/fail_rank", dir.path, "--fail", "1", "exit:7"});
+  const auto pids = read_pids(dir, "pid_", 3);
+  REQUIRE(l.wait() == 7);
+  const std::string err = l.err();
+  CHECK_THAT(err, contains("rank 1 (local rank 1, pid " + std::to_string(pids[1]) + ") exited with code 7; stopping the other 2 processes (SIGTERM"));
+  CHECK_THAT(err, contains("rank 0 (pid " + std::to_string(pids[0]) + ") stopped: was killed by signal 15 (SIGTERM)"));
+  CHECK_THAT(err, contains("rank 2 (pid " + std::to_string(pids[2]) + ") stopped: was killed by signal 15 (SIGTERM)"));
+  CHECK_THAT(err, contains("job failed: rank 1 exited with code 7; exit status 7"));
+  for (pid_t p : pids) CHECK(process_gone(p));
+}
+
+TEST_CASE("a rank killed by a signal makes the launcher exit with 128 plus the signal", "[launch][mp]") {
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "2", children + "/fail_rank", dir.path, "--fail", "0", "signal:6"});
+  REQUIRE(l.wait() == 128 + SIGABRT);
+  CHECK_THAT(l.err(), contains("rank 0 (local rank 0, pid "));
+  CHECK_THAT(l.err(), contains("was killed by signal 6 (SIGABRT)"));
+  CHECK_THAT(l.err(), contains("exit status 134"));
+}
+
+TEST_CASE("ranks that ignore SIGTERM are killed when the grace period ends", "[launch][mp]") {
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "2", "--grace", "0.5", children + "/fail_rank", dir.path, "--fail", "1", "exit:3",
+                   "--ignore-term"});
+  const auto pids = read_pids(dir, "pid_", 2);
+  REQUIRE(l.wait() == 3);
+  CHECK_THAT(l.err(), contains("rank 0 (pid " + std::to_string(pids[0]) + ") did not stop within 0.5 s; sending SIGKILL"));
+  CHECK_THAT(l.err(), contains("rank 0 (pid " + std::to_string(pids[0]) + ") stopped: was killed by signal 9 (SIGKILL)"));
+  CHECK(process_gone(pids[0]));
+}
+
+TEST_CASE("SIGINT and SIGTERM sent to the launcher reach every rank", "[launch][mp]") {
+  const int sig = GENERATE(SIGINT, SIGTERM);
+  const std::string name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "3", children + "/fail_rank", dir.path, "--record-signals"});
+  read_pids(dir, "pid_", 3);
+  REQUIRE(::kill(l.pid, sig) == 0);
+  REQUIRE(l.wait() == 128 + sig);
+  for (int r = 0; r < 3; ++r) CHECK(await_file(dir / ("sig_" + std::to_string(r))) == name);
+  CHECK_THAT(l.err(), contains("received " + name + ": forwarding it to 3 processes"));
+  CHECK_THAT(l.err(), contains("job interrupted by " + name + "; exit status " + std::to_string(128 + sig)));
+}
+
+TEST_CASE("a second signal to the launcher kills the ranks at once", "[launch][mp]") {
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "2", "--grace", "60", children + "/fail_rank", dir.path, "--ignore-term"});
+  const auto pids = read_pids(dir, "pid_", 2);
+  REQUIRE(::kill(l.pid, SIGTERM) == 0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (l.err().find("forwarding it to 2 processes") == std::string::npos && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE_THAT(l.err(), contains("received SIGTERM: forwarding it to 2 processes (SIGKILL after 60 s"));
+  REQUIRE(::kill(l.pid, SIGTERM) == 0);
+  REQUIRE(l.wait() == 128 + SIGTERM);  // well before the 60 s grace period
+  CHECK_THAT(l.err(), contains("received SIGTERM while stopping: killing 2 processes now"));
+  CHECK_THAT(l.err(), contains("stopped: was killed by signal 9 (SIGKILL)"));
+  for (pid_t p : pids) CHECK(process_gone(p));
+}
+
+TEST_CASE("a rank's own child processes are stopped with it", "[launch][mp]") {
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "2", children + "/fail_rank", dir.path, "--fail", "1", "exit:4", "--grandchild"});
+  const auto grandchildren = read_pids(dir, "gpid_", 2);
+  REQUIRE(l.wait() == 4);
+  for (pid_t p : grandchildren) CHECK(await_gone(p));
+}
+
+TEST_CASE("no rank survives a launcher killed with SIGKILL", "[launch][mp]") {
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "3", children + "/fail_rank", dir.path});
+  const auto pids = read_pids(dir, "pid_", 3);
+  for (pid_t p : pids) REQUIRE_FALSE(process_gone(p));
+  REQUIRE(::kill(l.pid, SIGKILL) == 0);
+  CHECK(l.wait() == 128 + SIGKILL);
+  for (pid_t p : pids) CHECK(await_gone(p));
+}
+
+TEST_CASE("standard input reaches local rank 0 when it is a file", "[launch][mp]") {
+  TempDir dir;
+  { std::ofstream(dir / "input.txt") << "hello from stdin\n"; }
+  Launcher l(dir, {"--cpu", "--num_processes", "2", "--log_dir", dir / "logs", children + "/print_env", "--echo-stdin"}, {},
+             dir / "input.txt");
+  REQUIRE(l.wait() == 0);
+  CHECK_THAT(read_file(dir / "logs/rank_0.stdout.log"), contains("stdin: hello from stdin"));
+  CHECK_THAT(read_file(dir / "logs/rank_1.stdout.log"), !contains("stdin:"));
+}
+
+TEST_CASE("a program that cannot be found or executed is a launch error with exit code 8", "[launch][mp]") {
+  TempDir dir;
+  {
+    Launcher l(dir, {"--cpu", "no-such-program-accel"});
+    CHECK(l.wait() == 8);
+    CHECK_THAT(l.err(), contains("[accel.launch] cannot find the program 'no-such-program-accel' on PATH"));
+  }
+  {
+    Launcher l(dir, {"--cpu", dir / "missing"});
+    CHECK(l.wait() == 8);
+    CHECK_THAT(l.err(), contains("no executable file at that path"));
+  }
+  {
+    const std::string junk = dir / "junk";
+    { std::ofstream(junk) << "\x7f" "garbage"; }
+    ::chmod(junk.c_str(), 0755);
+    Launcher l(dir, {"--cpu", junk});
+    CHECK(l.wait() == 8);
+    CHECK_THAT(l.err(), contains("cannot start '" + junk + "': Exec format error (not an executable format"));
+  }
+  {
+    { std::ofstream(dir / "file") << "x"; }
+    Launcher l(dir, {"--cpu", "--log_dir", dir / "file/logs", children + "/print_env"});
+    CHECK(l.wait() == 8);
+    CHECK_THAT(l.err(), contains("cannot create the log directory '" + dir / "file/logs" + "'"));
+  }
+}
+
+TEST_CASE("the checklist stops a job before anything starts", "[launch][mp]") {
+  TempDir dir;
+  {
+    Launcher l(dir, {"--num_processes", "2", children + "/fail_rank", dir.path}, {{"CUDA_VISIBLE_DEVICES", ""}});
+    CHECK(l.wait() == 3);
+    CHECK_THAT(l.err(), contains("[accel.config] CUDA_VISIBLE_DEVICES is set to '', so no GPU is visible"));
+  }
+  {
+    Launcher l(dir, {"--num_processes", "2", children + "/fail_rank", dir.path}, {{"CUDA_VISIBLE_DEVICES", "1,1"}});
+    CHECK(l.wait() == 3);
+    CHECK_THAT(l.err(), contains("is listed twice"));
+  }
+  {
+    Launcher l(dir, {"--num_processes", "3", "--num_machines", "2", "--machine_rank", "0", "--main_process_ip", "h",
+                     "--main_process_port", "1", "--cpu", children + "/fail_rank", dir.path});
+    CHECK(l.wait() == 2);
+    CHECK_THAT(l.err(), contains("--num_processes 3 is not divisible by --num_machines 2"));
+  }
+  {
+    Launcher l(dir, {"--num_processes", "x", "prog"});
+    CHECK(l.wait() == 2);
+    CHECK_THAT(l.err(), contains("[accel.usage] --num_processes 'x' is not a positive integer"));
+  }
+  CHECK_FALSE(exists(dir / "pid_0"));
+}
+
+TEST_CASE("no visible GPU without --cpu is a warning and the job still runs", "[launch][mp]") {
+  TempDir dir;
+  Launcher l(dir, {"--num_processes", "2", "--tee", children + "/print_env"},
+             {{"CUDA_VISIBLE_DEVICES", "9"}});  // no GPU 9 anywhere: zero GPUs even on a GPU machine
+  REQUIRE(l.wait() == 0);
+  CHECK_THAT(l.err(), contains("accel launch: warning: no GPU is visible"));
+  CHECK_THAT(l.out(), contains("[rank 1] RANK=1"));
+}
+
+TEST_CASE("accel launch help documents options and environment and exit status", "[launch][mp]") {
+  TempDir dir;
+  Launcher l(dir, {"--help"});
+  REQUIRE(l.wait() == 0);
+  const std::string out = l.out();
+  for (const char* s : {"--num_processes", "--gpu_ids", "--cpu", "--num_machines", "--machine_rank", "--main_process_ip",
+                        "--main_process_port", "--tee", "--log_dir", "--timeout", "--grace", "ACCEL_JOB_TOKEN", "exit status",
+                        "all machines together"})
+    CHECK_THAT(out, contains(s));
+}

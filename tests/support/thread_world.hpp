@@ -1,0 +1,156 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file thread_world.hpp
+/// @brief Ranks as threads (gloo's spawnThreads): an in-process communicator over shared buffers.
+///
+/// run_world(n, fn) starts n threads, each calling fn(comm) with its own ThreadCommunicator, and
+/// returns each rank's exception (null when it returned normally). A rank that returns or throws
+/// is "gone": ranks still waiting for it in a round get a comm_error naming it, as with real
+/// processes, so failure propagation is tested without sockets.
+#pragma once
+
+#include <accel/comm/communicator.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace accel_test {
+
+/// @brief The shared state of one thread world.
+class ThreadHub {
+ public:
+  explicit ThreadHub(int n) : n_(n), gone_(static_cast<std::size_t>(n)) {}
+
+  /// @brief Marks a rank as finished (returned or threw) and wakes every waiter.
+  void leave(int rank, std::string how) {
+    std::lock_guard lock(m_);
+    gone_[static_cast<std::size_t>(rank)] = std::move(how);
+    cv_.notify_all();
+  }
+
+  accel::Blobs deposit_and_wait(int rank, std::uint64_t seq, std::vector<std::byte> entry, const std::string& label,
+                                std::chrono::milliseconds timeout) {
+    std::unique_lock lock(m_);
+    Slot& s = slots_[seq];
+    if (s.entries.empty()) s.entries.resize(static_cast<std::size_t>(n_));
+    s.entries[static_cast<std::size_t>(rank)] = std::move(entry);
+    ++s.arrived;
+    cv_.notify_all();
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      Slot& slot = slots_[seq];
+      if (slot.arrived == n_) break;
+      for (int r = 0; r < n_; ++r)
+        if (!slot.entries[static_cast<std::size_t>(r)] && gone_[static_cast<std::size_t>(r)])
+          accel::detail::throw_error<accel::comm_error>("rank ", r, " ", *gone_[static_cast<std::size_t>(r)], " without joining ", label);
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && slots_[seq].arrived < n_) {
+        std::string missing;
+        for (int r = 0; r < n_; ++r)
+          if (!slots_[seq].entries[static_cast<std::size_t>(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        accel::detail::throw_error<accel::timeout_error>("timed out in ", label, ": ranks ", missing, " have not arrived");
+      }
+    }
+    Slot& done = slots_[seq];
+    accel::Blobs out;
+    for (const auto& e : done.entries) out.push_back(*e);
+    if (++done.collected == n_) slots_.erase(seq);
+    return out;
+  }
+
+ private:
+  struct Slot {
+    std::vector<std::optional<std::vector<std::byte>>> entries;
+    int arrived = 0;
+    int collected = 0;
+  };
+  int n_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::map<std::uint64_t, Slot> slots_;
+  std::vector<std::optional<std::string>> gone_;
+};
+
+/// @brief One rank's communicator in a thread world.
+class ThreadCommunicator final : public accel::Communicator {
+ public:
+  ThreadCommunicator(std::shared_ptr<ThreadHub> hub, int rank, int size, std::chrono::milliseconds timeout)
+      : Communicator(rank, size, timeout), hub_(std::move(hub)) {}
+  [[nodiscard]] std::string backend() const override { return "threads"; }
+
+ protected:
+  Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header,
+                 std::span<const std::byte> payload) override {
+    // Entry = u32 header size, header, payload (the same framing idea as the CPU backend).
+    std::vector<std::byte> entry(4 + header.size() + payload.size());
+    const auto hs = static_cast<std::uint32_t>(header.size());
+    std::memcpy(entry.data(), &hs, 4);
+    std::copy(header.begin(), header.end(), entry.begin() + 4);
+    std::copy(payload.begin(), payload.end(), entry.begin() + 4 + static_cast<std::ptrdiff_t>(header.size()));
+    accel::Blobs all = hub_->deposit_and_wait(rank(), seq, std::move(entry), label, timeout());
+    Round r;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const auto e = all[i];
+      std::uint32_t n = 0;
+      std::memcpy(&n, e.data(), 4);
+      r.headers.push_back(e.subspan(4, n));
+      r.payloads.push_back(e.subspan(4 + n));
+    }
+    return r;
+  }
+
+ private:
+  std::shared_ptr<ThreadHub> hub_;
+};
+
+/// @brief Runs fn(comm) on n threads, one per rank; returns each rank's exception (null if none).
+template <class Fn>
+std::vector<std::exception_ptr> run_world(int n, Fn fn, std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  auto hub = std::make_shared<ThreadHub>(n);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      ThreadCommunicator comm(hub, r, n, timeout);
+      try {
+        fn(comm);
+        hub->leave(r, "returned");
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+        hub->leave(r, "threw (" + accel::detail::exception_message(std::current_exception()) + ")");
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+/// @brief run_world, rethrowing the first rank's exception.
+template <class Fn>
+void run_world_ok(int n, Fn fn, std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+  for (auto& e : run_world(n, std::move(fn), timeout))
+    if (e) std::rethrow_exception(e);
+}
+
+/// @brief The message of a rank's exception ("" when it returned normally).
+inline std::string message(const std::exception_ptr& e) { return e ? accel::detail::exception_message(e) : std::string(); }
+
+/// @brief World sizes the collectives are tested at (gloo's 1, 2, 4, 7 plus 3 for odd remainders).
+inline const std::vector<int> world_sizes = {1, 2, 3, 4, 7};
+
+}  // namespace accel_test
+
+/// @brief Catch2 assertions are not thread-safe: rank threads check with this and throw instead,
+/// and the test asserts on the collected exceptions from the main thread.
+#define ACCEL_TEST_ENSURE(...)                                                                                   \
+  do {                                                                                                           \
+    if (!(__VA_ARGS__)) throw std::runtime_error("ensure failed: " #__VA_ARGS__ " (line " + std::to_string(__LINE__) + ")"); \
+  } while (false)

@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// `accel load`: validates a checkpoint, plans (or reads) a device map, loads every tensor onto
+// GPUs / CPU / disk, and prints per-device totals and the load rate: a checkpoint checker and a
+// load benchmark in one.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <accel/detail/progress.hpp>
+#include <accel/dispatch.hpp>
+#include <accel/memory.hpp>
+#include <accel/module_tree.hpp>
+#include <accel/planner.hpp>
+
+#include "args.hpp"
+
+namespace accel_cli {
+
+inline constexpr OptionSpec load_options[] = {
+    {"checkpoint", true, false, "PATH", "safetensors file, model.safetensors.index.json or folder"},
+    {"device-map", true, false, "MAP", "a JSON file, a JSON object, or a mode: auto (default), balanced, "
+                                       "balanced_low_0, sequential"},
+    {"max-memory", true, false, "BUDGETS", "budgets for planning modes: '0=20GiB,cpu=64GiB' or JSON; default: measured"},
+    {"no-split", true, true, "CLASS_OR_GLOB", "planning: never split these modules (e.g. 'model.layers.*')"},
+    {"dtype", true, false, "DTYPE", "load floating tensors as float32, float16 or bfloat16"},
+    {"keep-in-fp32", true, true, "NAME", "modules or tensors loaded as float32"},
+    {"offload-folder", true, false, "DIR", "offload folder for disk tensors whose dtype changes"},
+    {"cpu-memory", true, false, "KIND", "pageable (default), pinned or zero-copy"},
+    {"strict", false, false, "", "fail on tensors the device map does not cover"},
+    {"simulate-gpus", true, false, "SIZES", "use host-simulated GPUs of these sizes ('8GiB,8GiB') instead of CUDA"},
+    {"staging", true, false, "SIZE", "size of each pinned staging buffer (default 32MiB)"},
+    {"quiet", false, false, "", "no progress bar"},
+    {"json", false, false, "", "print the load report as JSON"},
+};
+
+inline constexpr const char* load_usage = R"(usage: accel load --checkpoint PATH [--device-map FILE|JSON|MODE] [options]
+
+Validates every header of the checkpoint (before allocating anything), plans a device map from its
+headers unless one is given, loads each tensor onto its GPU, CPU memory or disk (disk tensors stay
+views into the shards unless their dtype changes), and prints per device the tensors and bytes
+placed and the load rate. Exit status: 0; 2 bad arguments; 3 bad device map or budgets;
+4 GPU not available; 5 infeasible plan; 6 bad checkpoint; 9 out of device memory or another CUDA failure; 70 internal error.)";
+
+namespace detail_load {
+
+inline std::vector<std::uint64_t> parse_sizes(const std::string& list) {
+  std::vector<std::uint64_t> out;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const auto comma = list.find(',', start);
+    const auto item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!item.empty()) out.push_back(accel::parse_byte_size(item));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  if (out.empty()) accel::detail::throw_error<accel::usage_error>("load: --simulate-gpus needs sizes like '8GiB,8GiB'");
+  return out;
+}
+
+inline accel::CpuMemory parse_cpu_memory(const std::string& s) {
+  if (s == "pageable") return accel::CpuMemory::pageable;
+  if (s == "pinned") return accel::CpuMemory::pinned;
+  if (s == "zero-copy" || s == "zero_copy") return accel::CpuMemory::zero_copy;
+  accel::detail::throw_error<accel::usage_error>("load: --cpu-memory '", s, "' is not pageable, pinned or zero-copy");
+}
+
+inline std::string placement_label(const accel::Placement& p) { return p.is_gpu() ? "cuda:" + p.to_string() : p.to_string(); }
+
+}  // namespace detail_load
+
+inline int run_load(std::span<char*> argv) {
+  namespace fs = std::filesystem;
+  const auto a = parse_args(argv, load_options);
+  if (a.help()) {
+    std::fputs(format_help(load_usage, load_options).c_str(), stdout);
+    return 0;
+  }
+  const auto path = a.value("checkpoint");
+  if (!path) accel::detail::throw_error<accel::usage_error>("load: --checkpoint PATH is required");
+
+  accel::LoadOptions opts;
+  opts.devices = a.has("simulate-gpus") ? accel::host_simulated_devices(detail_load::parse_sizes(*a.value("simulate-gpus")))
+                                        : accel::cuda_device_memories();
+  if (auto d = a.value("dtype")) opts.dtype = accel::dtype_from_string(*d);
+  opts.keep_in_fp32 = a.values("keep-in-fp32");
+  if (auto f = a.value("offload-folder")) opts.offload_folder = *f;
+  if (auto c = a.value("cpu-memory")) opts.cpu_memory = detail_load::parse_cpu_memory(*c);
+  if (auto s = a.value("staging")) opts.staging_bytes = std::max<std::uint64_t>(accel::parse_byte_size(*s), 4096);
+  opts.strict = a.has("strict");
+  opts.progress = !a.has("quiet") && !a.has("json");
+
+  // The device map: a file, inline JSON, or planned from the headers.
+  const std::string map_arg = a.value("device-map").value_or("auto");
+  accel::DeviceMap map;
+  std::string map_source;
+  std::error_code ec;
+  if (!map_arg.empty() && map_arg.front() == '{') {
+    map = accel::DeviceMap::from_json(map_arg);
+    map_source = "given inline";
+  } else if (fs::is_regular_file(map_arg, ec)) {
+    map = accel::DeviceMap::from_json(accel::detail::read_text_file(map_arg, "device map"));
+    map_source = "from " + map_arg;
+  } else {
+    const auto mode = accel::parse_device_map_mode(map_arg);
+    const auto tree = accel::read_checkpoint_tree(*path);
+    accel::PlanOptions plan;
+    const bool defaulted = !a.has("max-memory");
+    if (defaulted) {
+      std::vector<accel::DeviceBudgetInfo> gpus;
+      for (const auto& d : *opts.devices) {
+        const auto info = d->memory_info();
+        gpus.push_back({d->index(), info.total_bytes, info.free_bytes});
+      }
+      plan.max_memory = accel::default_max_memory(gpus, accel::read_available_ram().value_or(0));
+    } else {
+      plan.max_memory = accel::parse_max_memory(*a.value("max-memory"));
+    }
+    plan.no_split = a.values("no-split");
+    plan.dtype = opts.dtype;
+    plan.keep_in_fp32 = opts.keep_in_fp32;
+    map = accel::plan_device_map(tree, mode, plan, defaulted).device_map;
+    map_source = "planned (" + map_arg + ", budgets " + plan.max_memory.to_string() + ")";
+  }
+
+  auto model = accel::load_checkpoint_and_dispatch(*path, map, opts);
+  const auto& r = model.report();
+  std::map<accel::Placement, std::map<std::string, std::size_t>> storage;
+  for (const auto& t : model.tensors()) ++storage[t.placement][std::string(accel::storage_name(t.storage))];
+
+  if (a.has("json")) {
+    nlohmann::ordered_json j;
+    j["checkpoint"] = *path;
+    j["device_map"] = map.to_json();
+    for (const auto& [p, tot] : r.per_placement) {
+      nlohmann::ordered_json s = nlohmann::ordered_json::object();
+      for (const auto& [k, n] : storage[p]) s[k] = n;
+      j["devices"][p.to_string()] = {{"tensors", tot.tensors}, {"bytes", tot.bytes}, {"storage", s}};
+    }
+    j["bytes_loaded"] = r.bytes_loaded;
+    j["bytes_copied"] = r.bytes_copied;
+    j["seconds"] = r.seconds;
+    j["copy_bytes_per_second"] = r.copy_rate();
+    j["unexpected"] = r.unexpected;
+    j["missing"] = r.missing;
+    j["unused_device_map_keys"] = r.unused_keys;
+    j["offload_written"] = r.offload_written;
+    j["offload_reused"] = r.offload_reused;
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("accel load: %s (%zu tensors, %s), device map %s\n\n", path->c_str(), model.tensors().size(),
+              accel::detail::human_bytes(static_cast<double>(r.bytes_loaded)).c_str(), map_source.c_str());
+  std::printf("%-10s %8s %12s  %s\n", "device", "tensors", "bytes", "held as");
+  for (const auto& [p, tot] : r.per_placement) {
+    std::string held;
+    for (const auto& [k, n] : storage[p]) held += (held.empty() ? "" : ", ") + std::to_string(n) + " " + k;
+    std::printf("%-10s %8zu %12s  %s\n", detail_load::placement_label(p).c_str(), tot.tensors,
+                accel::detail::human_bytes(static_cast<double>(tot.bytes)).c_str(), held.c_str());
+  }
+  std::printf("\nloaded in %.3f s: %s copied at %s/s", r.seconds,
+              accel::detail::human_bytes(static_cast<double>(r.bytes_copied)).c_str(),
+              accel::detail::human_bytes(r.copy_rate()).c_str());
+  if (r.offload_written + r.offload_reused) std::printf("; offload folder: %zu written, %zu reused", r.offload_written, r.offload_reused);
+  std::printf("\n");
+  if (!r.unexpected.empty())
+    std::printf("warning: %zu checkpoint tensor(s) not covered by the device map were skipped: %s\n", r.unexpected.size(),
+                accel::detail::name_list(r.unexpected).c_str());
+  if (!r.unused_keys.empty())
+    std::printf("note: %zu device-map key(s) cover no checkpoint tensor: %s\n", r.unused_keys.size(),
+                accel::detail::name_list(r.unused_keys).c_str());
+  if (model.fetch_buffer_bytes())
+    std::printf("fetch buffers on cuda:%d: %d x %s (largest offloaded block)\n", model.execution_device().value_or(0),
+                opts.fetch_slots, accel::detail::human_bytes(static_cast<double>(model.fetch_buffer_bytes())).c_str());
+  return 0;
+}
+
+}  // namespace accel_cli
