@@ -10,3 +10,10 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DACCEL_BUILD_TESTS=OFF 
 cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)" >/dev/null
 echo "== accel launch --num_processes 2: each rank's device and share of the prompts"
 "$build/bin/accel" launch --num_processes 2 --tee -- "$build/examples/infer_split_gather"
+echo
+echo "== accel plan: a small generated Llama-shaped checkpoint onto two GPUs (simulated budgets), CPU and disk"
+"$root/examples/plan_demo.sh" "$build/bin/accel" "$build/demo-llama"
+echo
+echo "== accel load: the same plan, loaded (host-simulated GPUs when there is no GPU)"
+"$build/bin/accel" load --checkpoint "$build/demo-llama" --max-memory '0=1536KiB,1=1536KiB,cpu=1MiB' \
+  --simulate-gpus 1536KiB,1536KiB --offload-folder "$build/demo-llama/offload" --quiet

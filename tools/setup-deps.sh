@@ -3,7 +3,7 @@
 # Installs what building and testing accel needs, from Debian packages, when it is missing.
 # Usage: tools/setup-deps.sh [--bench]   (--bench adds google benchmark and python3-torch)
 set -euo pipefail
-pkgs=(cmake g++ make nlohmann-json3-dev catch2)
+pkgs=(cmake g++ make python3 nlohmann-json3-dev catch2)
 if [[ "${1:-}" == "--bench" ]]; then pkgs+=(libbenchmark-dev python3-torch python3-numpy); fi
 missing=()
 for p in "${pkgs[@]}"; do
