@@ -4,6 +4,8 @@
 //
 //   collectives_bench [--procs 2,4] [--quick]
 //
+// --quick (also implied by google-benchmark's --benchmark_min_time=..., which tests/gpu/run.sh
+// passes to every benchmark) runs a tenth of the iterations.
 // The parent hosts the job's store (as accel launch does) and starts N copies of itself as ranks;
 // rank 0 prints one CSV line per case: impl,case,procs,payload_bytes,iters,mean_us,MB_per_s
 // (MB/s = bytes every rank receives per gather / mean time). benchmarks/compare/torch_gather.py
@@ -127,7 +129,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--worker") is_worker = true;
-    else if (a == "--quick") quick = true;
+    else if (a == "--quick" || a.rfind("--benchmark_min_time", 0) == 0) quick = true;
     else if (a == "--procs" && i + 1 < argc) {
       procs.clear();
       for (const char* p = argv[++i]; *p;) {
