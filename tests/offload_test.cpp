@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/catch.hpp"
+#include "support/run_command.hpp"
 #include "support/safetensors_writer.hpp"
 
 namespace fs = std::filesystem;
@@ -30,13 +31,9 @@ bool python_with_torch() {
 }
 
 std::string run_capture(const std::string& cmd) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  REQUIRE(::pclose(p) == 0);
-  return out;
+  const auto r = accel_test::run_command(cmd);
+  REQUIRE(r.status == 0);
+  return r.output;
 }
 
 const std::string script = std::string(ACCEL_TEST_SOURCE_DIR) + "/tests/compat/accelerate_offload.py";

@@ -9,24 +9,13 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/models.hpp"
 
 using accel::DType;
 using accel::Placement;
 
 namespace {
-accel::ModuleTree model_for_test() {
-  accel::ModuleTree t;
-  t.add_parameter("linear1.weight", DType::F32, {4, 3});
-  t.add_parameter("linear1.bias", DType::F32, {4});
-  t.add_parameter("batchnorm.weight", DType::F32, {4});
-  t.add_parameter("batchnorm.bias", DType::F32, {4});
-  t.add_buffer("batchnorm.running_mean", DType::F32, {4});
-  t.add_buffer("batchnorm.running_var", DType::F32, {4});
-  t.add_buffer("batchnorm.num_batches_tracked", DType::I64, {});
-  t.add_parameter("linear2.weight", DType::F32, {5, 4});
-  t.add_parameter("linear2.bias", DType::F32, {5});
-  return t;
-}
+using accel_test::model_for_test;
 
 accel::PlanOptions budgets(const char* text) {
   accel::PlanOptions o;

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Installs what building and testing accel needs, from Debian packages, when it is missing.
+# Installs what building and testing accel needs, from Debian packages, when it is missing
+# (clang is for the libFuzzer harnesses, which the test suite runs briefly).
 # Usage: tools/setup-deps.sh [--bench]   (--bench adds google benchmark and python3-torch)
 set -euo pipefail
-pkgs=(cmake g++ make python3 nlohmann-json3-dev catch2)
+pkgs=(cmake g++ make python3 nlohmann-json3-dev catch2 clang libclang-rt-14-dev)
 if [[ "${1:-}" == "--bench" ]]; then pkgs+=(libbenchmark-dev python3-torch python3-numpy); fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -3,7 +3,7 @@
 // libFuzzer harness for the store's frame parser and server state machine, and for the value
 // decoder: any byte sequence must produce a reply or an error, never a crash, leak or hang.
 //   clang++ -std=c++20 -fsanitize=fuzzer,address,undefined -I include tests/fuzz/store_frame_fuzz.cpp
-// (tests/fuzz/run_fuzz.sh builds and runs it; a short run is part of ctest when clang++ exists.)
+// (tests/fuzz/CMakeLists.txt builds it with clang++; a short fixed-seed run is part of ctest.)
 #include <accel/detail/store_core.hpp>
 #include <accel/serialize.hpp>
 

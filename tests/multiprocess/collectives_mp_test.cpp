@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/files.hpp"
 
 extern "C" char** environ;
 
@@ -34,26 +35,15 @@ namespace {
 
 const std::string child = std::string(ACCEL_TEST_CHILD_DIR) + "/collectives_child";
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using accel_test::read_file;
 
 int free_port() {
   auto fd = accel::detail::listen_tcp("127.0.0.1", 0);
   return accel::detail::socket_port(fd.get());
 }
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = std::string(ACCEL_TEST_BINARY_DIR) + "/collectives_mp_XXXXXX";
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { (void)!std::system(("rm -rf '" + path + "'").c_str()); }
+struct TempDir : accel_test::ScratchDir {
+  TempDir() : ScratchDir("collectives_mp") {}
 };
 
 using Env = std::map<std::string, std::string>;

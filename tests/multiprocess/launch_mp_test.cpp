@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/files.hpp"
 
 extern "C" char** environ;
 
@@ -32,12 +33,7 @@ namespace {
 const std::string cli = ACCEL_TEST_CLI;
 const std::string children = ACCEL_TEST_CHILD_DIR;
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
+using accel_test::read_file;
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;
@@ -48,16 +44,8 @@ std::vector<std::string> lines_of(const std::string& text) {
 
 bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
-/// A scratch directory for one test, removed at the end.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string tmpl = std::string(ACCEL_TEST_BINARY_DIR) + "/launch_mp_XXXXXX";
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() { (void)!std::system(("rm -rf '" + path + "'").c_str()); }
-  std::string operator/(const std::string& name) const { return path + "/" + name; }
+struct TempDir : accel_test::ScratchDir {
+  TempDir() : ScratchDir("launch_mp") {}
 };
 
 /// `accel launch ...` started in the background with stdout/stderr captured in files.

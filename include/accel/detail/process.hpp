@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "../config.hpp"
+#include "unique_fd.hpp"
 #include "../error.hpp"
 
 ACCEL_NAMESPACE_BEGIN
@@ -89,30 +90,6 @@ inline std::string errno_text(int err) {
   // GNU strerror_r returns the message pointer, which may or may not be buf.
   return ::strerror_r(err, buf.data(), buf.size());
 }
-
-/// @brief An owned file descriptor, closed on destruction.
-class UniqueFd {
- public:
-  UniqueFd() noexcept = default;
-  explicit UniqueFd(int fd) noexcept : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    if (this != &o) reset(std::exchange(o.fd_, -1));
-    return *this;
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() { reset(); }
-  [[nodiscard]] int get() const noexcept { return fd_; }
-  [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
-  void reset(int fd = -1) noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 /// @brief A close-on-exec pipe: `read_end`, `write_end`.
 struct Pipe {

@@ -25,33 +25,13 @@
 
 #include "../config.hpp"
 #include "../error.hpp"
+#include "unique_fd.hpp"
 
 ACCEL_NAMESPACE_BEGIN
 namespace detail {
 
-/// @brief Owns a file descriptor; closes it on destruction.
-class Fd {
- public:
-  Fd() noexcept = default;
-  explicit Fd(int fd) noexcept : fd_(fd) {}
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) reset(std::exchange(o.fd_, -1));
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  [[nodiscard]] int get() const noexcept { return fd_; }
-  [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
-  void reset(int fd = -1) noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
+/// @brief Owns a socket; closes it on destruction.
+using Fd = UniqueFd;
 
 /// @brief "Connection refused (errno 111)", thread-safe (GNU strerror_r).
 inline std::string os_error_text(int err) {
