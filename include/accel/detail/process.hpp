@@ -37,6 +37,7 @@
 ACCEL_NAMESPACE_BEGIN
 // A namespace of its own: names like write_all or errno_text also exist in other detail headers.
 namespace detail::proc {
+using detail::UniqueFd;
 
 /// @brief "SIGKILL" for 9, "signal 42" for names we do not know.
 inline std::string signal_name(int sig) {
