@@ -2,8 +2,9 @@
 // SPDX-FileCopyrightText: accel contributors
 // gather_object latency/throughput and barrier latency between real processes on the CPU backend.
 //
-//   collectives_bench [--procs 2,4] [--quick]
+//   collectives_bench [--procs 2,4] [--quick] [--case raw_bytes|struct_list|barrier] [--size BYTES]
 //
+// --case and --size (each repeatable) run only those cases and payload sizes (for profiling one).
 // --quick (also implied by google-benchmark's --benchmark_min_time=..., which tests/gpu/run.sh
 // passes to every benchmark) runs a tenth of the iterations.
 // The parent hosts the job's store (as accel launch does) and starts N copies of itself as ranks;
@@ -16,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -62,7 +64,17 @@ double time_us(accel::DistributedState& state, int iters, F&& op) {
   return std::chrono::duration<double, std::micro>(t1 - t0).count() / iters;
 }
 
-int worker(bool quick) {
+struct Filter {
+  std::vector<std::string> cases;
+  std::vector<std::size_t> sizes;
+  bool wants(const std::string& c, std::size_t bytes) const {
+    const bool case_ok = cases.empty() || std::find(cases.begin(), cases.end(), c) != cases.end();
+    const bool size_ok = c == "barrier" || sizes.empty() || std::find(sizes.begin(), sizes.end(), bytes) != sizes.end();
+    return case_ok && size_ok;
+  }
+};
+
+int worker(bool quick, const Filter& only) {
   accel::DistributedState state;
   const int n = state.num_processes(), rank = state.process_index();
   auto report = [&](const char* name, std::size_t bytes, int iters, double us) {
@@ -72,25 +84,30 @@ int worker(bool quick) {
     std::fflush(stdout);
   };
   const int barrier_iters = quick ? 100 : 1000;
-  report("barrier", 0, barrier_iters, time_us(state, barrier_iters, [&] { accel::wait_for_everyone(state); }));
+  if (only.wants("barrier", 0))
+    report("barrier", 0, barrier_iters, time_us(state, barrier_iters, [&] { accel::wait_for_everyone(state); }));
   for (std::size_t bytes : {std::size_t{100}, std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
-    const std::vector<std::uint8_t> raw(bytes, static_cast<std::uint8_t>(rank));
-    const int ri = iterations(bytes, false, quick);
-    report("raw_bytes", bytes, ri, time_us(state, ri, [&] {
-             auto all = accel::gather_object(state, raw);
-             if (all.size() != static_cast<std::size_t>(n) || all.back().size() != bytes) std::abort();
-           }));
-    const auto items = make_items(bytes, rank);
-    const int si = iterations(bytes, true, quick);
-    report("struct_list", bytes, si, time_us(state, si, [&] {
-             auto all = accel::gather_object(state, items);
-             if (all.size() != static_cast<std::size_t>(n) || all.back().size() != items.size()) std::abort();
-           }));
+    if (only.wants("raw_bytes", bytes)) {
+      const std::vector<std::uint8_t> raw(bytes, static_cast<std::uint8_t>(rank));
+      const int ri = iterations(bytes, false, quick);
+      report("raw_bytes", bytes, ri, time_us(state, ri, [&] {
+               auto all = accel::gather_object(state, raw);
+               if (all.size() != static_cast<std::size_t>(n) || all.back().size() != bytes) std::abort();
+             }));
+    }
+    if (only.wants("struct_list", bytes)) {
+      const auto items = make_items(bytes, rank);
+      const int si = iterations(bytes, true, quick);
+      report("struct_list", bytes, si, time_us(state, si, [&] {
+               auto all = accel::gather_object(state, items);
+               if (all.size() != static_cast<std::size_t>(n) || all.back().size() != items.size()) std::abort();
+             }));
+    }
   }
   return 0;
 }
 
-int run_job(const char* self, int procs, bool quick) {
+int run_job(const char* self, int procs, bool quick, const std::vector<std::string>& filter_args) {
   accel::StoreServerOptions o;
   o.world_size = procs;
   accel::StoreServer store("127.0.0.1", 0, "bench-token", o);
@@ -106,10 +123,13 @@ int run_job(const char* self, int procs, bool quick) {
     std::vector<char*> e;
     for (auto& s : env) e.push_back(s.data());
     e.push_back(nullptr);
-    std::string a0 = self, a1 = "--worker", a2 = quick ? "--quick" : "--full";
-    char* argv[] = {a0.data(), a1.data(), a2.data(), nullptr};
+    std::vector<std::string> args = {self, "--worker", quick ? "--quick" : "--full"};
+    args.insert(args.end(), filter_args.begin(), filter_args.end());
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     pid_t pid = -1;
-    if (posix_spawn(&pid, self, nullptr, nullptr, argv, e.data()) != 0) return 1;
+    if (posix_spawn(&pid, self, nullptr, nullptr, argv.data(), e.data()) != 0) return 1;
     pids.push_back(pid);
   }
   int rc = 0;
@@ -126,9 +146,17 @@ int run_job(const char* self, int procs, bool quick) {
 int main(int argc, char** argv) {
   bool quick = false, is_worker = false;
   std::vector<int> procs = {2, 4};
+  Filter only;
+  std::vector<std::string> filter_args;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--worker") is_worker = true;
+    else if ((a == "--case" || a == "--size") && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (a == "--case") only.cases.push_back(v);
+      else only.sizes.push_back(std::strtoull(v.c_str(), nullptr, 10));
+      filter_args.insert(filter_args.end(), {a, v});
+    }
     else if (a == "--quick" || a.rfind("--benchmark_min_time", 0) == 0) quick = true;
     else if (a == "--procs" && i + 1 < argc) {
       procs.clear();
@@ -140,13 +168,13 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    if (is_worker) return worker(quick);
+    if (is_worker) return worker(quick, only);
     char self[4096] = {};
     if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) std::strncpy(self, argv[0], sizeof self - 1);
     std::printf("impl,case,procs,payload_bytes,iters,mean_us,MB_per_s\n");
     std::fflush(stdout);
     for (int p : procs)
-      if (run_job(self, p, quick) != 0) return 1;
+      if (run_job(self, p, quick, filter_args) != 0) return 1;
     return 0;
   } catch (const accel::error& e) {
     std::fprintf(stderr, "collectives_bench: %s\n", e.what());

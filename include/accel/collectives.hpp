@@ -218,14 +218,16 @@ void print(const DistributedState& state, Args&&... args) {
 /// @note collective
 template <class T>
 std::vector<T> gather_object(Communicator& comm, const T& value) {
-  std::vector<std::byte>& bytes = comm.send_buffer();
+  std::vector<std::byte>& head = comm.send_buffer();
+  head.clear();
+  std::span<const std::byte> body;
   std::exception_ptr failure;
   try {
-    to_bytes_into(bytes, value, comm.rank());
+    body = encode_payload(head, value, comm.rank());
   } catch (...) {
     failure = std::current_exception();
   }
-  const Blobs all = comm.all_gather("gather_object", bytes, failure);
+  const Blobs all = comm.all_gather("gather_object", Payload(head, body), failure);
   std::vector<T> out;
   out.reserve(all.size());
   for (std::size_t i = 0; i < all.size(); ++i) out.push_back(from_bytes<T>(all[i], static_cast<int>(i)));
@@ -256,7 +258,9 @@ std::vector<T> gather_object_flat(DistributedState& state, const std::vector<T>&
 
 namespace detail {
 
-inline constexpr std::size_t shard_trailer_bytes = 24;
+// The shard form's prefix: total, first index, real count (u64 each), then padding so that raw data
+// after it stays 32-byte aligned.
+inline constexpr std::size_t shard_prefix_bytes = 32;
 
 inline void append_u64(std::vector<std::byte>& out, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) out.push_back(static_cast<std::byte>((v >> (8 * i)) & 0xFFu));
@@ -281,20 +285,23 @@ inline std::uint64_t read_u64(std::span<const std::byte> b) {
 /// @note collective
 template <class T>
 std::vector<T> gather_object(Communicator& comm, const std::vector<T>& results, const Shard& shard) {
-  std::vector<std::byte>& bytes = comm.send_buffer();
+  std::vector<std::byte>& head = comm.send_buffer();
+  head.clear();
+  std::span<const std::byte> body;
   std::exception_ptr failure;
   try {
     if (results.size() != shard.padded_count && results.size() != shard.real_count)
       detail::throw_error<usage_error>("gather_object: rank ", comm.rank(), " passed ", results.size(), " results for a shard of ",
                                        shard.real_count, " items (", shard.padded_count, " with padding); pass one result per item");
-    to_bytes_into(bytes, results, comm.rank());
-    detail::append_u64(bytes, shard.total);
-    detail::append_u64(bytes, shard.first_index);
-    detail::append_u64(bytes, shard.real_count);
+    detail::append_u64(head, shard.total);
+    detail::append_u64(head, shard.first_index);
+    detail::append_u64(head, shard.real_count);
+    head.resize(detail::shard_prefix_bytes, std::byte{0});
+    body = encode_payload(head, results, comm.rank());
   } catch (...) {
     failure = std::current_exception();
   }
-  const Blobs all = comm.all_gather("gather_object", bytes, failure);
+  const Blobs all = comm.all_gather("gather_object", Payload(head, body), failure);
   struct Part {
     std::uint64_t total, first, real;
     std::size_t rank;
@@ -302,10 +309,10 @@ std::vector<T> gather_object(Communicator& comm, const std::vector<T>& results, 
   std::vector<Part> parts;
   for (std::size_t i = 0; i < all.size(); ++i) {
     const auto b = all[i];
-    if (b.size() < detail::shard_trailer_bytes)
+    if (b.size() < detail::shard_prefix_bytes)
       detail::throw_error<serialization_error>("gather_object: rank ", i, " sent ", b.size(),
                                                " bytes, too few for a shard (did every rank pass its shard?)");
-    const auto t = b.subspan(b.size() - detail::shard_trailer_bytes);
+    const auto t = b.first(detail::shard_prefix_bytes);
     parts.push_back({detail::read_u64(t), detail::read_u64(t.subspan(8)), detail::read_u64(t.subspan(16)), i});
   }
   std::sort(parts.begin(), parts.end(), [](const Part& a, const Part& b) { return a.first < b.first || (a.first == b.first && a.rank < b.rank); });
@@ -326,7 +333,7 @@ std::vector<T> gather_object(Communicator& comm, const std::vector<T>& results, 
   for (const auto& p : parts) {
     if (p.real == 0) continue;
     const auto b = all[p.rank];
-    auto items = from_bytes<std::vector<T>>(b.first(b.size() - detail::shard_trailer_bytes), static_cast<int>(p.rank));
+    auto items = from_bytes<std::vector<T>>(b.subspan(detail::shard_prefix_bytes), static_cast<int>(p.rank));
     if (items.size() < p.real)
       detail::throw_error<serialization_error>("gather_object: rank ", p.rank, " sent ", items.size(), " results for ", p.real, " items");
     std::move(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(p.real), std::back_inserter(out));
@@ -345,17 +352,18 @@ std::vector<T> gather_object(DistributedState& state, const std::vector<T>& resu
 /// @note collective
 template <class T>
 T broadcast_object(Communicator& comm, const T& value, int root = 0) {
-  std::vector<std::byte>& bytes = comm.send_buffer();
-  bytes.clear();
+  std::vector<std::byte>& head = comm.send_buffer();
+  head.clear();
+  std::span<const std::byte> body;
   std::exception_ptr failure;
   if (comm.rank() == root) {
     try {
-      to_bytes_into(bytes, value, root);
+      body = encode_payload(head, value, root);
     } catch (...) {
       failure = std::current_exception();
     }
   }
-  const auto got = comm.broadcast("broadcast_object", bytes, root, failure);
+  const auto got = comm.broadcast("broadcast_object", Payload(head, body), root, failure);
   return from_bytes<T>(got, root);
 }
 /// @copydoc broadcast_object(Communicator&, const T&, int)

@@ -89,13 +89,13 @@ class ThreadCommunicator final : public accel::Communicator {
 
  protected:
   Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header,
-                 std::span<const std::byte> payload) override {
+                 const accel::Payload& payload) override {
     // Entry = u32 header size, header, payload (the same framing idea as the CPU backend).
     std::vector<std::byte> entry(4 + header.size() + payload.size());
     const auto hs = static_cast<std::uint32_t>(header.size());
     std::memcpy(entry.data(), &hs, 4);
     std::copy(header.begin(), header.end(), entry.begin() + 4);
-    std::copy(payload.begin(), payload.end(), entry.begin() + 4 + static_cast<std::ptrdiff_t>(header.size()));
+    payload.copy_to(entry.data() + 4 + header.size());
     accel::Blobs all = hub_->deposit_and_wait(rank(), seq, std::move(entry), label, timeout());
     Round r;
     for (std::size_t i = 0; i < all.size(); ++i) {

@@ -50,6 +50,15 @@ struct Blobs {
     length.push_back(part.size());
     buffer.insert(buffer.end(), part.begin(), part.end());
   }
+  /// @brief Extends the part push_back() added last with more bytes.
+  /// @throws usage_error when there is no part, or the last one is external
+  void append_to_last(std::span<const std::byte> more) {
+    ACCEL_EXPECTS(!offset.empty() && (external.size() < offset.size() || !external.back()) &&
+                      offset.back() + length.back() == buffer.size(),
+                  "Blobs: append_to_last needs a last part stored in the buffer");
+    buffer.insert(buffer.end(), more.begin(), more.end());
+    length.back() += more.size();
+  }
 };
 
 ACCEL_NAMESPACE_END

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <span>
 #include <string>
@@ -69,6 +70,33 @@ inline std::string exception_message(const std::exception_ptr& e) {
 
 }  // namespace detail
 
+/// @brief What one rank contributes to a round: its bytes, in two pieces that travel as one
+/// (`head` then `body`). The typed collectives put their encoding in `head` and point `body` at the
+/// value's own memory when it is plain data, so a large payload is not copied before it is sent.
+struct Payload {
+  std::span<const std::byte> head;
+  std::span<const std::byte> body;
+
+  Payload() = default;
+  /// @brief One contiguous piece.
+  Payload(std::span<const std::byte> bytes) : head(bytes) {}  // NOLINT(google-explicit-constructor): bytes are a payload
+  Payload(std::span<const std::byte> h, std::span<const std::byte> b) : head(h), body(b) {}
+
+  [[nodiscard]] std::size_t size() const noexcept { return head.size() + body.size(); }
+  [[nodiscard]] bool empty() const noexcept { return size() == 0; }
+  /// @brief Writes both pieces to `out` (size() bytes).
+  void copy_to(std::byte* out) const noexcept {
+    if (!head.empty()) std::memcpy(out, head.data(), head.size());
+    if (!body.empty()) std::memcpy(out + head.size(), body.data(), body.size());
+  }
+  /// @brief Both pieces as one new vector.
+  [[nodiscard]] std::vector<std::byte> joined() const {
+    std::vector<std::byte> out(size());
+    copy_to(out.data());
+    return out;
+  }
+};
+
 /// @brief A group of `size()` processes (or threads) that run collectives together.
 ///
 /// @note Every public member function except the accessors is collective: every rank must call
@@ -100,16 +128,20 @@ class Communicator {
   ///         operation, or a rank died; timeout_error naming the missing ranks after timeout()
   /// @throws (the original exception) on the rank whose `failure` it is
   /// @note collective
-  Blobs all_gather(std::string_view op, std::span<const std::byte> data, std::exception_ptr failure = nullptr) {
+  Blobs all_gather(std::string_view op, Payload data, std::exception_ptr failure = nullptr) {
     return round(op, data, -1, std::move(failure));
+  }
+  /// @copydoc all_gather(std::string_view, Payload, std::exception_ptr)
+  Blobs all_gather(std::string_view op, const std::vector<std::byte>& data, std::exception_ptr failure = nullptr) {
+    return all_gather(op, Payload(data), std::move(failure));
   }
 
   /// @brief Root's bytes, on every rank.
   /// @throws usage_error when root is not a rank; otherwise as all_gather()
   /// @note collective
-  std::vector<std::byte> broadcast(std::string_view op, std::span<const std::byte> data, int root, std::exception_ptr failure = nullptr) {
+  std::vector<std::byte> broadcast(std::string_view op, Payload data, int root, std::exception_ptr failure = nullptr) {
     ACCEL_EXPECTS(root >= 0 && root < size_, "broadcast: root ", root, " is not a rank of this ", size_, "-process job");
-    Blobs all = round(op, rank_ == root ? data : std::span<const std::byte>(), root, std::move(failure));
+    Blobs all = round(op, rank_ == root ? data : Payload(), root, std::move(failure));
     const auto mine = all[static_cast<std::size_t>(root)];
     return {mine.begin(), mine.end()};
   }
@@ -137,11 +169,10 @@ class Communicator {
   /// @param seq the round's number (1, 2, …), equal on every rank that is in step
   /// @param label "gather_object #3", for messages
   /// @throws comm_error / timeout_error naming the rank(s) that died or did not arrive
-  virtual Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header,
-                         std::span<const std::byte> payload) = 0;
+  virtual Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header, const Payload& payload) = 0;
 
  private:
-  Blobs round(std::string_view op, std::span<const std::byte> data, int root, std::exception_ptr failure) {
+  Blobs round(std::string_view op, Payload data, int root, std::exception_ptr failure) {
     detail::RoundHeader h;
     h.seq = ++seq_;
     h.op = std::string(op);
@@ -203,10 +234,11 @@ class SoloCommunicator final : public Communicator {
   [[nodiscard]] std::string backend() const override { return "solo"; }
 
  protected:
-  Round exchange(std::uint64_t, const std::string&, std::span<const std::byte> header, std::span<const std::byte> payload) override {
+  Round exchange(std::uint64_t, const std::string&, std::span<const std::byte> header, const Payload& payload) override {
     Round r;
     r.headers.push_back(header);
-    r.payloads.push_back(payload);
+    r.payloads.push_back(payload.head);
+    r.payloads.append_to_last(payload.body);
     return r;
   }
 };

@@ -7,7 +7,8 @@
 /// which also carries the sequence check and failure markers. Small payloads ride inside it. Large
 /// payloads of ranks that share a machine go through POSIX shared memory: each rank writes its
 /// payload once into its own segment (two, alternating between rounds, so a rank that races ahead
-/// never overwrites what a slower one still reads) and every peer reads it once. Across machines
+/// never overwrites what a slower one still reads) and every peer decodes it in place. Segments
+/// stay mapped between rounds on both sides, so a steady stream of rounds faults in no pages. Across machines
 /// (or with ACCEL_CPU_SHM=0) everything rides in the store exchange.
 #pragma once
 
@@ -88,18 +89,18 @@ class CpuCommunicator final : public Communicator {
   [[nodiscard]] StoreClient& store() const noexcept { return *store_; }
 
  protected:
-  Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header,
-                 std::span<const std::byte> payload) override {
+  Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header, const Payload& payload) override {
     // Entry: u32 header size, header, u8 transport, then the payload (inline) or a segment reference.
     detail::WireWriter w;
     w.bytes(header);
     bool shm = false;
+    detail::ShmSegment* seg = nullptr;
     if (!segments_.empty() && payload.size() >= options_.shm_threshold) {
-      auto& seg = segments_[seq % 2];
-      shm = seg.write(payload);
-      if (shm) w.u8(1).str(seg.name()).u64(payload.size()), last_shm_round_ = seq;
+      seg = &segments_[seq % 2];
+      shm = seg->write(payload.head, payload.body);
+      if (shm) w.u8(1).str(seg->name()).u64(payload.size()), last_shm_round_ = seq;
     }
-    if (!shm) w.u8(0).bytes(payload);
+    if (!shm) w.u8(0).bytes(payload.size() == payload.head.size() ? payload.head : std::span<const std::byte>(payload.joined()));
     const auto entry = w.take();
     Blobs all = store_->exchange(key(std::to_string(seq)), rank(), size(), entry, label);
 
@@ -127,18 +128,24 @@ class CpuCommunicator final : public Communicator {
       }
     }
     // Inline parts are copied next to each other; shared-memory parts (our own included) are
-    // mapped and viewed in place, so a large payload is copied once, by the decoder.
+    // viewed in place through mappings kept between rounds, so a large payload is copied once,
+    // by the decoder.
     std::size_t inline_total = 0;
     for (const auto& p : parts)
       if (p.segment.empty()) inline_total += p.size;
     r.payloads.buffer.reserve(inline_total);
     for (std::size_t i = 0; i < parts.size(); ++i) {
-      if (!parts[i].segment.empty()) {
-        auto map = parts[i].size ? detail::map_shm(parts[i].segment, parts[i].size, static_cast<int>(i)) : nullptr;
-        const auto* base = static_cast<const std::byte*>(map.get());
-        r.payloads.push_external(std::span<const std::byte>(base, parts[i].size), std::move(map));
+      const bool mine = static_cast<int>(i) == rank();
+      if (!parts[i].segment.empty() && mine && shm) {
+        r.payloads.push_external(std::span<const std::byte>(seg->mapping().get(), parts[i].size), seg->mapping());
+      } else if (!parts[i].segment.empty()) {
+        auto [view, owner] = peer_maps_.view(parts[i].segment, parts[i].size, static_cast<int>(i));
+        r.payloads.push_external(view, std::move(owner));
+      } else if (mine) {
+        r.payloads.push_back(payload.head);
+        r.payloads.append_to_last(payload.body);
       } else {
-        r.payloads.push_back(static_cast<int>(i) == rank() ? payload : parts[i].inline_data);
+        r.payloads.push_back(parts[i].inline_data);
       }
     }
     return r;
@@ -154,6 +161,7 @@ class CpuCommunicator final : public Communicator {
   bool same_machine_ = false;
   std::uint64_t last_shm_round_ = 0;  ///< the latest round whose payload went through our segments
   std::vector<detail::ShmSegment> segments_;
+  detail::ShmPeerMappings peer_maps_;
 };
 
 ACCEL_NAMESPACE_END

@@ -117,8 +117,7 @@ class NcclCommunicator final : public Communicator {
   [[nodiscard]] int device() const noexcept { return device_; }
 
  protected:
-  Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header,
-                 std::span<const std::byte> payload) override {
+  Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header, const Payload& payload) override {
 #if ACCEL_HAS_NCCL()
     if (aborted_) detail::throw_error<comm_error>("the NCCL communicator was aborted after an earlier failure; create a new one");
     // 1. Headers and sizes through the store: every rank learns the same facts, so all skip the
@@ -151,7 +150,12 @@ class NcclCommunicator final : public Communicator {
     // 2. One padded all-gather on our own stream, then one copy back to the host.
     cuda(cudaSetDevice(device_), "cudaSetDevice");
     reserve(layout);
-    if (!payload.empty()) cuda(cudaMemcpyAsync(send_, payload.data(), payload.size(), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    auto* send = static_cast<std::byte*>(send_);
+    if (!payload.head.empty())
+      cuda(cudaMemcpyAsync(send, payload.head.data(), payload.head.size(), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    if (!payload.body.empty())
+      cuda(cudaMemcpyAsync(send + payload.head.size(), payload.body.data(), payload.body.size(), cudaMemcpyHostToDevice, stream_),
+           "cudaMemcpyAsync");
     nccl(ncclAllGather(send_, recv_, layout.chunk, ncclUint8, comm_, stream_), "ncclAllGather");
     r.payloads.buffer.resize(layout.total);
     cuda(cudaMemcpyAsync(r.payloads.buffer.data(), recv_, layout.total, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
