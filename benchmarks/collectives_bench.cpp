@@ -2,7 +2,7 @@
 // SPDX-FileCopyrightText: accel contributors
 // gather_object latency/throughput and barrier latency between real processes on the CPU backend.
 //
-//   collectives_bench [--procs 2,4] [--quick] [--case raw_bytes|struct_list|barrier] [--size BYTES]
+//   collectives_bench [--procs 2,4] [--quick] [--case raw_bytes|struct_list|struct_fields|barrier] [--size BYTES]
 //
 // --case and --size (each repeatable) run only those cases and payload sizes (for profiling one).
 // --quick (also implied by google-benchmark's --benchmark_min_time=..., which tests/gpu/run.sh
@@ -38,10 +38,20 @@ struct Item {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Item, id, score, text, tokens)
 
+// The same item declared with ACCEL_DEFINE_FIELDS: the binary field encoding instead of CBOR.
+struct FieldsItem {
+  int id = 0;
+  double score = 0;
+  std::string text;
+  std::vector<int> tokens;
+};
+ACCEL_DEFINE_FIELDS(FieldsItem, id, score, text, tokens)
+
 constexpr std::size_t item_bytes = 70;  // keep in step with torch_gather.py's item
 
-std::vector<Item> make_items(std::size_t bytes, int rank) {
-  std::vector<Item> v(std::max<std::size_t>(1, bytes / item_bytes));
+template <class I = Item>
+std::vector<I> make_items(std::size_t bytes, int rank) {
+  std::vector<I> v(std::max<std::size_t>(1, bytes / item_bytes));
   for (std::size_t i = 0; i < v.size(); ++i)
     v[i] = {static_cast<int>(i), 0.5 * static_cast<double>(i), "completion text for prompt " + std::to_string(rank * 1000000 + static_cast<int>(i)),
             {1, 2, 3, static_cast<int>(i)}};
@@ -99,6 +109,14 @@ int worker(bool quick, const Filter& only) {
       const auto items = make_items(bytes, rank);
       const int si = iterations(bytes, true, quick);
       report("struct_list", bytes, si, time_us(state, si, [&] {
+               auto all = accel::gather_object(state, items);
+               if (all.size() != static_cast<std::size_t>(n) || all.back().size() != items.size()) std::abort();
+             }));
+    }
+    if (only.wants("struct_fields", bytes)) {
+      const auto items = make_items<FieldsItem>(bytes, rank);
+      const int fi = iterations(bytes, false, quick);
+      report("struct_fields", bytes, fi, time_us(state, fi, [&] {
                auto all = accel::gather_object(state, items);
                if (all.size() != static_cast<std::size_t>(n) || all.back().size() != items.size()) std::abort();
              }));

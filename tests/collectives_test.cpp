@@ -38,6 +38,15 @@ inline void to_json(nlohmann::json& j, const Fragile& f) {
   j = f.v;
 }
 inline void from_json(const nlohmann::json& j, Fragile& f) { f.v = j.get<int>(); }
+
+// The same shape as Completion, declared for the binary field encoding.
+struct Scored {
+  int prompt = 0;
+  std::string text;
+  std::vector<float> logprobs;
+  friend bool operator==(const Scored&, const Scored&) = default;
+};
+ACCEL_DEFINE_FIELDS(Scored, prompt, text, logprobs)
 }  // namespace demo
 template <>
 struct accel::force_json_serialization<demo::Fragile> : std::true_type {};
@@ -87,6 +96,21 @@ TEST_CASE("gather_object with shards drops padding and restores the original ord
           for (std::size_t i = 0; i < length; ++i) ACCEL_TEST_ENSURE(all[i] == inputs[i] + " done");
         });
       }
+}
+
+TEST_CASE("gather_object with shards restores the order of declared structs (binary field encoding)", "[collectives]") {
+  for (int n : {2, 3, 7})
+    run_world_ok(n, [n](Communicator& comm) {
+      auto mine = accel::split_between_processes(std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, static_cast<std::size_t>(comm.rank()),
+                                                 static_cast<std::size_t>(n), {.apply_padding = true});
+      std::vector<demo::Scored> results;
+      for (int p : mine) results.push_back({p, std::string(static_cast<std::size_t>(p), 'x'), std::vector<float>(static_cast<std::size_t>(p), 0.5f)});
+      const auto all = accel::gather_object(comm, results, mine.shard());
+      ACCEL_TEST_ENSURE(all.size() == 11);
+      for (int i = 0; i < 11; ++i)
+        ACCEL_TEST_ENSURE(all[static_cast<std::size_t>(i)] ==
+                          (demo::Scored{i, std::string(static_cast<std::size_t>(i), 'x'), std::vector<float>(static_cast<std::size_t>(i), 0.5f)}));
+    });
 }
 
 TEST_CASE("gather_object with shards accepts results without the padding items", "[collectives]") {

@@ -108,7 +108,7 @@ TEST_CASE("serialize: truncated, padded and corrupted payloads are errors, never
   auto cbor = accel::to_bytes(demo::Result{1, "x", {}, {}});
   REQUIRE_THROWS_WITH(accel::from_bytes<demo::Result>(std::vector<std::byte>(cbor.begin(), cbor.begin() + 5), 4),
                       accel_test::contains("value from rank 4 is not a valid demo::Result: [json.exception.parse_error"));
-  REQUIRE_THROWS_WITH(accel::from_bytes<demo::Result>(accel::to_bytes(std::map<std::string, int>{{"id", 1}}), 4),
+  REQUIRE_THROWS_WITH(accel::from_bytes<demo::Result>(accel::to_bytes(nlohmann::json{{"id", 1}}), 4),
                       accel_test::contains("value from rank 4 is not a valid demo::Result: [json.exception.out_of_range"));
   // Every single-byte prefix of a CBOR payload fails cleanly.
   for (std::size_t n = 1; n < cbor.size(); ++n)

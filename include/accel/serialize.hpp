@@ -3,10 +3,12 @@
 /// @file serialize.hpp
 /// @brief Value ↔ bytes for the collectives: a raw fast path for plain data, CBOR (via nlohmann/json) for the rest.
 ///
-/// In:  any T that is trivially copyable, a std::string, a std::vector of those, or anything
+/// In:  any T that is trivially copyable, a std::string, a std::vector of those; a struct declared
+///      with ACCEL_DEFINE_FIELDS and standard containers of such (fields.hpp); or anything
 ///      nlohmann/json converts (ADL to_json/from_json, NLOHMANN_DEFINE_TYPE_*).
 /// Out: a self-describing byte string (1 format byte, then the payload); decoding checks the format
-///      and sizes and never runs code chosen by the sender (unlike pickle).
+///      and sizes and never runs code chosen by the sender (unlike pickle). The order of preference:
+///      raw bytes, the binary field encoding, CBOR.
 ///
 /// @code
 ///   struct Result { int id; std::string text; };
@@ -35,18 +37,9 @@
 
 #include "config.hpp"
 #include "error.hpp"
+#include "fields.hpp"
 
 ACCEL_NAMESPACE_BEGIN
-
-/// @brief Specialise to std::true_type to send a trivially copyable type through CBOR anyway
-/// (e.g. when processes may differ in endianness or struct layout).
-template <class T>
-struct force_json_serialization : std::false_type {};
-
-/// @brief Trivially copyable data sent as its bytes (pointers excluded: they mean nothing elsewhere).
-template <class T>
-concept raw_serializable = std::is_trivially_copyable_v<T> && !std::is_pointer_v<T> && !std::is_member_pointer_v<T> &&
-                           !force_json_serialization<T>::value;
 
 /// @brief Types nlohmann/json can convert both ways.
 template <class T>
@@ -63,7 +56,7 @@ template <class T, class A>
 struct is_std_vector<std::vector<T, A>> : std::true_type {};
 
 /// @brief The first byte of every payload.
-enum class PayloadFormat : std::uint8_t { raw = 1, string = 2, raw_vector = 3, string_vector = 4, cbor = 5 };
+enum class PayloadFormat : std::uint8_t { raw = 1, string = 2, raw_vector = 3, string_vector = 4, cbor = 5, binary = 6 };
 
 /// @brief Raw payloads: format byte, item size (u64 at 8), item count (u64 at 16), data at 32.
 inline constexpr std::size_t raw_header_bytes = 32;
@@ -169,7 +162,10 @@ constexpr PayloadFormat format_of() {
     if constexpr (std::is_same_v<V, bool>) return PayloadFormat::cbor;  // bit-packed: no contiguous items
     else if constexpr (raw_serializable<V>) return PayloadFormat::raw_vector;
     else if constexpr (std::is_same_v<V, std::string>) return PayloadFormat::string_vector;
+    else if constexpr (binary::codable<T>()) return PayloadFormat::binary;
     else return PayloadFormat::cbor;
+  } else if constexpr (binary::codable<T>()) {
+    return PayloadFormat::binary;
   } else {
     return PayloadFormat::cbor;
   }
@@ -188,8 +184,9 @@ std::span<const std::byte> encode_payload(std::vector<std::byte>& head, const T&
   using detail::PayloadFormat;
   constexpr PayloadFormat f = detail::format_of<T>();
   static_assert(f != PayloadFormat::cbor || json_serializable<T>,
-                "accel::to_bytes: T is neither trivially copyable, a string, a vector of those, nor convertible with "
-                "nlohmann/json; define to_json/from_json or use NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(T, members...)");
+                "accel::to_bytes: T is neither trivially copyable, a string, a container of those, a struct declared "
+                "with ACCEL_DEFINE_FIELDS(T, members...), nor convertible with nlohmann/json (to_json/from_json or "
+                "NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(T, members...))");
   if constexpr (f == PayloadFormat::raw) {
     detail::ByteSink s(head, f);
     s.raw("\0\0\0\0\0\0\0", 7);
@@ -215,6 +212,15 @@ std::span<const std::byte> encode_payload(std::vector<std::byte>& head, const T&
     s.u64(value.size());
     for (const auto& str : value) s.u64(str.size());
     for (const auto& str : value) s.raw(str.data(), str.size());
+    return {};
+  } else if constexpr (f == PayloadFormat::binary) {
+    // Format byte, 7 zero bytes, the type's fingerprint (u64), then the fields.
+    const std::size_t at = head.size();
+    head.resize(at + 16 + detail::binary::encoded_size(value));
+    head[at] = static_cast<std::byte>(f);
+    const std::uint64_t fp = detail::binary::fingerprint<T>();
+    std::memcpy(head.data() + at + 8, &fp, 8);
+    detail::binary::Writer(head.data() + at + 16).put(value);
     return {};
   } else {
     try {
@@ -325,6 +331,16 @@ T from_bytes(std::span<const std::byte> bytes, int source_rank = -1) {
       out.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
     }
     src.end();
+    return out;
+  } else if constexpr (f == PayloadFormat::binary) {
+    src.take(7);
+    if (src.u64() != detail::binary::fingerprint<T>())
+      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " was encoded from a type of another shape than ",
+                                               type, " (do all ranks pass the same type, built from the same sources?)");
+    detail::binary::Reader rd(bytes.subspan(16), source_rank, type);
+    T out{};
+    rd.get(out);
+    if (rd.remaining() != 0) rd.fail(rd.remaining(), " unexpected trailing bytes");
     return out;
   } else {
     try {
