@@ -9,4 +9,4 @@ accel=${1:-build/dev/bin/accel}
 out=${2:-build/demo-llama}
 here=$(dirname "$0")
 /usr/bin/python3 "$here/make_demo_checkpoint.py" "$out"
-"$accel" plan --checkpoint "$out" --max-memory '0=1536KiB,1=1536KiB,cpu=1MiB' --svg "$out/plan.svg"
+"$accel" plan --checkpoint "$out" --max-memory '0=1536KiB,1=1536KiB,cpu=1MiB' --gpu-reserve-layers 2 --svg "$out/plan.svg"

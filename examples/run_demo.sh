@@ -14,6 +14,6 @@ echo
 echo "== accel plan: a small generated Llama-shaped checkpoint onto two GPUs (simulated budgets), CPU and disk"
 "$root/examples/plan_demo.sh" "$build/bin/accel" "$build/demo-llama"
 echo
-echo "== accel load: the same plan, loaded (without a GPU: two host-simulated 4 MiB GPUs, room for the fetch buffers)"
+echo "== accel load: the same plan, loaded (without a GPU: two host-simulated GPUs exactly as large as the budgets)"
 "$build/bin/accel" load --checkpoint "$build/demo-llama" --max-memory '0=1536KiB,1=1536KiB,cpu=1MiB' \
-  --simulate-gpus 4MiB,4MiB --offload-folder "$build/demo-llama/offload" --quiet
+  --simulate-gpus 1536KiB,1536KiB --offload-folder "$build/demo-llama/offload" --quiet

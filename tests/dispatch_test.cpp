@@ -357,7 +357,7 @@ TEST_CASE("fetch brings an offloaded block into a fetch buffer and prefetch fill
   auto opts = small_staging(devices);
   opts.cpu_memory = accel::CpuMemory::pinned;
   auto model = accel::load_checkpoint_and_dispatch(dir.path(), model_map(), opts);
-  // largest offloaded block: layers.2 (102 bytes BF16 + 33 U8, aligned) vs layers.3 (258 + 0) vs lm_head (148)
+  // largest offloaded layer: layers.2 (102 bytes BF16 + 33 U8, aligned) vs layers.3 (258 + 0) vs lm_head (148)
   REQUIRE(model.fetch_buffer_bytes() == accel::arena_layout({17 * 3 * 2, 33}).total);
   auto& dev = fake(devices[0]);
   accel::Stream compute(devices[0]);
@@ -385,6 +385,35 @@ TEST_CASE("fetch brings an offloaded block into a fetch buffer and prefetch fill
   }
   REQUIRE_THROWS_WITH(model.fetch("model"), accel_test::contains("each fetch buffer holds"));
   REQUIRE_THROWS_WITH(model.fetch("nothing.here"), accel_test::contains("no loaded tensor is named 'nothing.here'"));
+}
+
+TEST_CASE("a GPU with room for fewer fetch buffers than asked loads with what fits and says so", "[dispatch][fetch]") {
+  accel_test::TempDir dir;
+  const auto shards = model_shards();
+  accel_test::write_sharded(dir.path(), shards);
+  std::uint64_t full = 0, slot = 0;
+  {
+    auto devices = sim(1 << 20, 1 << 20);
+    auto model = accel::load_checkpoint_and_dispatch(dir.path(), model_map(), small_staging(devices));
+    REQUIRE(model.fetch_buffer_count() == 2);
+    REQUIRE(model.report().warnings.empty());
+    full = fake(devices[0]).live_bytes();  // arenas + two fetch buffers
+    slot = model.fetch_buffer_bytes();
+  }
+  // Room for the arenas and one and a half buffers: one buffer, a warning that says how to get two.
+  auto devices = sim(full - slot / 2, 1 << 20);
+  auto model = accel::load_checkpoint_and_dispatch(dir.path(), model_map(), small_staging(devices));
+  REQUIRE(model.fetch_buffer_count() == 1);
+  REQUIRE(model.report().warnings.size() == 1);
+  CHECK_THAT(model.report().warnings[0], accel_test::contains("has room for 1 of the 2 fetch buffers"));
+  CHECK_THAT(model.report().warnings[0], accel_test::contains("gpu_reserve_layers = 2"));
+  auto l2 = model.fetch("model.layers.2");
+  REQUIRE(device_bytes(l2.find("model.layers.2.w")->data, l2.find("model.layers.2.w")->handle->size_bytes, devices[0]) ==
+          stored_bytes(shards[1][3]));
+  // Without room for even one buffer, loading fails naming the device, and frees everything.
+  auto tiny = sim(full - slot - slot / 2, 1 << 20);
+  REQUIRE_THROWS_AS(accel::load_checkpoint_and_dispatch(dir.path(), model_map(), small_staging(tiny)), accel::cuda_error);
+  REQUIRE(fake(tiny[0]).live_bytes() == 0);
 }
 
 TEST_CASE("without a GPU, fetch returns host views and prefetch does nothing", "[dispatch][fetch]") {
@@ -440,4 +469,15 @@ TEST_CASE("plan_load puts each block in one arena with aligned offsets and finds
     REQUIRE(it->second == t.arena);  // one arena per block
   }
   REQUIRE(plan.arenas.size() == 6);  // embed, layers.0, layers.1, layers.2 (cpu), norm, lm_head (cpu); disk has none
+}
+
+TEST_CASE("fetch buffers are sized per layer, even where the map merged layers into one key", "[dispatch][fetch]") {
+  using accel::detail::fetch_unit;
+  CHECK(fetch_unit("model.layers.3.mlp.up.weight", "model.layers") == "model.layers.3");
+  CHECK(fetch_unit("model.layers.3.experts.17.w1", "") == "model.layers.3");
+  CHECK(fetch_unit("lm_head.weight", "") == "lm_head");
+  CHECK(fetch_unit("model.norm.weight", "model") == "model.norm");
+  CHECK(fetch_unit("bias", "") == "");
+  CHECK(fetch_unit("model.layers.3.mlp.up.weight", "model.layers.3.mlp") == "model.layers.3.mlp");  // a deeper key wins
+  CHECK(fetch_unit("h.10.attn.weight", "h.10.attn.weight") == "h.10.attn.weight");
 }

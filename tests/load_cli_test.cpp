@@ -41,9 +41,10 @@ TEST_CASE("accel load with a device map file prints per-device totals and the lo
 TEST_CASE("accel load --json plans a map from the headers and reports conversions", "[cli][load]") {
   accel_test::TempDir dir;
   write_model(dir.path());
+  // The GPU is exactly the budget: the plan leaves room for both fetch buffers (2 largest layers).
   auto r = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + q(dir.path()) +
-                                                         " --device-map sequential --max-memory 0=6KiB,cpu=1GiB"
-                                                         " --simulate-gpus 1MiB --dtype bfloat16 --json"));
+                                                         " --device-map sequential --max-memory 0=8KiB,cpu=1GiB"
+                                                         " --simulate-gpus 8KiB --dtype bfloat16 --json"));
   INFO(r.output);
   REQUIRE(r.status == 0);
   const auto j = nlohmann::json::parse(r.output);
@@ -51,6 +52,8 @@ TEST_CASE("accel load --json plans a map from the headers and reports conversion
   CHECK(j["devices"]["0"]["tensors"].get<int>() >= 1);
   CHECK(j["devices"].contains("cpu"));
   CHECK(j["unexpected"].empty());
+  CHECK(j["fetch_buffers"] == 2);
+  CHECK(j["warnings"].empty());
 }
 
 TEST_CASE("accel load maps bad input to documented exit codes with the reason", "[cli][load]") {

@@ -37,6 +37,21 @@ TEST_CASE("accel plan --json prints only the device map for explicit GPU budgets
   CHECK(j.dump() == R"({"linear1":0,"batchnorm":1,"linear2":1})");
 }
 
+TEST_CASE("accel plan --gpu-reserve-layers keeps room for more fetch buffers on the first GPU", "[cli][plan]") {
+  accel_test::TempDir dir;
+  accel_test::write_text(dir / "m.json", skeleton);
+  const std::string base = "plan --skeleton " + q(dir / "m.json") + " --max-memory 0=300,1=300 --device-map sequential --json";
+  auto one = accel_test::run_command(accel_test::accel_cli(base));
+  REQUIRE(one.status == 0);
+  CHECK(nlohmann::ordered_json::parse(one.output).dump() == R"({"":0})");
+  auto two = accel_test::run_command(accel_test::accel_cli(base + " --gpu-reserve-layers 2"));
+  REQUIRE(two.status == 0);
+  CHECK(nlohmann::ordered_json::parse(two.output).dump() == R"({"linear1":0,"batchnorm":1,"linear2":1})");
+  auto bad = accel_test::run_command(accel_test::accel_cli(base + " --gpu-reserve-layers 0 2>&1"));
+  CHECK(bad.status == 2);
+  CHECK_THAT(bad.output, accel_test::contains("--gpu-reserve-layers '0' is not a positive integer"));
+}
+
 TEST_CASE("accel plan prints the table, the streaming cost and the map, and draws an SVG", "[cli][plan]") {
   accel_test::TempDir dir;
   accel_test::write_text(dir / "m.json", skeleton);

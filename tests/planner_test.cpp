@@ -39,6 +39,21 @@ TEST_CASE("the largest-layer reserve keeps only linear1 on the first GPU (accele
   CHECK(json(accel::infer_auto_device_map(t, budgets("0=1000"))) == R"({"":0})");
 }
 
+TEST_CASE("gpu_reserve_layers keeps room on the first GPU for that many largest layers", "[planner]") {
+  auto t = model_for_test();  // linear1 64 bytes, batchnorm 72 (with buffers), linear2 100
+  auto o = budgets("0=300,1=300");
+  CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"":0})");
+  // Room for two copies of linear2 (what double-buffered fetch needs): only linear1 stays on GPU 0.
+  o.gpu_reserve_layers = 2;
+  CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"linear1":0,"batchnorm":1,"linear2":1})");
+  const auto plan = accel::plan_device_map(t, o);
+  REQUIRE(plan.devices.front().reserve == 200);
+  // The cpu's reserve stays one layer: fetch buffers live on the GPU.
+  auto c = budgets("0=0,cpu=300");
+  c.gpu_reserve_layers = 3;
+  CHECK(json(accel::infer_auto_device_map(t, c)) == R"({"":"cpu"})");
+}
+
 TEST_CASE("without a cpu budget the overflow goes straight to disk; with one it goes to cpu", "[planner]") {
   auto t = model_for_test();
   CHECK(json(accel::infer_auto_device_map(t, budgets("0=170"))) == R"({"linear1":0,"batchnorm":"disk","linear2":"disk"})");

@@ -69,6 +69,7 @@ struct LoadReport {
   std::vector<std::string> unused_keys; ///< device-map keys covering nothing
   std::size_t offload_written = 0;      ///< offload-folder tensors written
   std::size_t offload_reused = 0;       ///< offload-folder tensors reused from an earlier run
+  std::vector<std::string> warnings;    ///< what loading did differently from what was asked (e.g. fewer fetch buffers)
   /// @brief bytes_copied / seconds.
   [[nodiscard]] double copy_rate() const noexcept { return seconds > 0 ? static_cast<double>(bytes_copied) / seconds : 0; }
 };
@@ -198,8 +199,11 @@ class DispatchedModel {
   [[nodiscard]] const LoadReport& report() const noexcept { return s_->report; }
   /// @brief The GPU fetch() copies to (the lowest GPU in the map), or nullopt (no GPU: host pointers).
   [[nodiscard]] std::optional<int> execution_device() const noexcept { return s_->execution_gpu; }
-  /// @brief Size of each fetch buffer (the largest offloaded block).
+  /// @brief Size of each fetch buffer (the largest offloaded layer, see detail::fetch_unit).
   [[nodiscard]] std::uint64_t fetch_buffer_bytes() const noexcept { return s_->slot_bytes; }
+  /// @brief Number of fetch buffers (LoadOptions::fetch_slots, or fewer when the device had no room:
+  /// see LoadReport::warnings).
+  [[nodiscard]] std::size_t fetch_buffer_count() const noexcept { return s_->slots.size(); }
 
   /// @brief Brings the tensors of `module` (a device-map key or any dotted prefix) to the execution
   ///        device. GPU-resident tensors are returned in place; cpu/disk ones are copied into a fetch
@@ -280,7 +284,7 @@ class DispatchedModel {
     if (layout.total > s_->slot_bytes)
       detail::throw_error<usage_error>("fetch('", module, "'): its offloaded tensors need ", layout.total,
                                        " bytes but each fetch buffer holds ", s_->slot_bytes,
-                                       " (the largest offloaded device-map block); fetch its blocks one at a time");
+                                       " (the largest offloaded layer); fetch its layers one at a time");
     detail::FetchSlot* slot = nullptr;
     for (auto& c : s_->slots)
       if (c->holds == 0 && (!slot || c->last_use < slot->last_use)) slot = c.get();
@@ -372,12 +376,24 @@ inline std::string offload_fingerprint(const MappedFile& shard, std::uint64_t of
       arena_base[a] = state->host_arenas.back().data();
     }
   }
-  if (plan.execution_gpu && plan.largest_offloaded_block > 0) {
+  if (plan.execution_gpu && plan.largest_offloaded_layer > 0) {
     auto dev = state->devices[static_cast<std::size_t>(*plan.execution_gpu)];
-    state->slot_bytes = plan.largest_offloaded_block;
-    for (int i = 0; i < std::max(options.fetch_slots, 1); ++i) {
+    state->slot_bytes = plan.largest_offloaded_layer;
+    const int wanted = std::max(options.fetch_slots, 1);
+    for (int i = 0; i < wanted; ++i) {
       auto slot = std::make_unique<detail::FetchSlot>();
-      slot->buffer = DeviceBuffer(dev, state->slot_bytes);
+      try {
+        slot->buffer = DeviceBuffer(dev, state->slot_bytes);
+      } catch (const cuda_error& e) {
+        // The first buffer is required; later ones only let prefetch() overlap a copy with compute.
+        // A plan made with accelerate's reserve (one largest layer) leaves room for one.
+        if (i == 0 || e.code() != cuda_out_of_memory_code) throw;
+        state->report.warnings.push_back(detail::concat(
+            dev->name(), " has room for ", i, " of the ", wanted, " fetch buffers asked for (", state->slot_bytes,
+            " bytes each), so prefetch() overlaps less; plan with PlanOptions::gpu_reserve_layers = ", wanted,
+            " (accel plan --gpu-reserve-layers ", wanted, ") or lower the first GPU's budget"));
+        break;
+      }
       slot->ready = Event(dev);
       slot->released = Event(dev);
       state->slots.push_back(std::move(slot));

@@ -6,6 +6,7 @@
 ///        from headers and the device map before a single byte is allocated or read.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -80,7 +81,9 @@ struct LoadOptions {
   std::uint64_t staging_bytes = std::uint64_t{32} << 20;
   /// Number of staging buffers per GPU (2 = double buffering).
   int staging_buffers = 2;
-  /// Fetch buffers on the execution device, each the size of the largest offloaded block.
+  /// Fetch buffers on the execution device, each the size of the largest offloaded layer (2: prefetch
+  /// can fill one while the other is in use). Fewer are made, with a warning, when the device has no
+  /// room for all; plan with PlanOptions::gpu_reserve_layers = fetch_slots to leave that room.
   int fetch_slots = 2;
   /// Draw a progress bar on stderr (only when it is a terminal).
   bool progress = true;
@@ -122,11 +125,34 @@ struct LoadPlan {
   std::vector<std::string> missing;          ///< expected tensors the checkpoint lacks
   std::vector<std::string> unused_keys;      ///< device-map keys that cover no checkpoint tensor
   std::optional<int> execution_gpu;          ///< lowest GPU among the map's values: where fetch() brings weights
-  std::uint64_t largest_offloaded_block = 0; ///< bytes of the biggest cpu/disk block (aligned): fetch buffer size
+  std::uint64_t largest_offloaded_layer = 0; ///< bytes of the biggest cpu/disk layer (detail::fetch_unit, aligned): fetch buffer size
   std::uint64_t total_bytes = 0;             ///< bytes of every loaded tensor, once loaded
 };
 
 namespace detail {
+
+/// @brief The unit fetch buffers are sized for, the one a forward pass fetches: the tensor's layer,
+/// i.e. its name up to the first numeric component ("model.layers.3" for
+/// "model.layers.3.mlp.up.weight"), else its module ("lm_head" for "lm_head.weight"); or the
+/// device-map key covering it when that is deeper. The planner's largest-layer reserve counts the
+/// same units (numbered children are blocks), so a plan's reserve holds one fetch buffer.
+inline std::string_view fetch_unit(std::string_view tensor, std::string_view key) {
+  std::string_view unit;
+  for (std::size_t start = 0;;) {
+    const std::size_t dot = tensor.find('.', start);
+    if (dot == std::string_view::npos) {  // the last component names the tensor itself
+      unit = tensor.substr(0, start == 0 ? 0 : start - 1);
+      break;
+    }
+    const auto part = tensor.substr(start, dot - start);
+    if (!part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      unit = tensor.substr(0, dot);
+      break;
+    }
+    start = dot + 1;
+  }
+  return key.size() > unit.size() ? key : unit;
+}
 
 /// @brief Finds the device-map entry covering a name: the longest key equal to it or a dotted
 ///        prefix of it ("" covers everything). Built once per plan: lookups are O(name length).
@@ -219,7 +245,7 @@ inline std::string name_list(const std::vector<std::string>& names, std::size_t 
         detail::throw_error<usage_error>("tensor '", t.name, "' is placed on disk and converted from ", safetensors_name(t.stored_dtype),
                                          " to ", safetensors_name(t.dtype), ", which needs an offload folder; set "
                                          "LoadOptions::offload_folder (accel load --offload-folder DIR)");
-      if (!t.placement.is_gpu()) offloaded_sizes[t.block].push_back(t.bytes);
+      if (!t.placement.is_gpu()) offloaded_sizes[std::string(detail::fetch_unit(t.name, t.block))].push_back(t.bytes);
       plan.total_bytes += t.bytes;
       plan.tensors.push_back(std::move(t));
     }
@@ -245,7 +271,7 @@ inline std::string name_list(const std::vector<std::string>& names, std::size_t 
     for (std::size_t i = 0; i < arena_members[a].size(); ++i) plan.tensors[arena_members[a][i]].arena_offset = layout.offsets[i];
   }
   for (const auto& [block, sizes] : offloaded_sizes)
-    plan.largest_offloaded_block = std::max(plan.largest_offloaded_block, arena_layout(sizes).total);
+    plan.largest_offloaded_layer = std::max(plan.largest_offloaded_layer, arena_layout(sizes).total);
   for (const auto& [k, p] : map.entries()) {
     if (!used_keys.count(k)) plan.unused_keys.push_back(k);
     if (p.is_gpu() && (!plan.execution_gpu || p.index < *plan.execution_gpu)) plan.execution_gpu = p.index;

@@ -64,6 +64,10 @@ struct PlanOptions {
                                           ///< stay resident on the execution device)
   bool fallback_allocation = false;       ///< when a main device would get nothing, look for a
                                           ///< smaller module that fits (accelerate's fallback)
+  std::uint32_t gpu_reserve_layers = 1;   ///< largest layers the first GPU keeps room for: 1 is
+                                          ///< accelerate's rule; accel's dispatch double-buffers
+                                          ///< offloaded blocks (LoadOptions::fetch_slots = 2), so
+                                          ///< plan with 2 to leave room for both fetch buffers
   std::ostream* verbose = nullptr;        ///< trace of every decision (accelerate's verbose lines)
 };
 

@@ -127,6 +127,7 @@ inline int run_load(std::span<char*> argv) {
     plan.no_split = a.values("no-split");
     plan.dtype = opts.dtype;
     plan.keep_in_fp32 = opts.keep_in_fp32;
+    plan.gpu_reserve_layers = static_cast<std::uint32_t>(std::max(opts.fetch_slots, 1));  // room for every fetch buffer
     map = accel::plan_device_map(tree, mode, plan, defaulted).device_map;
     map_source = "planned (" + map_arg + ", budgets " + plan.max_memory.to_string() + ")";
   }
@@ -154,6 +155,9 @@ inline int run_load(std::span<char*> argv) {
     j["unused_device_map_keys"] = r.unused_keys;
     j["offload_written"] = r.offload_written;
     j["offload_reused"] = r.offload_reused;
+    j["fetch_buffers"] = model.fetch_buffer_count();
+    j["fetch_buffer_bytes"] = model.fetch_buffer_bytes();
+    j["warnings"] = r.warnings;
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
@@ -178,8 +182,9 @@ inline int run_load(std::span<char*> argv) {
     std::printf("note: %zu device-map key(s) cover no checkpoint tensor: %s\n", r.unused_keys.size(),
                 accel::detail::name_list(r.unused_keys).c_str());
   if (model.fetch_buffer_bytes())
-    std::printf("fetch buffers on cuda:%d: %d x %s (largest offloaded block)\n", model.execution_device().value_or(0),
-                opts.fetch_slots, accel::detail::human_bytes(static_cast<double>(model.fetch_buffer_bytes())).c_str());
+    std::printf("fetch buffers on cuda:%d: %zu x %s (largest offloaded layer)\n", model.execution_device().value_or(0),
+                model.fetch_buffer_count(), accel::detail::human_bytes(static_cast<double>(model.fetch_buffer_bytes())).c_str());
+  for (const auto& w : r.warnings) std::printf("warning: %s\n", w.c_str());
   return 0;
 }
 

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <accel/devices.hpp>
+#include <accel/launch.hpp>
 #include <accel/memory.hpp>
 #include <accel/module_tree.hpp>
 #include <accel/plan_report.hpp>
@@ -36,6 +37,8 @@ inline constexpr OptionSpec plan_options[] = {
     {"keep-in-fp32", true, true, "NAME", "modules whose floating tensors stay float32"},
     {"offload-buffers", false, false, "", "offload the buffers of offloaded modules too"},
     {"fallback", false, false, "", "fill an otherwise empty main device with a smaller module"},
+    {"gpu-reserve-layers", true, false, "N", "room kept on the first GPU for N largest layers (default 1, as accelerate; "
+                                             "accel load plans with 2 for its double-buffered fetch)"},
     {"no-clean", false, false, "", "keep every placed entry (do not merge keys)"},
     {"json", false, false, "", "print only the device map JSON on stdout"},
     {"svg", true, false, "FILE", "also draw the plan as an SVG (one bar per device)"},
@@ -111,6 +114,8 @@ inline int run_plan(std::span<char*> argv) {
   opts.keep_in_fp32 = a.values("keep-in-fp32");
   opts.offload_buffers = a.has("offload-buffers");
   opts.fallback_allocation = a.has("fallback");
+  if (auto n = a.value("gpu-reserve-layers"))
+    opts.gpu_reserve_layers = static_cast<std::uint32_t>(accel::launch::detail::parse_int_option("--gpu-reserve-layers", *n, 1, 64));
   opts.clean_result = !a.has("no-clean");
   if (a.has("verbose")) opts.verbose = &std::cerr;
   accel::Bandwidths bw;

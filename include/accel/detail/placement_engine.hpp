@@ -357,9 +357,9 @@ class PlacementEngine {
       std::int64_t limit = dev.budget;
       std::uint64_t reserved = 0;
       if (dev.main) {
-        reserved = reserve;
-        dev.reserve_seen = reserve;
-        limit = dev.budget - static_cast<std::int64_t>(std::min<std::uint64_t>(reserve, unbounded / 2));
+        reserved = dev.where.is_cpu() ? reserve : reserve * std::max<std::uint64_t>(opts_.gpu_reserve_layers, 1);
+        dev.reserve_seen = reserved;
+        limit = dev.budget - static_cast<std::int64_t>(std::min<std::uint64_t>(reserved, unbounded / 2));
       }
       const auto need = static_cast<std::int64_t>(std::min<std::uint64_t>(with_ties, unbounded / 2));
       const auto alone = static_cast<std::int64_t>(std::min<std::uint64_t>(size, unbounded / 2));
@@ -410,7 +410,7 @@ class PlacementEngine {
         }
         if (log) *log << "This module cannot be split, going to the next device.\n";
       }
-      if (opts_.fallback_allocation && !dev.got_any && !dev.where.is_disk() && try_fallback(cur, d, reserve, with_ties)) continue;
+      if (opts_.fallback_allocation && !dev.got_any && !dev.where.is_disk() && try_fallback(cur, d, dev.main ? reserved : reserve, with_ties)) continue;
       if (!dev.got_any) dev.required = with_ties + reserved;
       dev.reserved_bookkeeping += static_cast<std::int64_t>(reserved);
       dev.fail_available = limit - dev.used;
