@@ -5,6 +5,9 @@
 #include <accel/comm/cpu.hpp>
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -54,7 +57,7 @@ std::vector<std::string> run_cpu(Job& job, int n, accel::CpuCommOptions options,
 
 std::size_t shm_files_of_this_process() {
   std::size_t n = 0;
-  const std::string prefix = "accel." + std::to_string(::getpid()) + ".";
+  const std::string prefix = "accel." + std::to_string(accel::detail::pid_namespace_id()) + "." + std::to_string(::getpid()) + ".";
   if (DIR* d = ::opendir("/dev/shm")) {
     while (dirent* e = ::readdir(d))
       if (std::string(e->d_name).rfind(prefix, 0) == 0) ++n;
@@ -88,6 +91,30 @@ TEST_CASE("cpu backend: gathers small and large payloads in rank order, with and
       for (const auto& e : errors) REQUIRE(e == std::string());
     }
   REQUIRE(shm_files_of_this_process() == 0);  // segments are unlinked with their communicator
+}
+
+TEST_CASE("cpu backend: segments a killed process left behind are removed, live ones kept", "[cpu]") {
+  // A pid that no longer exists: a child that has exited and been reaped.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  REQUIRE(child > 0);
+  ::waitpid(child, nullptr, 0);
+  const std::string ns = std::to_string(accel::detail::pid_namespace_id());
+  const std::string dead = "/accel." + ns + "." + std::to_string(child) + ".0.a";
+  const std::string live = "/accel." + ns + "." + std::to_string(::getpid()) + ".999.a";
+  const std::string other_ns = "/accel.1." + std::to_string(child) + ".0.a";  // another container's: not ours to judge
+  for (const auto& name : {dead, live, other_ns}) {
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+  }
+  auto exists = [](const std::string& name) { return ::access(("/dev/shm" + name).c_str(), F_OK) == 0; };
+  REQUIRE(accel::detail::remove_stale_shm_segments() >= 1);
+  CHECK_FALSE(exists(dead));
+  CHECK(exists(live));
+  CHECK(exists(other_ns));
+  ::shm_unlink(live.c_str());
+  ::shm_unlink(other_ns.c_str());
 }
 
 TEST_CASE("cpu backend: many back-to-back large rounds never read a segment being rewritten", "[cpu]") {

@@ -25,6 +25,7 @@
 
 #include "support/catch.hpp"
 #include "support/files.hpp"
+#include "support/spawn.hpp"
 
 extern "C" char** environ;
 
@@ -63,22 +64,8 @@ struct Processes {
       if (!extra.count(name) && name.rfind("ACCEL_", 0) != 0 && name != "RANK" && name != "WORLD_SIZE") envs.push_back(entry);
     }
     for (const auto& [k, v] : extra) envs.push_back(k + "=" + v);
-    std::vector<std::string> args = argv;
-    std::vector<char*> a, e;
-    for (auto& s : args) a.push_back(s.data());
-    a.push_back(nullptr);
-    for (auto& s : envs) e.push_back(s.data());
-    e.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    const std::string out = out_file(i), err = err_file(i);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    pid_t pid = -1;
-    const int rc = posix_spawn(&pid, a[0], &fa, nullptr, a.data(), e.data());
-    posix_spawn_file_actions_destroy(&fa);
-    REQUIRE(rc == 0);
+    const pid_t pid = accel_test::spawn_redirected(argv, std::move(envs), "/dev/null", out_file(i), err_file(i));
+    REQUIRE(pid > 0);
     pids.push_back(pid);
     codes.emplace_back();
   }

@@ -23,6 +23,7 @@
 
 #include "support/catch.hpp"
 #include "support/files.hpp"
+#include "support/spawn.hpp"
 
 extern "C" char** environ;
 
@@ -67,19 +68,8 @@ struct Launcher {
     }
     for (const auto& [k, v] : env)
       if (v) envs.push_back(k + "=" + *v);
-    std::vector<char*> a, e;
-    for (auto& s : argv) a.push_back(s.data());
-    a.push_back(nullptr);
-    for (auto& s : envs) e.push_back(s.data());
-    e.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, stdin_file.c_str(), O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&fa, 2, err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    const int rc = posix_spawn(&pid, cli.c_str(), &fa, nullptr, a.data(), e.data());
-    posix_spawn_file_actions_destroy(&fa);
-    REQUIRE(rc == 0);
+    pid = accel_test::spawn_redirected(argv, std::move(envs), stdin_file, out_file, err_file);
+    REQUIRE(pid > 0);
   }
   Launcher(const Launcher&) = delete;
   ~Launcher() {

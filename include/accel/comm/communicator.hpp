@@ -80,6 +80,7 @@ struct Payload {
   Payload() = default;
   /// @brief One contiguous piece.
   Payload(std::span<const std::byte> bytes) : head(bytes) {}  // NOLINT(google-explicit-constructor): bytes are a payload
+  Payload(const std::vector<std::byte>& bytes) : head(bytes) {}  // NOLINT(google-explicit-constructor)
   Payload(std::span<const std::byte> h, std::span<const std::byte> b) : head(h), body(b) {}
 
   [[nodiscard]] std::size_t size() const noexcept { return head.size() + body.size(); }
@@ -130,10 +131,6 @@ class Communicator {
   /// @note collective
   Blobs all_gather(std::string_view op, Payload data, std::exception_ptr failure = nullptr) {
     return round(op, data, -1, std::move(failure));
-  }
-  /// @copydoc all_gather(std::string_view, Payload, std::exception_ptr)
-  Blobs all_gather(std::string_view op, const std::vector<std::byte>& data, std::exception_ptr failure = nullptr) {
-    return all_gather(op, Payload(data), std::move(failure));
   }
 
   /// @brief Root's bytes, on every rank.

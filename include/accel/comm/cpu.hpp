@@ -62,6 +62,7 @@ class CpuCommunicator final : public Communicator {
       if (i == 0) prefix_ = base_key() + std::to_string(rd.u64()) + "/";
     }
     if (same_machine_ && options_.use_shm) {
+      detail::remove_stale_shm_segments();  // what killed processes of earlier jobs left behind
       const std::string prefix = detail::unique_shm_prefix();
       segments_.emplace_back(prefix + ".a");
       segments_.emplace_back(prefix + ".b");

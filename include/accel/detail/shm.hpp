@@ -8,7 +8,9 @@
 /// payload is copied once on each side instead of travelling through TCP and the store.
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,6 +26,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "../config.hpp"
@@ -145,10 +148,44 @@ class ShmPeerMappings {
   std::map<std::string, Entry> maps_;
 };
 
-/// @brief A name unique to this process and call: "/accel.<pid>.<counter>".
+/// @brief This process's PID namespace (its inode; 0 when /proc does not tell): segment names carry
+/// it, so a sweep never mistakes a live process of another container sharing /dev/shm for a dead one.
+inline unsigned long pid_namespace_id() noexcept {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<unsigned long>(st.st_ino) : 0;
+}
+
+/// @brief A name unique to this process and call: "/accel.<pid namespace>.<pid>.<counter>".
 inline std::string unique_shm_prefix() {
   static std::atomic<unsigned> counter{0};
-  return concat("/accel.", ::getpid(), ".", counter++);
+  return concat("/accel.", pid_namespace_id(), ".", ::getpid(), ".", counter++);
+}
+
+/// @brief Unlinks the segments in `dir` that processes of this user and PID namespace left behind
+/// when they were killed before they could unlink them (their pid no longer exists). Peers that
+/// still map such a segment keep their mapping. Called whenever a CPU communicator starts.
+/// @return how many segments were removed
+inline std::size_t remove_stale_shm_segments(const char* dir = "/dev/shm") noexcept {
+  const unsigned long ns = pid_namespace_id();
+  if (ns == 0) return 0;
+  DIR* d = ::opendir(dir);
+  if (!d) return 0;
+  const std::string mine = concat("accel.", ns, ".");
+  std::size_t removed = 0;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view name = e->d_name;
+    if (name.substr(0, mine.size()) != mine) continue;
+    long long pid = 0;
+    std::size_t i = mine.size();
+    for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && pid < (1LL << 31); ++i) pid = pid * 10 + (name[i] - '0');
+    if (i == mine.size() || i == name.size() || name[i] != '.' || pid <= 0 || pid >= (1LL << 31)) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (EPERM: alive, another user's)
+    struct stat st {};
+    if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != ::geteuid()) continue;
+    if (::shm_unlink(concat("/", name).c_str()) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
 }
 
 }  // namespace detail
