@@ -251,8 +251,8 @@ TEST_CASE("the plan report counts bytes streamed per forward pass from cpu and d
   CHECK(report.execution_device == Placement::gpu(0));
   CHECK(report.streamed_from_cpu == 60);  // b's buffers stay on the GPU
   CHECK(report.streamed_from_disk == 200);
-  CHECK(report.seconds_cpu == Approx(0.6));
-  CHECK(report.seconds_disk == Approx(20.0 + 2.0));
+  CHECK(report.seconds_cpu == accel_test::Approx(0.6));
+  CHECK(report.seconds_disk == accel_test::Approx(20.0 + 2.0));
   const auto table = accel::format_plan_table(plan, report);
   CHECK(table.find("cpu     200 B        100 B") != std::string::npos);
   CHECK(table.find("260 B stream to GPU 0: 60 B from CPU (600.0 ms at 0.0 GB/s), 200 B from disk") != std::string::npos);

@@ -15,6 +15,13 @@
 #include <string>
 
 namespace accel_test {
+/// @brief Floating-point comparison (Catch::Approx in v3, ::Approx in v2).
+#if ACCEL_TEST_CATCH3
+using Catch::Approx;
+#else
+using ::Approx;
+#endif
+
 /// @brief Matcher "the string contains `needle`" (ContainsSubstring in v3, Contains in v2).
 inline auto contains(const std::string& needle) {
 #if ACCEL_TEST_CATCH3
