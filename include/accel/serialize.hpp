@@ -50,11 +50,6 @@ concept json_serializable = requires(const T& v, const nlohmann::json& j) {
 
 namespace detail {
 
-template <class T>
-struct is_std_vector : std::false_type {};
-template <class T, class A>
-struct is_std_vector<std::vector<T, A>> : std::true_type {};
-
 /// @brief The first byte of every payload.
 enum class PayloadFormat : std::uint8_t { raw = 1, string = 2, raw_vector = 3, string_vector = 4, cbor = 5, binary = 6 };
 
@@ -157,7 +152,7 @@ template <class T>
 constexpr PayloadFormat format_of() {
   if constexpr (raw_serializable<T>) return PayloadFormat::raw;
   else if constexpr (std::is_same_v<T, std::string>) return PayloadFormat::string;
-  else if constexpr (is_std_vector<T>::value) {
+  else if constexpr (binary::is_vector<T>::value) {
     using V = typename T::value_type;
     if constexpr (std::is_same_v<V, bool>) return PayloadFormat::cbor;  // bit-packed: no contiguous items
     else if constexpr (raw_serializable<V>) return PayloadFormat::raw_vector;

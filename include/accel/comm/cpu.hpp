@@ -62,7 +62,7 @@ class CpuCommunicator final : public Communicator {
       if (i == 0) prefix_ = base_key() + std::to_string(rd.u64()) + "/";
     }
     if (same_machine_ && options_.use_shm) {
-      detail::remove_stale_shm_segments();  // what killed processes of earlier jobs left behind
+      if (rank == 0) detail::remove_stale_shm_segments();  // what killed processes left (every rank is on this machine)
       const std::string prefix = detail::unique_shm_prefix();
       segments_.emplace_back(prefix + ".a");
       segments_.emplace_back(prefix + ".b");
@@ -94,14 +94,12 @@ class CpuCommunicator final : public Communicator {
     // Entry: u32 header size, header, u8 transport, then the payload (inline) or a segment reference.
     detail::WireWriter w;
     w.bytes(header);
-    bool shm = false;
-    detail::ShmSegment* seg = nullptr;
-    if (!segments_.empty() && payload.size() >= options_.shm_threshold) {
+    detail::ShmSegment* seg = nullptr;  // our segment, when this round's payload went into it
+    if (!segments_.empty() && payload.size() >= options_.shm_threshold && segments_[seq % 2].write(payload.head, payload.body)) {
       seg = &segments_[seq % 2];
-      shm = seg->write(payload.head, payload.body);
-      if (shm) w.u8(1).str(seg->name()).u64(payload.size()), last_shm_round_ = seq;
+      w.u8(1).str(seg->name()).u64(payload.size()), last_shm_round_ = seq;
     }
-    if (!shm) w.u8(0).bytes(payload.size() == payload.head.size() ? payload.head : std::span<const std::byte>(payload.joined()));
+    if (!seg) w.u8(0).bytes(payload.size() == payload.head.size() ? payload.head : std::span<const std::byte>(payload.joined()));
     const auto entry = w.take();
     Blobs all = store_->exchange(key(std::to_string(seq)), rank(), size(), entry, label);
 
@@ -137,7 +135,7 @@ class CpuCommunicator final : public Communicator {
     r.payloads.buffer.reserve(inline_total);
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const bool mine = static_cast<int>(i) == rank();
-      if (!parts[i].segment.empty() && mine && shm) {
+      if (!parts[i].segment.empty() && mine && seg) {
         r.payloads.push_external(std::span<const std::byte>(seg->mapping().get(), parts[i].size), seg->mapping());
       } else if (!parts[i].segment.empty()) {
         auto [view, owner] = peer_maps_.view(parts[i].segment, parts[i].size, static_cast<int>(i));

@@ -163,7 +163,8 @@ inline std::string unique_shm_prefix() {
 
 /// @brief Unlinks the segments in `dir` that processes of this user and PID namespace left behind
 /// when they were killed before they could unlink them (their pid no longer exists). Peers that
-/// still map such a segment keep their mapping. Called whenever a CPU communicator starts.
+/// still map such a segment keep their mapping. Rank 0 of every CPU communicator whose ranks share
+/// a machine calls it when the communicator starts.
 /// @return how many segments were removed
 inline std::size_t remove_stale_shm_segments(const char* dir = "/dev/shm") noexcept {
   const unsigned long ns = pid_namespace_id();
