@@ -138,6 +138,57 @@ concept has_declared_fields = requires { accel_fields(fields_tag<T>{}); };
     return ::accel::make_field_list(#__VA_ARGS__, ACCEL_DETAIL_MEMBERS(Type, __VA_ARGS__));                                       \
   }
 
+namespace detail {
+
+inline std::string from_rank(int rank) { return rank >= 0 ? concat(" from rank ", rank) : std::string(); }
+
+/// @brief Reads an encoded value front to back; every length is checked against what is left, and
+/// every failure is a serialization_error naming the sending rank and the type being decoded.
+class ByteSource {
+ public:
+  ByteSource(std::span<const std::byte> b, int rank, const std::string& type) : b_(b), rank_(rank), type_(type) {}
+  /// @throws serialization_error: "value from rank R is not a valid T: <what>"
+  template <class... A>
+  [[noreturn]] void fail(A&&... what) const {
+    throw_error<serialization_error>("value", from_rank(rank_), " is not a valid ", type_, ": ", std::forward<A>(what)...);
+  }
+  std::span<const std::byte> take(std::size_t n) {
+    if (n > b_.size() - pos_)
+      throw_error<serialization_error>("value", from_rank(rank_), " is truncated: ", type_, " needs ", n, " more bytes at offset ",
+                                       pos_, " of ", b_.size());
+    auto s = b_.subspan(pos_, n);
+    pos_ += n;
+    return s;
+  }
+  std::uint64_t u64() {
+    std::uint64_t v = 0;
+    std::memcpy(&v, take(sizeof v).data(), sizeof v);
+    return v;
+  }
+  [[nodiscard]] std::size_t remaining() const noexcept { return b_.size() - pos_; }
+  // A count of items of at least `item_bytes` each cannot exceed what is left (guards huge
+  // allocations); items that may encode to nothing are capped at 2^20.
+  std::size_t count(std::size_t item_bytes) {
+    const std::uint64_t n = u64();
+    if (item_bytes == 0 ? n > (std::uint64_t{1} << 20) : n > (b_.size() - pos_) / item_bytes)
+      throw_error<serialization_error>("value", from_rank(rank_), " announces ", n, " items of ", type_, " but only ",
+                                       b_.size() - pos_, " bytes follow");
+    return static_cast<std::size_t>(n);
+  }
+  void end() const {
+    if (pos_ != b_.size())
+      throw_error<serialization_error>("value", from_rank(rank_), " has ", b_.size() - pos_, " unexpected trailing bytes after a ", type_);
+  }
+
+ private:
+  std::span<const std::byte> b_;
+  std::size_t pos_ = 0;
+  int rank_;
+  const std::string& type_;
+};
+
+}  // namespace detail
+
 namespace detail::binary {
 
 template <class T>
@@ -335,86 +386,54 @@ class Writer {
   std::byte* at_;
 };
 
-/// @brief Reads what Writer wrote, checking every length against what is left.
-class Reader {
- public:
-  /// @param source_rank, type: for the message of the serialization_error a bad byte string gets
-  Reader(std::span<const std::byte> b, int source_rank, const std::string& type)
-      : at_(b.data()), end_(b.data() + b.size()), rank_(source_rank), type_(type) {}
-  [[nodiscard]] std::size_t remaining() const noexcept { return static_cast<std::size_t>(end_ - at_); }
-  /// @throws serialization_error naming the rank and type
-  template <class... A>
-  [[noreturn]] void fail(A&&... what) const {
-    throw_error<serialization_error>("value", rank_ >= 0 ? concat(" from rank ", rank_) : std::string(), " is not a valid ", type_, ": ",
-                                     std::forward<A>(what)...);
-  }
-  const std::byte* take(std::size_t n) {
-    if (n > remaining()) fail("truncated (", n, " more bytes needed, ", remaining(), " left)");
-    const std::byte* p = at_;
-    at_ += n;
-    return p;
-  }
-  // A count of items of at least `item_bytes` each cannot exceed what is left (guards huge allocations).
-  std::size_t count(std::size_t item_bytes) {
-    std::uint64_t n = 0;
-    std::memcpy(&n, take(8), 8);
-    if (item_bytes == 0 ? n > (std::uint64_t{1} << 20) : n > remaining() / item_bytes)
-      fail("it announces ", n, " items of at least ", item_bytes, " bytes but only ", remaining(), " bytes follow");
-    return static_cast<std::size_t>(n);
-  }
-  template <class T>
-  void get(T& v) {
-    if constexpr (std::is_same_v<T, std::string>) {
-      const std::size_t n = count(1);
-      v.assign(reinterpret_cast<const char*>(take(n)), n);
-    } else if constexpr (is_vector<T>::value) {
-      using V = typename T::value_type;
-      const std::size_t n = count(min_size<V>());
-      if constexpr (block_copyable<V>()) {
-        const std::byte* p = take(n * sizeof(V));
-        v.resize(n);
-        if (n) std::memcpy(static_cast<void*>(v.data()), p, n * sizeof(V));
-      } else {
-        v.clear();
-        v.reserve(n);
-        for (std::size_t i = 0; i < n; ++i) get(v.emplace_back());
-      }
-    } else if constexpr (is_optional<T>::value) {
-      const auto flag = static_cast<std::uint8_t>(*take(1));
-      if (flag > 1) fail("optional flag ", int(flag), " is neither 0 nor 1");
-      if (flag) get(v.emplace());
-      else v.reset();
-    } else if constexpr (is_array<T>::value) {
-      for (auto& x : v) get(x);
-    } else if constexpr (is_map<T>::value) {
-      const std::size_t n = count(min_size<typename T::key_type>() + min_size<typename T::mapped_type>());
-      v.clear();
-      for (std::size_t i = 0; i < n; ++i) {
-        typename T::key_type k{};
-        get(k);
-        typename T::mapped_type x{};
-        get(x);
-        v.insert_or_assign(std::move(k), std::move(x));
-      }
-    } else if constexpr (is_tuple_like<T>::value) {
-      std::apply([&](auto&... x) { (get(x), ...); }, v);
-    } else if constexpr (has_declared_fields<T>) {
-      std::apply([&](auto... m) { (get(v.*m), ...); }, accel_fields(fields_tag<T>{}).members);
-    } else if constexpr (std::is_same_v<T, bool>) {
-      const auto b = static_cast<std::uint8_t>(*take(1));
-      if (b > 1) fail("bool byte ", int(b), " is neither 0 nor 1");
-      v = b != 0;
+/// @brief Reads what Writer wrote into `v`, checking every length against what is left.
+/// @throws serialization_error naming the rank and type
+template <class T>
+void get(ByteSource& src, T& v) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    const std::size_t n = src.count(1);
+    v.assign(reinterpret_cast<const char*>(src.take(n).data()), n);
+  } else if constexpr (is_vector<T>::value) {
+    using V = typename T::value_type;
+    const std::size_t n = src.count(min_size<V>());
+    if constexpr (block_copyable<V>()) {
+      const std::byte* p = src.take(n * sizeof(V)).data();
+      v.resize(n);
+      if (n) std::memcpy(static_cast<void*>(v.data()), p, n * sizeof(V));
     } else {
-      std::memcpy(static_cast<void*>(&v), take(sizeof(T)), sizeof(T));
+      v.clear();
+      v.reserve(n);
+      for (std::size_t i = 0; i < n; ++i) get(src, v.emplace_back());
     }
+  } else if constexpr (is_optional<T>::value) {
+    const auto flag = static_cast<std::uint8_t>(src.take(1)[0]);
+    if (flag > 1) src.fail("optional flag ", int(flag), " is neither 0 nor 1");
+    if (flag) get(src, v.emplace());
+    else v.reset();
+  } else if constexpr (is_array<T>::value) {
+    for (auto& x : v) get(src, x);
+  } else if constexpr (is_map<T>::value) {
+    const std::size_t n = src.count(min_size<typename T::key_type>() + min_size<typename T::mapped_type>());
+    v.clear();
+    for (std::size_t i = 0; i < n; ++i) {
+      typename T::key_type k{};
+      get(src, k);
+      typename T::mapped_type x{};
+      get(src, x);
+      v.insert_or_assign(std::move(k), std::move(x));
+    }
+  } else if constexpr (is_tuple_like<T>::value) {
+    std::apply([&](auto&... x) { (get(src, x), ...); }, v);
+  } else if constexpr (has_declared_fields<T>) {
+    std::apply([&](auto... m) { (get(src, v.*m), ...); }, accel_fields(fields_tag<T>{}).members);
+  } else if constexpr (std::is_same_v<T, bool>) {
+    const auto b = static_cast<std::uint8_t>(src.take(1)[0]);
+    if (b > 1) src.fail("bool byte ", int(b), " is neither 0 nor 1");
+    v = b != 0;
+  } else {
+    std::memcpy(static_cast<void*>(&v), src.take(sizeof(T)).data(), sizeof(T));
   }
-
- private:
-  const std::byte* at_;
-  const std::byte* end_;
-  int rank_;
-  const std::string& type_;
-};
+}
 
 }  // namespace detail::binary
 

@@ -63,8 +63,6 @@ std::string type_name() {
   return status == 0 && p ? std::string(p.get()) : std::string(typeid(T).name());
 }
 
-inline std::string from_rank(int rank) { return rank >= 0 ? concat(" from rank ", rank) : std::string(); }
-
 // Appends to a caller's buffer (reused between collectives, so large payloads do not fault in
 // fresh pages every time).
 class ByteSink {
@@ -87,42 +85,6 @@ class ByteSink {
   std::size_t start_;
 };
 
-class ByteSource {
- public:
-  ByteSource(std::span<const std::byte> b, int rank, const std::string& type) : b_(b), rank_(rank), type_(type) {}
-  std::span<const std::byte> take(std::size_t n) {
-    if (n > b_.size() - pos_)
-      throw_error<serialization_error>("value", from_rank(rank_), " is truncated: ", type_, " needs ", n, " more bytes at offset ",
-                                       pos_, " of ", b_.size());
-    auto s = b_.subspan(pos_, n);
-    pos_ += n;
-    return s;
-  }
-  std::uint64_t u64() {
-    std::uint64_t v = 0;
-    std::memcpy(&v, take(sizeof v).data(), sizeof v);
-    return v;
-  }
-  [[nodiscard]] std::size_t remaining() const noexcept { return b_.size() - pos_; }
-  // A count of items of at least `item_bytes` each cannot exceed what is left (guards huge allocations).
-  std::size_t count(std::size_t item_bytes) {
-    const std::uint64_t n = u64();
-    if (item_bytes > 0 && n > (b_.size() - pos_) / item_bytes)
-      throw_error<serialization_error>("value", from_rank(rank_), " announces ", n, " items of ", type_, " but only ",
-                                       b_.size() - pos_, " bytes follow");
-    return static_cast<std::size_t>(n);
-  }
-  void end() const {
-    if (pos_ != b_.size())
-      throw_error<serialization_error>("value", from_rank(rank_), " has ", b_.size() - pos_, " unexpected trailing bytes after a ", type_);
-  }
-
- private:
-  std::span<const std::byte> b_;
-  std::size_t pos_ = 0;
-  int rank_;
-  const std::string& type_;
-};
 
 /// @brief Bytes from which a fresh result buffer is backed by transparent huge pages where the
 /// system allows it (THP "madvise" mode): filling 16 MiB of new memory then takes 8 page faults
@@ -332,10 +294,9 @@ T from_bytes(std::span<const std::byte> bytes, int source_rank = -1) {
     if (src.u64() != detail::binary::fingerprint<T>())
       detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " was encoded from a type of another shape than ",
                                                type, " (do all ranks pass the same type, built from the same sources?)");
-    detail::binary::Reader rd(bytes.subspan(16), source_rank, type);
     T out{};
-    rd.get(out);
-    if (rd.remaining() != 0) rd.fail(rd.remaining(), " unexpected trailing bytes");
+    detail::binary::get(src, out);
+    src.end();
     return out;
   } else {
     try {

@@ -40,9 +40,9 @@ template <class T>
 void read_fields(std::span<const std::byte> b) {
   const std::string type = "fuzzed";
   try {
-    accel::detail::binary::Reader rd(b, 0, type);
+    accel::detail::ByteSource src(b, 0, type);
     T v{};
-    rd.get(v);
+    accel::detail::binary::get(src, v);
   } catch (const accel::serialization_error&) {
   }
 }
