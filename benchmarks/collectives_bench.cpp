@@ -5,8 +5,7 @@
 //   collectives_bench [--procs 2,4] [--quick] [--case raw_bytes|struct_list|struct_fields|barrier] [--size BYTES]
 //
 // --case and --size (each repeatable) run only those cases and payload sizes (for profiling one).
-// --quick (also implied by google-benchmark's --benchmark_min_time=..., which tests/gpu/run.sh
-// passes to every benchmark) runs a tenth of the iterations.
+// --quick runs a tenth of the iterations.
 // The parent hosts the job's store (as accel launch does) and starts N copies of itself as ranks;
 // rank 0 prints one CSV line per case: impl,case,procs,payload_bytes,iters,mean_us,MB_per_s
 // (MB/s = bytes every rank receives per gather / mean time). benchmarks/compare/torch_gather.py
@@ -96,31 +95,20 @@ int worker(bool quick, const Filter& only) {
   const int barrier_iters = quick ? 100 : 1000;
   if (only.wants("barrier", 0))
     report("barrier", 0, barrier_iters, time_us(state, barrier_iters, [&] { accel::wait_for_everyone(state); }));
+  // One gather case: the value is made only when the case runs; every call checks what came back.
+  auto run_case = [&](const char* name, std::size_t bytes, bool cbor_structs, auto make) {
+    if (!only.wants(name, bytes)) return;
+    const auto value = make();
+    const int iters = iterations(bytes, cbor_structs, quick);
+    report(name, bytes, iters, time_us(state, iters, [&] {
+             auto all = accel::gather_object(state, value);
+             if (all.size() != static_cast<std::size_t>(n) || all.back().size() != value.size()) std::abort();
+           }));
+  };
   for (std::size_t bytes : {std::size_t{100}, std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
-    if (only.wants("raw_bytes", bytes)) {
-      const std::vector<std::uint8_t> raw(bytes, static_cast<std::uint8_t>(rank));
-      const int ri = iterations(bytes, false, quick);
-      report("raw_bytes", bytes, ri, time_us(state, ri, [&] {
-               auto all = accel::gather_object(state, raw);
-               if (all.size() != static_cast<std::size_t>(n) || all.back().size() != bytes) std::abort();
-             }));
-    }
-    if (only.wants("struct_list", bytes)) {
-      const auto items = make_items(bytes, rank);
-      const int si = iterations(bytes, true, quick);
-      report("struct_list", bytes, si, time_us(state, si, [&] {
-               auto all = accel::gather_object(state, items);
-               if (all.size() != static_cast<std::size_t>(n) || all.back().size() != items.size()) std::abort();
-             }));
-    }
-    if (only.wants("struct_fields", bytes)) {
-      const auto items = make_items<FieldsItem>(bytes, rank);
-      const int fi = iterations(bytes, false, quick);
-      report("struct_fields", bytes, fi, time_us(state, fi, [&] {
-               auto all = accel::gather_object(state, items);
-               if (all.size() != static_cast<std::size_t>(n) || all.back().size() != items.size()) std::abort();
-             }));
-    }
+    run_case("raw_bytes", bytes, false, [&] { return std::vector<std::uint8_t>(bytes, static_cast<std::uint8_t>(rank)); });
+    run_case("struct_list", bytes, true, [&] { return make_items(bytes, rank); });
+    run_case("struct_fields", bytes, false, [&] { return make_items<FieldsItem>(bytes, rank); });
   }
   return 0;
 }
@@ -175,7 +163,7 @@ int main(int argc, char** argv) {
       else only.sizes.push_back(std::strtoull(v.c_str(), nullptr, 10));
       filter_args.insert(filter_args.end(), {a, v});
     }
-    else if (a == "--quick" || a.rfind("--benchmark_min_time", 0) == 0) quick = true;
+    else if (a == "--quick") quick = true;
     else if (a == "--procs" && i + 1 < argc) {
       procs.clear();
       for (const char* p = argv[++i]; *p;) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
 #include <accel/device_memory.hpp>
+#include <accel/devices.hpp>
 
 #include <cstring>
 #include <vector>
@@ -82,6 +83,7 @@ TEST_CASE("arena_layout packs sizes at aligned offsets", "[device_memory]") {
 TEST_CASE("without a usable GPU the CUDA device list is empty rather than an error", "[device_memory]") {
   // This machine class has no driver; on a GPU machine the list has one entry per device.
   auto devs = accel::cuda_device_memories();
+  REQUIRE(devs.size() == static_cast<std::size_t>(accel::visible_gpu_count()));
   for (std::size_t i = 0; i < devs.size(); ++i) REQUIRE(devs[i]->index() == static_cast<int>(i));
   if (!accel::cuda_enabled) REQUIRE(devs.empty());
 }

@@ -39,23 +39,18 @@ accel::DeviceMap model_map() {
 
 std::vector<std::byte> stored_bytes(const TensorSpec& t) { return accel_test::pattern_bytes(t.name, accel_test::spec_bytes(t)); }
 
-std::vector<std::byte> read_back(const accel::TensorHandle& h, const std::vector<accel::DeviceMemoryPtr>& devices) {
-  if (h.storage != Storage::device) return {h.host.begin(), h.host.end()};
-  std::vector<std::byte> out(static_cast<std::size_t>(h.size_bytes));
-  if (out.empty()) return out;
-  auto dev = devices.at(static_cast<std::size_t>(h.placement.index));
-  accel::Stream s(dev);
-  dev->copy_to_host_async(out.data(), h.device_ptr, h.size_bytes, s.get());
-  dev->synchronize(s.get());
-  return out;
-}
-
 std::vector<std::byte> device_bytes(void* ptr, std::uint64_t n, const accel::DeviceMemoryPtr& dev) {
   std::vector<std::byte> out(static_cast<std::size_t>(n));
   accel::Stream s(dev);
   dev->copy_to_host_async(out.data(), ptr, n, s.get());
   dev->synchronize(s.get());
   return out;
+}
+
+std::vector<std::byte> read_back(const accel::TensorHandle& h, const std::vector<accel::DeviceMemoryPtr>& devices) {
+  if (h.storage != Storage::device) return {h.host.begin(), h.host.end()};
+  if (h.size_bytes == 0) return {};
+  return device_bytes(h.device_ptr, h.size_bytes, devices.at(static_cast<std::size_t>(h.placement.index)));
 }
 
 std::vector<std::byte> converted(const TensorSpec& t, DType to) {

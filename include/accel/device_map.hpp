@@ -295,7 +295,8 @@ struct DeviceMapCheck {
     detail::throw_error<planning_error>("device map places ", twice.size(), " tensor(s) twice, through nested keys: ", list(twice),
                                         "; keep only one of a key and the keys below it");
   DeviceMapCheck out;
-  const auto ix = index_tree(tree);
+  const auto cached = tree.index();  // shared with the planner's runs on this tree
+  const TreeIndex& ix = *cached;
   for (const auto& g : ix.tied_groups) {
     bool split = false;
     for (auto t : g) split = split || !(*where[t] == *where[g.front()]);

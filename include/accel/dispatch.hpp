@@ -270,16 +270,13 @@ class DispatchedModel {
   // Finds or fills the slot for `module`; nullptr when nothing needs copying (no GPU, or all resident).
   detail::FetchSlot* stage(std::string_view module, const std::vector<std::size_t>& members, bool for_prefetch) {
     if (!s_->execution_gpu) return nullptr;
-    std::vector<std::size_t> offloaded;
-    std::vector<std::uint64_t> sizes;
-    for (auto i : members)
-      if (s_->tensors[i].storage != Storage::device) {
-        offloaded.push_back(i);
-        sizes.push_back(s_->tensors[i].size_bytes);
-      }
-    if (offloaded.empty()) return nullptr;
+    // A slot only ever holds a module that had offloaded tensors: a hit needs no other work.
     for (auto& slot : s_->slots)
       if (slot->module == module) return slot.get();
+    std::vector<std::uint64_t> sizes;
+    for (auto i : members)
+      if (s_->tensors[i].storage != Storage::device) sizes.push_back(s_->tensors[i].size_bytes);
+    if (sizes.empty()) return nullptr;
     const auto layout = arena_layout(sizes);
     if (layout.total > s_->slot_bytes)
       detail::throw_error<usage_error>("fetch('", module, "'): its offloaded tensors need ", layout.total,

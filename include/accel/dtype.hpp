@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -180,6 +181,13 @@ inline std::string accepted_dtype_names() {
 
 /// @brief True for integer, unsigned and bool dtypes, which a target dtype never converts.
 [[nodiscard]] constexpr bool is_integral(DType d) { return detail::dtype_info(d).integral; }
+
+/// @brief Elements of a tensor of this shape (1 for a scalar, the empty shape).
+[[nodiscard]] constexpr std::uint64_t shape_numel(std::span<const std::int64_t> shape) noexcept {
+  std::uint64_t n = 1;
+  for (auto d : shape) n *= static_cast<std::uint64_t>(d);
+  return n;
+}
 
 /// @brief Bytes of `numel` elements of `d`, or nullopt when the bits are not a whole number of
 ///        bytes or the product overflows 64 bits.

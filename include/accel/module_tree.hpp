@@ -40,11 +40,7 @@ struct Tensor {
   std::size_t module = 0;          ///< owning module id
 
   /// @brief Element count (1 for a scalar).
-  [[nodiscard]] std::uint64_t numel() const noexcept {
-    std::uint64_t n = 1;
-    for (auto d : shape) n *= static_cast<std::uint64_t>(d);
-    return n;
-  }
+  [[nodiscard]] std::uint64_t numel() const noexcept { return shape_numel(shape); }
 };
 
 /// @brief A module of a ModuleTree; the root is id 0 with name "".

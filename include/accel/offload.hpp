@@ -41,11 +41,7 @@ struct OffloadEntry {
   std::string weight_name;           ///< transformers-style entry: the tensor's name in that shard
 
   /// @brief Elements (1 for a scalar).
-  [[nodiscard]] std::uint64_t numel() const noexcept {
-    std::uint64_t n = 1;
-    for (auto d : shape) n *= static_cast<std::uint64_t>(d);
-    return n;
-  }
+  [[nodiscard]] std::uint64_t numel() const noexcept { return shape_numel(shape); }
   /// @brief Bytes of the `.dat` file.
   [[nodiscard]] std::uint64_t size_bytes() const { return tensor_bytes(dtype, numel()).value_or(0); }
 };

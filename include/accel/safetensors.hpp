@@ -50,11 +50,7 @@ struct TensorEntry {
   std::uint64_t end = 0;             ///< one past the last byte, relative to the data section
 
   /// @brief Number of elements (1 for a scalar).
-  [[nodiscard]] std::uint64_t numel() const noexcept {
-    std::uint64_t n = 1;
-    for (auto d : shape) n *= static_cast<std::uint64_t>(d);
-    return n;
-  }
+  [[nodiscard]] std::uint64_t numel() const noexcept { return shape_numel(shape); }
   /// @brief Bytes of data (end − begin).
   [[nodiscard]] std::uint64_t size_bytes() const noexcept { return end - begin; }
 };

@@ -176,7 +176,8 @@ inline int run_estimate_memory(std::span<char*> argv) {
       start = comma + 1;
     }
   }
-  const auto ix = accel::index_tree(tree);
+  const auto cached = tree.index();
+  const accel::TreeIndex& ix = *cached;
   const auto no_split = accel::no_split_modules(tree, a.values("no-split"));
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   std::string table = "dtype       largest layer                          total size\n";

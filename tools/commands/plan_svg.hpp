@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,11 +28,8 @@ inline std::string xml_escape(std::string_view s) {
   return out;
 }
 
-inline std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", v);
-  return buf;
-}
+// SVG coordinates and lengths, one decimal.
+inline std::string num(double v) { return accel::detail::fixed(v, 1); }
 
 /// Sizes of each map key (a module's or tensor's bytes, every shared tensor once).
 struct KeySize {

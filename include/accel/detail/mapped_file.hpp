@@ -21,30 +21,10 @@
 
 #include "../config.hpp"
 #include "../error.hpp"
+#include "unique_fd.hpp"
 
 ACCEL_NAMESPACE_BEGIN
 namespace detail {
-
-/// @brief Owns a file descriptor.
-class FileDescriptor {
- public:
-  FileDescriptor() = default;
-  explicit FileDescriptor(int fd) noexcept : fd_(fd) {}
-  FileDescriptor(FileDescriptor&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  FileDescriptor& operator=(FileDescriptor&& o) noexcept {
-    std::swap(fd_, o.fd_);
-    return *this;
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  [[nodiscard]] int get() const noexcept { return fd_; }
-
- private:
-  int fd_ = -1;
-};
 
 /// @brief A whole file mapped read-only (MAP_SHARED: pages come from the page cache, no copy).
 class MappedFile {
@@ -52,7 +32,7 @@ class MappedFile {
   MappedFile() = default;
   /// @throws accel::checkpoint_error naming the file and the system error
   explicit MappedFile(const std::filesystem::path& path) : path_(path) {
-    fd_ = FileDescriptor(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    fd_ = UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (fd_.get() < 0)
       throw_error<checkpoint_error>("cannot open '", path.string(), "': ", std::strerror(errno), "; check the path and permissions");
     struct stat st {};
@@ -99,7 +79,7 @@ class MappedFile {
 
  private:
   std::filesystem::path path_;
-  FileDescriptor fd_;
+  UniqueFd fd_;
   const std::byte* data_ = nullptr;
   std::uint64_t size_ = 0;
   std::uint64_t mtime_ns_ = 0;
@@ -126,7 +106,7 @@ inline void pread_exact(int fd, std::span<std::byte> out, std::uint64_t offset, 
 /// @throws accel::checkpoint_error naming the file and the system error (e.g. no space left)
 inline void write_file_atomic(const std::filesystem::path& path, std::span<const std::span<const std::byte>> parts) {
   const auto tmp = std::filesystem::path(path.string() + ".tmp." + std::to_string(::getpid()));
-  FileDescriptor fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0)
     throw_error<checkpoint_error>("cannot create '", tmp.string(), "': ", std::strerror(errno),
                                   "; check that the offload folder is writable");

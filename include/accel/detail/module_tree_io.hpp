@@ -217,7 +217,8 @@ inline bool natural_less(std::string_view a, std::string_view b) {
 /// @brief Writes a tree as model skeleton JSON (modules in pre-order, tensors, tie groups), the
 ///        format skeleton_from_json reads.
 [[nodiscard]] inline std::string to_skeleton_json(const ModuleTree& tree, int indent = -1) {
-  const auto ix = index_tree(tree);
+  const auto cached = tree.index();
+  const TreeIndex& ix = *cached;
   nlohmann::ordered_json j;
   j["modules"] = nlohmann::ordered_json::array();
   j["parameters"] = nlohmann::ordered_json::array();

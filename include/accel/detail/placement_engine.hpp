@@ -70,7 +70,6 @@ class PlacementEngine {
     std::optional<std::uint64_t> required{};
     std::int64_t fail_available = 0;
     std::uint64_t fail_needed = 0;
-    bool considered = false;
   };
 
   // ---- node helpers -------------------------------------------------------------------------
@@ -353,7 +352,6 @@ class PlacementEngine {
       std::uint64_t with_ties = size;
       for (auto p : partners) with_ties += node_size(p);
       Device& dev = devices_[d];
-      dev.considered = true;
       std::int64_t limit = dev.budget;
       std::uint64_t reserved = 0;
       if (dev.main) {
@@ -549,7 +547,7 @@ class PlacementEngine {
       p.buffers = dev.buffers;
       p.main = dev.main;
       p.required = dev.required;
-      if (dev.considered && !dev.got_any && dev.required)
+      if (!dev.got_any && dev.required)  // set only once the device was tried
         nothing.push_back(concat("  - ", device_label(dev), ": ", *dev.required, " bytes required"));
       if (!dev.where.is_gpu()) offloaded_buffers += dev.buffers;
       any_gpu = any_gpu || dev.where.is_gpu();
