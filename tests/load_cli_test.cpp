@@ -12,7 +12,7 @@
 using accel::DType;
 
 namespace {
-std::string q(const std::filesystem::path& p) { return "'" + p.string() + "'"; }
+using accel_test::quoted;
 
 void write_model(const std::filesystem::path& dir) {
   accel_test::write_sharded(dir, {{{"model.embed.weight", DType::F16, {64, 16}, {}}, {"model.layers.0.w", DType::F32, {32, 32}, {}}},
@@ -25,8 +25,8 @@ TEST_CASE("accel load with a device map file prints per-device totals and the lo
   accel_test::TempDir dir;
   write_model(dir.path());
   accel_test::write_text(dir / "map.json", R"({"model.embed": 0, "model.layers.0": 1, "model.layers.1": "cpu", "lm_head": "disk"})");
-  auto r = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + q(dir.path()) + " --device-map " +
-                                                         q(dir / "map.json") + " --simulate-gpus 1MiB,1MiB 2>&1"));
+  auto r = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) + " --device-map " +
+                                                         quoted(dir / "map.json") + " --simulate-gpus 1MiB,1MiB 2>&1"));
   INFO(r.output);
   REQUIRE(r.status == 0);
   CHECK(r.output.find("(5 tensors, 12.1 KiB), device map from") != std::string::npos);
@@ -42,7 +42,7 @@ TEST_CASE("accel load --json plans a map from the headers and reports conversion
   accel_test::TempDir dir;
   write_model(dir.path());
   // The GPU is exactly the budget: the plan leaves room for both fetch buffers (2 largest layers).
-  auto r = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + q(dir.path()) +
+  auto r = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) +
                                                          " --device-map sequential --max-memory 0=8KiB,cpu=1GiB"
                                                          " --simulate-gpus 8KiB --dtype bfloat16 --json"));
   INFO(r.output);
@@ -59,7 +59,7 @@ TEST_CASE("accel load --json plans a map from the headers and reports conversion
 TEST_CASE("accel load maps bad input to documented exit codes with the reason", "[cli][load]") {
   accel_test::TempDir dir;
   write_model(dir.path());
-  const std::string ck = " --checkpoint " + q(dir.path());
+  const std::string ck = " --checkpoint " + quoted(dir.path());
   SECTION("a truncated shard is a checkpoint error (6)") {
     std::filesystem::resize_file(dir / "model-00002-of-00002.safetensors", 100);
     auto r = accel_test::run_command(accel_test::accel_cli("load" + ck + " --device-map '{\"\": \"cpu\"}' 2>&1"));

@@ -38,12 +38,7 @@ std::string run_capture(const std::string& cmd) {
 
 const std::string script = std::string(ACCEL_TEST_SOURCE_DIR) + "/tests/compat/accelerate_offload.py";
 
-struct Sample {
-  std::string name;
-  DType dtype;
-  std::vector<std::int64_t> shape;
-  std::vector<std::byte> data;
-};
+using Sample = accel_test::TensorSpec;
 
 std::vector<Sample> samples() {
   std::vector<Sample> s{{"model.embed.weight", DType::BF16, {7, 5}, {}}, {"model.layers.0.w", DType::F16, {3, 4}, {}},
@@ -51,9 +46,7 @@ std::vector<Sample> samples() {
                         {"model.mask", DType::BOOL, {3}, {}},             {"model.scale", DType::F32, {}, {}},
                         {"model.empty", DType::F16, {0, 4}, {}}};
   for (auto& x : s) {
-    std::uint64_t n = 1;
-    for (auto d : x.shape) n *= static_cast<std::uint64_t>(d);
-    x.data = accel_test::pattern_bytes(x.name, n * accel::element_size_bytes(x.dtype));
+    x.data = accel_test::pattern_bytes(x.name, accel_test::spec_bytes(x));
     if (x.dtype == DType::BOOL)
       for (auto& b : x.data) b = static_cast<std::byte>(static_cast<unsigned>(b) & 1u);
   }

@@ -24,14 +24,14 @@ constexpr const char* skeleton = R"({
               {"name": "batchnorm.running_var", "shape": [4], "dtype": "float32"},
               {"name": "batchnorm.num_batches_tracked", "shape": [], "dtype": "int64"}]})";
 
-std::string q(const std::filesystem::path& p) { return "'" + p.string() + "'"; }
+using accel_test::quoted;
 }  // namespace
 
 TEST_CASE("accel plan --json prints only the device map for explicit GPU budgets without a GPU", "[cli][plan]") {
   accel_test::TempDir dir;
   accel_test::write_text(dir / "m.json", skeleton);
   auto r = accel_test::run_command(
-      accel_test::accel_cli("plan --skeleton " + q(dir / "m.json") + " --max-memory 0=200,1=200 --device-map sequential --json"));
+      accel_test::accel_cli("plan --skeleton " + quoted(dir / "m.json") + " --max-memory 0=200,1=200 --device-map sequential --json"));
   REQUIRE(r.status == 0);
   auto j = nlohmann::ordered_json::parse(r.output);
   CHECK(j.dump() == R"({"linear1":0,"batchnorm":1,"linear2":1})");
@@ -40,7 +40,7 @@ TEST_CASE("accel plan --json prints only the device map for explicit GPU budgets
 TEST_CASE("accel plan --gpu-reserve-layers keeps room for more fetch buffers on the first GPU", "[cli][plan]") {
   accel_test::TempDir dir;
   accel_test::write_text(dir / "m.json", skeleton);
-  const std::string base = "plan --skeleton " + q(dir / "m.json") + " --max-memory 0=300,1=300 --device-map sequential --json";
+  const std::string base = "plan --skeleton " + quoted(dir / "m.json") + " --max-memory 0=300,1=300 --device-map sequential --json";
   auto one = accel_test::run_command(accel_test::accel_cli(base));
   REQUIRE(one.status == 0);
   CHECK(nlohmann::ordered_json::parse(one.output).dump() == R"({"":0})");
@@ -55,8 +55,8 @@ TEST_CASE("accel plan --gpu-reserve-layers keeps room for more fetch buffers on 
 TEST_CASE("accel plan prints the table, the streaming cost and the map, and draws an SVG", "[cli][plan]") {
   accel_test::TempDir dir;
   accel_test::write_text(dir / "m.json", skeleton);
-  auto r = accel_test::run_command(accel_test::accel_cli("plan --skeleton " + q(dir / "m.json") +
-                                                         " --max_memory '0=170,cpu=80' --svg " + q(dir / "p.svg") + " 2>&1"));
+  auto r = accel_test::run_command(accel_test::accel_cli("plan --skeleton " + quoted(dir / "m.json") +
+                                                         " --max_memory '0=170,cpu=80' --svg " + quoted(dir / "p.svg") + " 2>&1"));
   INFO(r.output);
   REQUIRE(r.status == 0);
   CHECK(r.output.find("device  budget") != std::string::npos);
@@ -77,7 +77,7 @@ TEST_CASE("accel plan reads a sharded checkpoint's headers", "[cli][plan]") {
   for (int i = 0; i < 4; ++i) (i < 2 ? a : b).push_back({"model.layers." + std::to_string(i) + ".w", accel::DType::BF16, {16, 16}, {}});
   b.push_back({"lm_head.weight", accel::DType::BF16, {64, 16}, {}});
   accel_test::write_sharded(dir.path(), {a, b});
-  auto r = accel_test::run_command(accel_test::accel_cli("plan --checkpoint " + q(dir.path()) +
+  auto r = accel_test::run_command(accel_test::accel_cli("plan --checkpoint " + quoted(dir.path()) +
                                                          " --max-memory 0=3000,1=3000,cpu=600 --device-map sequential --json"));
   INFO(r.output);
   REQUIRE(r.status == 0);
@@ -89,7 +89,7 @@ TEST_CASE("accel plan reads a sharded checkpoint's headers", "[cli][plan]") {
 TEST_CASE("accel plan maps each failure to its exit code and message", "[cli][plan]") {
   accel_test::TempDir dir;
   accel_test::write_text(dir / "m.json", skeleton);
-  const std::string sk = " --skeleton " + q(dir / "m.json");
+  const std::string sk = " --skeleton " + quoted(dir / "m.json");
   auto infeasible = accel_test::run_command(accel_test::accel_cli("plan" + sk + " --max-memory 0=50,disk=0 2>&1"));
   CHECK(infeasible.status == 5);
   CHECK(infeasible.output.find("[accel.planning] cannot place") != std::string::npos);
@@ -105,11 +105,11 @@ TEST_CASE("accel plan maps each failure to its exit code and message", "[cli][pl
   auto mode = accel_test::run_command(accel_test::accel_cli("plan" + sk + " --max-memory 0=1GiB --device-map fastest 2>&1"));
   CHECK(mode.status == 2);
   accel_test::write_bytes(dir / "bad.safetensors", std::vector<std::byte>(4));
-  auto ckpt = accel_test::run_command(accel_test::accel_cli("plan --checkpoint " + q(dir / "bad.safetensors") + " --max-memory 0=1GiB 2>&1"));
+  auto ckpt = accel_test::run_command(accel_test::accel_cli("plan --checkpoint " + quoted(dir / "bad.safetensors") + " --max-memory 0=1GiB 2>&1"));
   CHECK(ckpt.status == 6);
   CHECK(ckpt.output.find("file is 4 bytes") != std::string::npos);
   accel_test::write_text(dir / "broken.json", R"({"parameters": [{"name": "w", "shape": [1]}]})");
-  auto skel = accel_test::run_command(accel_test::accel_cli("plan --skeleton " + q(dir / "broken.json") + " --max-memory 0=1GiB 2>&1"));
+  auto skel = accel_test::run_command(accel_test::accel_cli("plan --skeleton " + quoted(dir / "broken.json") + " --max-memory 0=1GiB 2>&1"));
   CHECK(skel.status == 3);
   CHECK(skel.output.find("parameters[0] has no 'dtype'") != std::string::npos);
   auto help = accel_test::run_command(accel_test::accel_cli("plan --help"));
@@ -120,7 +120,7 @@ TEST_CASE("accel plan maps each failure to its exit code and message", "[cli][pl
 TEST_CASE("accel plan without budgets measures the machine", "[cli][plan]") {
   accel_test::TempDir dir;
   accel_test::write_text(dir / "m.json", skeleton);
-  auto r = accel_test::run_command(accel_test::accel_cli("plan --skeleton " + q(dir / "m.json") + " 2>&1"));
+  auto r = accel_test::run_command(accel_test::accel_cli("plan --skeleton " + quoted(dir / "m.json") + " 2>&1"));
   INFO(r.output);
   REQUIRE(r.status == 0);
   CHECK(r.output.find("budgets (measured") != std::string::npos);
@@ -129,7 +129,7 @@ TEST_CASE("accel plan without budgets measures the machine", "[cli][plan]") {
 TEST_CASE("accel estimate-memory prints total and largest layer per dtype", "[cli][plan]") {
   accel_test::TempDir dir;
   accel_test::write_text(dir / "m.json", skeleton);
-  auto r = accel_test::run_command(accel_test::accel_cli("estimate-memory --skeleton " + q(dir / "m.json") + " --json"));
+  auto r = accel_test::run_command(accel_test::accel_cli("estimate-memory --skeleton " + quoted(dir / "m.json") + " --json"));
   REQUIRE(r.status == 0);
   auto j = nlohmann::json::parse(r.output);
   REQUIRE(j.size() == 4);
@@ -140,10 +140,10 @@ TEST_CASE("accel estimate-memory prints total and largest layer per dtype", "[cl
   CHECK(j[1]["total_bytes"] == 122);  // int64 counter keeps 8 bytes
   CHECK(j[3]["dtype"] == "int4");
   CHECK(j[3]["total_bytes"] == 114 / 4 + 8);
-  auto table = accel_test::run_command(accel_test::accel_cli("estimate-memory --skeleton " + q(dir / "m.json")));
+  auto table = accel_test::run_command(accel_test::accel_cli("estimate-memory --skeleton " + quoted(dir / "m.json")));
   CHECK(table.status == 0);
   CHECK(table.output.find("float16     50 B (linear2)") != std::string::npos);
-  auto bad = accel_test::run_command(accel_test::accel_cli("estimate-memory --skeleton " + q(dir / "m.json") + " --dtypes float7 2>&1"));
+  auto bad = accel_test::run_command(accel_test::accel_cli("estimate-memory --skeleton " + quoted(dir / "m.json") + " --dtypes float7 2>&1"));
   CHECK(bad.status == 2);
   CHECK(bad.output.find("unknown dtype 'float7'") != std::string::npos);
 }

@@ -7,9 +7,13 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 namespace accel_test {
+
+/// @brief A path single-quoted for the shell command lines the CLI tests build.
+inline std::string quoted(const std::filesystem::path& p) { return "'" + p.string() + "'"; }
 
 struct CommandResult {
   int status = -1;     ///< exit status (128 + signal when killed)

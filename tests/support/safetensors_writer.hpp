@@ -44,9 +44,7 @@ inline std::vector<std::byte> pattern_bytes(const std::string& name, std::uint64
 
 /// @brief Bytes a tensor spec occupies (element count × element size; sub-byte rounded down).
 inline std::uint64_t spec_bytes(const TensorSpec& t) {
-  std::uint64_t n = 1;
-  for (auto d : t.shape) n *= static_cast<std::uint64_t>(d);
-  return n * accel::bit_size(t.dtype) / 8;
+  return accel::shape_numel(t.shape) * accel::bit_size(t.dtype) / 8;
 }
 
 /// @brief Assembles a file from header text and data: u64 LE length, header, data. Nothing is
