@@ -10,7 +10,7 @@
 // rank 0 prints one CSV line per case: impl,case,procs,payload_bytes,iters,mean_us,MB_per_s
 // (MB/s = bytes every rank receives per gather / mean time). benchmarks/compare/torch_gather.py
 // runs this and torch.distributed's all_gather_object on gloo with the same payloads.
-#include <accel/collectives.hpp>
+#include <accel/comm/collectives.hpp>
 
 #include <spawn.h>
 #include <sys/wait.h>

@@ -6,7 +6,7 @@
 //
 // usage: load_bench [--size-mib N] [--repeats N] [--dir PATH] [--cold] [--python PATH]
 // (google-benchmark flags such as --benchmark_min_time are accepted and ignored)
-#include <accel/dispatch.hpp>
+#include <accel/load/dispatch.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -7,7 +7,8 @@
 //   ACCEL_BENCH_SKELETONS=build/skeletons build/rel/benchmarks/planner_bench
 #include <benchmark/benchmark.h>
 
-#include <accel/planner.hpp>
+#include <accel/plan/planner.hpp>
+#include <accel/model/skeleton.hpp>
 
 #include <cstdio>
 #include <cstdlib>

@@ -5,7 +5,7 @@
 // main process prints every prompt's result in the original order, gathered from all processes.
 //
 //   accel launch --num_processes 2 ./infer_split_gather
-#include <accel/collectives.hpp>
+#include <accel/comm/collectives.hpp>
 #include <accel/state.hpp>
 
 #include <cstdint>

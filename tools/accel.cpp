@@ -7,8 +7,8 @@
 #include <span>
 #include <string_view>
 
-#include <accel/error.hpp>
-#include <accel/version.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/runtime/version.hpp>
 
 #include "commands/env.hpp"
 #include "commands/exit_codes.hpp"

@@ -1,14 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
 /// @file accel.hpp
-/// @brief Umbrella header: every public part of accel (the launcher's internals excepted).
+/// @brief Umbrella header: the public headers of every layer (the launcher's process supervision
+///        excepted; that is the `accel launch` command's business).
 #pragma once
 
-#include "state.hpp"
-#include "collectives.hpp"
-#include "module_tree.hpp"
-#include "memory.hpp"
-#include "planner.hpp"
-#include "plan_report.hpp"
-#include "dispatch.hpp"
-#include "offload.hpp"
+#include <accel/state.hpp>
+#include <accel/comm/collectives.hpp>
+#include <accel/model/checkpoint_tree.hpp>
+#include <accel/model/module_tree.hpp>
+#include <accel/model/skeleton.hpp>
+#include <accel/plan/max_memory.hpp>
+#include <accel/plan/plan_report.hpp>
+#include <accel/plan/planner.hpp>
+#include <accel/load/dispatch.hpp>
+#include <accel/load/offload.hpp>

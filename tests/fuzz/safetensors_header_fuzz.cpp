@@ -4,8 +4,8 @@
 // header that satisfies every format invariant or throws accel::checkpoint_error; nothing else
 // (crash, other exception, sanitizer report) is allowed. Also feeds the bytes to the index and
 // offload-index parsers, which must behave the same way.
-#include <accel/offload.hpp>
-#include <accel/safetensors.hpp>
+#include <accel/load/offload.hpp>
+#include <accel/model/safetensors.hpp>
 
 #include <cstdint>
 #include <cstdlib>

@@ -5,8 +5,8 @@
 // error, never a crash, leak or hang.
 //   clang++ -std=c++20 -fsanitize=fuzzer,address,undefined -I include tests/fuzz/store_frame_fuzz.cpp
 // (tests/fuzz/CMakeLists.txt builds it with clang++; a short fixed-seed run is part of ctest.)
-#include <accel/detail/store_core.hpp>
-#include <accel/serialize.hpp>
+#include <accel/comm/store_core.hpp>
+#include <accel/comm/serialize.hpp>
 
 #include <cstddef>
 #include <cstdint>

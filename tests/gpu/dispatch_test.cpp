@@ -3,7 +3,7 @@
 // GPU tests for load_checkpoint_and_dispatch and fetch/prefetch on the real CUDA device ([.gpu]:
 // run by tests/gpu/run.sh only). Correctness is asserted; throughput and overlap are printed
 // (goals: load >= 0.9x of the pinned cudaMemcpy peak; prefetch hides most of the copy time).
-#include <accel/dispatch.hpp>
+#include <accel/load/dispatch.hpp>
 
 #include <cuda_runtime_api.h>
 

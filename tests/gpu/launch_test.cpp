@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
 // GPU tests for accel launch's checklist against the real driver ([.gpu]: run by tests/gpu/run.sh only).
-#include <accel/devices.hpp>
+#include <accel/runtime/devices.hpp>
 
 #include <sys/wait.h>
 

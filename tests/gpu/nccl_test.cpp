@@ -2,7 +2,7 @@
 // SPDX-FileCopyrightText: accel contributors
 // NCCL on a real GPU (world size 1: NCCL refuses two ranks on one GPU before 2.30). Hidden tag
 // [.gpu]; tests/gpu/run.sh runs it on the GPU machine.
-#include <accel/collectives.hpp>
+#include <accel/comm/collectives.hpp>
 
 #include <cuda_runtime_api.h>
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include <accel/devices.hpp>
+#include <accel/runtime/devices.hpp>
 
 namespace accel_test {
 

@@ -7,7 +7,7 @@
 #include <map>
 #include <string>
 
-#include <accel/env.hpp>
+#include <accel/runtime/env.hpp>
 
 namespace accel_test {
 

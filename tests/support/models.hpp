@@ -4,7 +4,7 @@
 /// @brief Small model trees shared by the module-tree and planner tests.
 #pragma once
 
-#include <accel/module_tree.hpp>
+#include <accel/model/module_tree.hpp>
 
 namespace accel_test {
 

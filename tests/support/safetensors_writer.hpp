@@ -19,7 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include <accel/dtype.hpp>
+#include <accel/model/dtype.hpp>
 #include <unistd.h>
 
 namespace accel_test {

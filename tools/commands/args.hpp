@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include <accel/error.hpp>
+#include <accel/runtime/error.hpp>
 
 namespace accel_cli {
 

@@ -12,7 +12,7 @@
 
 #include <accel/state.hpp>
 #include "exit_codes.hpp"
-#include <accel/version.hpp>
+#include <accel/runtime/version.hpp>
 
 #if ACCEL_HAS_CUDA()
 #include <cuda_runtime_api.h>

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include <accel/error.hpp>
+#include <accel/runtime/error.hpp>
 
 namespace accel_cli {
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include <accel/comm/store.hpp>
-#include <accel/launch.hpp>
+#include <accel/launch/run.hpp>
 
 namespace accel_cli {
 

@@ -15,11 +15,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include <accel/detail/progress.hpp>
-#include <accel/dispatch.hpp>
-#include <accel/memory.hpp>
-#include <accel/module_tree.hpp>
-#include <accel/planner.hpp>
+#include <accel/load/progress.hpp>
+#include <accel/load/dispatch.hpp>
+#include <accel/plan/max_memory.hpp>
+#include <accel/model/checkpoint_tree.hpp>
+#include <accel/model/module_tree.hpp>
+#include <accel/model/skeleton.hpp>
+#include <accel/plan/planner.hpp>
 
 #include "args.hpp"
 
@@ -107,7 +109,7 @@ inline int run_load(std::span<char*> argv) {
     map = accel::DeviceMap::from_json(map_arg);
     map_source = "given inline";
   } else if (fs::is_regular_file(map_arg, ec)) {
-    map = accel::DeviceMap::from_json(accel::detail::read_text_file(map_arg, "device map"));
+    map = accel::DeviceMap::from_json(accel::read_text_file(map_arg, "device map"));
     map_source = "from " + map_arg;
   } else {
     const auto mode = accel::parse_device_map_mode(map_arg);
@@ -162,28 +164,28 @@ inline int run_load(std::span<char*> argv) {
     return 0;
   }
   std::printf("accel load: %s (%zu tensors, %s), device map %s\n\n", path->c_str(), model.tensors().size(),
-              accel::detail::human_bytes(static_cast<double>(r.bytes_loaded)).c_str(), map_source.c_str());
+              accel::text::format_bytes(static_cast<double>(r.bytes_loaded), accel::text::ByteStyle::significant3).c_str(), map_source.c_str());
   std::printf("%-10s %8s %12s  %s\n", "device", "tensors", "bytes", "held as");
   for (const auto& [p, tot] : r.per_placement) {
     std::string held;
     for (const auto& [k, n] : storage[p]) held += (held.empty() ? "" : ", ") + std::to_string(n) + " " + k;
     std::printf("%-10s %8zu %12s  %s\n", detail_load::placement_label(p).c_str(), tot.tensors,
-                accel::detail::human_bytes(static_cast<double>(tot.bytes)).c_str(), held.c_str());
+                accel::text::format_bytes(static_cast<double>(tot.bytes), accel::text::ByteStyle::significant3).c_str(), held.c_str());
   }
   std::printf("\nloaded in %.3f s: %s copied at %s/s", r.seconds,
-              accel::detail::human_bytes(static_cast<double>(r.bytes_copied)).c_str(),
-              accel::detail::human_bytes(r.copy_rate()).c_str());
+              accel::text::format_bytes(static_cast<double>(r.bytes_copied), accel::text::ByteStyle::significant3).c_str(),
+              accel::text::format_bytes(r.copy_rate(), accel::text::ByteStyle::significant3).c_str());
   if (r.offload_written + r.offload_reused) std::printf("; offload folder: %zu written, %zu reused", r.offload_written, r.offload_reused);
   std::printf("\n");
   if (!r.unexpected.empty())
     std::printf("warning: %zu checkpoint tensor(s) not covered by the device map were skipped: %s\n", r.unexpected.size(),
-                accel::detail::name_list(r.unexpected).c_str());
+                accel::text::quoted_list(r.unexpected).c_str());
   if (!r.unused_keys.empty())
     std::printf("note: %zu device-map key(s) cover no checkpoint tensor: %s\n", r.unused_keys.size(),
-                accel::detail::name_list(r.unused_keys).c_str());
+                accel::text::quoted_list(r.unused_keys).c_str());
   if (model.fetch_buffer_bytes())
     std::printf("fetch buffers on cuda:%d: %zu x %s (largest offloaded layer)\n", model.execution_device().value_or(0),
-                model.fetch_buffer_count(), accel::detail::human_bytes(static_cast<double>(model.fetch_buffer_bytes())).c_str());
+                model.fetch_buffer_count(), accel::text::format_bytes(static_cast<double>(model.fetch_buffer_bytes()), accel::text::ByteStyle::significant3).c_str());
   for (const auto& w : r.warnings) std::printf("warning: %s\n", w.c_str());
   return 0;
 }

@@ -15,12 +15,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include <accel/devices.hpp>
-#include <accel/launch.hpp>
-#include <accel/memory.hpp>
-#include <accel/module_tree.hpp>
-#include <accel/plan_report.hpp>
-#include <accel/planner.hpp>
+#include <accel/runtime/devices.hpp>
+#include <accel/launch/launch_plan.hpp>
+#include <accel/plan/max_memory.hpp>
+#include <accel/model/checkpoint_tree.hpp>
+#include <accel/model/module_tree.hpp>
+#include <accel/model/skeleton.hpp>
+#include <accel/plan/plan_report.hpp>
+#include <accel/plan/planner.hpp>
 
 #include "args.hpp"
 #include "plan_svg.hpp"
@@ -125,7 +127,7 @@ inline int run_plan(std::span<char*> argv) {
   const auto plan = accel::plan_device_map(model.tree, mode, opts, defaulted);
   const auto report = accel::make_plan_report(plan, bw);
   if (auto svg_path = a.value("svg")) {
-    const auto sizes = accel::compute_module_sizes(model.tree, accel::detail::size_options(opts));
+    const auto sizes = accel::compute_module_sizes(model.tree, accel::size_options(opts));
     std::vector<std::vector<KeySize>> keys(plan.devices.size());
     for (const auto& [key, where] : plan.device_map) {
       std::uint64_t bytes = key.empty() ? sizes.total() : 0;
@@ -145,7 +147,7 @@ inline int run_plan(std::span<char*> argv) {
     return 0;
   }
   std::printf("accel plan: %s, %zu tensors, %s, mode %s\n", model.label.c_str(), model.tree.tensors().size(),
-              accel::format_bytes(plan.total_bytes).c_str(), a.value("device-map").value_or("auto").c_str());
+              accel::text::format_bytes(plan.total_bytes).c_str(), a.value("device-map").value_or("auto").c_str());
   std::printf("budgets%s: %s\n\n", defaulted ? " (measured: free GPU memory minus max(1 GiB, 10%), 90% of available RAM)" : "",
               plan.budgets.to_string().c_str());
   std::fputs(accel::format_plan_table(plan, report).c_str(), stdout);
@@ -202,11 +204,11 @@ inline int run_estimate_memory(std::span<char*> argv) {
                    {"total_bytes", sizes.total()}});
     std::string line = row;
     line.resize(12, ' ');
-    std::string l = accel::format_bytes(largest.bytes) + " (" + (largest.name.empty() ? "-" : largest.name) + ")";
+    std::string l = accel::text::format_bytes(largest.bytes) + " (" + (largest.name.empty() ? "-" : largest.name) + ")";
     if (l.size() > 38) l = l.substr(0, 35) + "...";
     line += l;
     line.resize(51, ' ');
-    table += line + accel::format_bytes(sizes.total()) + "\n";
+    table += line + accel::text::format_bytes(sizes.total()) + "\n";
   }
   if (a.has("json")) {
     std::printf("%s\n", out.dump(2).c_str());

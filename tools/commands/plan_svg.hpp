@@ -8,9 +8,9 @@
 #include <string_view>
 #include <vector>
 
-#include <accel/memory.hpp>
-#include <accel/plan_report.hpp>
-#include <accel/planner.hpp>
+#include <accel/plan/max_memory.hpp>
+#include <accel/plan/plan_report.hpp>
+#include <accel/plan/planner.hpp>
 
 namespace accel_cli {
 
@@ -29,7 +29,7 @@ inline std::string xml_escape(std::string_view s) {
 }
 
 // SVG coordinates and lengths, one decimal.
-inline std::string num(double v) { return accel::detail::fixed(v, 1); }
+inline std::string num(double v) { return accel::text::fixed(v, 1); }
 
 /// Sizes of each map key (a module's or tensor's bytes, every shared tensor once).
 struct KeySize {
@@ -54,8 +54,8 @@ inline std::string render_plan_svg(const accel::PlanResult& plan, const accel::P
        "</pattern></defs>\n";
   s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   s += "<text x=\"20\" y=\"28\" font-size=\"18\" font-weight=\"bold\">" + xml_escape(title) + "</text>\n";
-  s += "<text x=\"20\" y=\"50\" font-size=\"12\" fill=\"#555\">model " + xml_escape(accel::format_bytes(plan.total_bytes)) +
-       ", largest layer " + xml_escape(accel::format_bytes(plan.largest_layer)) +
+  s += "<text x=\"20\" y=\"50\" font-size=\"12\" fill=\"#555\">model " + xml_escape(accel::text::format_bytes(plan.total_bytes)) +
+       ", largest layer " + xml_escape(accel::text::format_bytes(plan.largest_layer)) +
        "; each bar is one device's budget, the red line its limit, the hatched end the reserve kept for the largest layer</text>\n";
   static constexpr const char* gpu_colors[] = {"#4c78a8", "#72b7b2", "#54a24b", "#88b4d8"};
   static constexpr const char* cpu_colors[] = {"#f58518", "#f2b05e"};
@@ -69,7 +69,7 @@ inline std::string render_plan_svg(const accel::PlanResult& plan, const accel::P
     auto x_of = [&](double bytes) { return left + (scale_bytes > 0 ? bar_w * bytes / scale_bytes : 0.0); };
     s += "<text x=\"20\" y=\"" + num(y + 19) + "\" font-size=\"15\" font-weight=\"bold\">" + label + "</text>\n";
     s += "<text x=\"20\" y=\"" + num(y + 36) + "\" font-size=\"11\" fill=\"#555\">" +
-         (d.budget ? "budget " + accel::format_bytes(*d.budget) : std::string("unbounded")) + "</text>\n";
+         (d.budget ? "budget " + accel::text::format_bytes(*d.budget) : std::string("unbounded")) + "</text>\n";
     s += "<rect x=\"" + num(left) + "\" y=\"" + num(y) + "\" width=\"" + num(bar_w) + "\" height=\"" + num(bar_h) +
          "\" fill=\"#f4f4f4\" stroke=\"#bbb\"/>\n";
     if (d.main && d.budget && d.reserve > 0) {
@@ -86,7 +86,7 @@ inline std::string render_plan_svg(const accel::PlanResult& plan, const accel::P
                           : d.device.is_cpu() ? cpu_colors[k % 2] : disk_colors[k % 2];
       s += "<rect x=\"" + num(x0) + "\" y=\"" + num(y) + "\" width=\"" + num(std::max(x1 - x0, 0.0)) + "\" height=\"" +
            num(bar_h) + "\" fill=\"" + color + "\" stroke=\"white\" stroke-width=\"0.5\"><title>" +
-           xml_escape(keys[k].key.empty() ? "(everything)" : keys[k].key) + ": " + accel::format_bytes(keys[k].bytes) +
+           xml_escape(keys[k].key.empty() ? "(everything)" : keys[k].key) + ": " + accel::text::format_bytes(keys[k].bytes) +
            "</title></rect>\n";
       // Label the segment with the end of its name when it is wide enough (about 6 px a character).
       std::string shortname = keys[k].key.empty() ? std::string("everything") : keys[k].key;
@@ -101,7 +101,7 @@ inline std::string render_plan_svg(const accel::PlanResult& plan, const accel::P
     // One caption under the bar: the modules, with numbered runs collapsed.
     std::vector<std::string> names;
     for (const auto& k : keys) names.push_back(k.key);
-    std::string caption = names.empty() ? std::string("(nothing placed)") : accel::detail::summarize_keys(names, 5);
+    std::string caption = names.empty() ? std::string("(nothing placed)") : accel::summarize_keys(names, 5);
     if (caption.size() > 95) caption = caption.substr(0, 92) + "...";
     s += "<text x=\"" + num(left) + "\" y=\"" + num(y + bar_h + 15) + "\" font-size=\"11\" fill=\"#333\">" +
          xml_escape(caption) + "</text>\n";
@@ -110,9 +110,9 @@ inline std::string render_plan_svg(const accel::PlanResult& plan, const accel::P
       s += "<line x1=\"" + num(bx) + "\" y1=\"" + num(y - 4) + "\" x2=\"" + num(bx) + "\" y2=\"" + num(y + bar_h + 4) +
            "\" stroke=\"#d62728\" stroke-width=\"2\" stroke-dasharray=\"4,2\"/>\n";
     }
-    std::string right = accel::format_bytes(d.placed);
+    std::string right = accel::text::format_bytes(d.placed);
     if (d.budget && *d.budget > 0)
-      right += " / " + accel::format_bytes(*d.budget) + " (" +
+      right += " / " + accel::text::format_bytes(*d.budget) + " (" +
                num(100.0 * static_cast<double>(d.placed) / static_cast<double>(*d.budget)) + "%)";
     s += "<text x=\"" + num(left + bar_w + 12) + "\" y=\"" + num(y + 20) + "\" font-size=\"12\">" + xml_escape(right) + "</text>\n";
   }
@@ -121,12 +121,12 @@ inline std::string render_plan_svg(const accel::PlanResult& plan, const accel::P
   if (report.streamed_from_cpu + report.streamed_from_disk == 0) {
     stream = "nothing streams per forward pass: every weight stays on its execution device";
   } else {
-    stream = "per forward pass: " + accel::format_bytes(report.streamed_from_cpu) + " from CPU + " +
-             accel::format_bytes(report.streamed_from_disk) + " from disk to " +
+    stream = "per forward pass: " + accel::text::format_bytes(report.streamed_from_cpu) + " from CPU + " +
+             accel::text::format_bytes(report.streamed_from_disk) + " from disk to " +
              (report.execution_device ? "GPU " + report.execution_device->to_string() : std::string("CPU")) +
-             ", about " + accel::detail::format_seconds(report.seconds_total()) + " of transfers at " +
-             accel::detail::fixed(report.bandwidths.host_to_device / 1e9, 1) + " GB/s host-to-GPU and " +
-             accel::detail::fixed(report.bandwidths.disk_read / 1e9, 1) + " GB/s disk";
+             ", about " + accel::text::format_seconds(report.seconds_total()) + " of transfers at " +
+             accel::text::fixed(report.bandwidths.host_to_device / 1e9, 1) + " GB/s host-to-GPU and " +
+             accel::text::fixed(report.bandwidths.disk_read / 1e9, 1) + " GB/s disk";
   }
   s += "<text x=\"20\" y=\"" + num(fy) + "\" font-size=\"13\">" + xml_escape(stream) + "</text>\n";
   s += "</svg>\n";

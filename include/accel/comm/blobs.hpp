@@ -9,8 +9,8 @@
 #include <span>
 #include <vector>
 
-#include "../config.hpp"
-#include "../error.hpp"
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/error.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 

@@ -22,10 +22,10 @@
 #include <utility>
 #include <vector>
 
-#include "../config.hpp"
-#include "../detail/wire.hpp"
-#include "../error.hpp"
-#include "blobs.hpp"
+#include <accel/runtime/config.hpp>
+#include <accel/comm/wire.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/comm/blobs.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 

@@ -22,12 +22,12 @@
 #include <utility>
 #include <vector>
 
-#include "../config.hpp"
-#include "../detail/shm.hpp"
-#include "../detail/wire.hpp"
-#include "../error.hpp"
-#include "communicator.hpp"
-#include "store.hpp"
+#include <accel/runtime/config.hpp>
+#include <accel/comm/detail/shm.hpp>
+#include <accel/comm/wire.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/comm/communicator.hpp>
+#include <accel/comm/store.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 

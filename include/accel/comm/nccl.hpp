@@ -21,10 +21,11 @@
 #include <utility>
 #include <vector>
 
-#include "../config.hpp"
-#include "../error.hpp"
-#include "communicator.hpp"
-#include "store.hpp"
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/comm/communicator.hpp>
+#include <accel/comm/store.hpp>
+#include <accel/runtime/text.hpp>
 
 #if ACCEL_HAS_NCCL()
 #include <cuda_runtime_api.h>
@@ -217,7 +218,7 @@ class NcclCommunicator final : public Communicator {
       if (state != ncclInProgress) nccl(state, what);
       if (std::chrono::steady_clock::now() > deadline) {
         abort();
-        detail::throw_error<timeout_error>(what, " did not finish within ", detail::format_ms(static_cast<std::uint64_t>(timeout().count())),
+        detail::throw_error<timeout_error>(what, " did not finish within ", text::format_ms(static_cast<std::uint64_t>(timeout().count())),
                                            " on rank ", rank(), "; the NCCL communicator was aborted");
       }
       std::this_thread::sleep_for(pause);
@@ -235,7 +236,7 @@ class NcclCommunicator final : public Communicator {
       if (std::chrono::steady_clock::now() > deadline) {
         abort();
         detail::throw_error<timeout_error>(label, " did not finish on the GPU within ",
-                                           detail::format_ms(static_cast<std::uint64_t>(timeout().count())), " on rank ", rank(),
+                                           text::format_ms(static_cast<std::uint64_t>(timeout().count())), " on rank ", rank(),
                                            "; the NCCL communicator was aborted (is another rank stuck or dead?)");
       }
       std::this_thread::sleep_for(pause);

@@ -32,13 +32,14 @@
 #include <utility>
 #include <vector>
 
-#include "../config.hpp"
-#include "../detail/socket.hpp"
-#include "../detail/store_core.hpp"
-#include "../detail/wire.hpp"
-#include "../env.hpp"
-#include "../error.hpp"
-#include "blobs.hpp"
+#include <accel/runtime/bytes.hpp>
+#include <accel/runtime/config.hpp>
+#include <accel/comm/detail/socket.hpp>
+#include <accel/comm/store_core.hpp>
+#include <accel/comm/wire.hpp>
+#include <accel/runtime/env.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/comm/blobs.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 
@@ -349,8 +350,7 @@ class StoreClient {
     if (st == detail::IoStatus::ok) st = detail::recv_all(fd_.get(), head, deadline, err);
     std::vector<std::byte> body;
     if (st == detail::IoStatus::ok) {
-      std::uint32_t len = 0;
-      for (int i = 0; i < 4; ++i) len |= static_cast<std::uint32_t>(static_cast<std::uint32_t>(head[i]) << (8 * i));
+      const auto len = load_le<std::uint32_t>(head);
       if (len == 0) lost(what, "an empty reply");
       body.resize(len);
       st = detail::recv_all(fd_.get(), body, deadline, err);
@@ -401,14 +401,7 @@ class StoreClient {
 /// @brief Parses "host:port" or "[v6]:port".
 /// @throws config_error naming the value when it is malformed
 inline std::pair<std::string, int> parse_store_address(const std::string& text, const char* var = "ACCEL_STORE") {
-  const auto colon = text.rfind(':');
-  long long port = -1;
-  if (colon != std::string::npos && colon > 0 && detail::parse_nonnegative(std::string_view(text).substr(colon + 1), port) &&
-      port > 0 && port <= 65535) {
-    std::string host = text.substr(0, colon);
-    if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-    return {host, static_cast<int>(port)};
-  }
+  if (auto host_port = split_host_port(text)) return *host_port;
   detail::throw_error<config_error>(var, "='", text, "' is not host:port (port 1-65535)");
 }
 

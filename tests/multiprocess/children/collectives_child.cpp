@@ -7,7 +7,7 @@
 //   die [R]     rank R (default 1) dies (std::_Exit) while the others wait inside gather_object
 //   main-only   gather_object called only on the main process
 //   big         4 MiB per rank through gather_object (shared memory), checksummed
-#include <accel/collectives.hpp>
+#include <accel/comm/collectives.hpp>
 
 #include <chrono>
 #include <cstdio>

@@ -3,7 +3,7 @@
 // Child for launch tests: connects to the job's store the way DistributedState users do, publishes
 // its rank, reads the next rank's key, and prints what it got and where the store was.
 #include <accel/comm/store.hpp>
-#include <accel/env.hpp>
+#include <accel/runtime/env.hpp>
 
 #include <cstdio>
 #include <string>

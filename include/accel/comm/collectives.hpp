@@ -1,0 +1,369 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file collectives.hpp
+/// @brief wait_for_everyone, main_process_first, gather_object, broadcast_object (accelerate's names).
+///
+/// Every function has two forms: over a DistributedState (the communicator is created on first use
+/// from the launcher environment: CPU backend on CPU, NCCL on a GPU when compiled in) and over any
+/// Communicator (tests use in-process thread worlds).
+///
+/// @code
+///   accel::DistributedState state;
+///   auto mine = state.split_between_processes(prompts, {.apply_padding = true});
+///   std::vector<std::string> out;
+///   for (const auto& p : mine) out.push_back(run(p));
+///   auto all = accel::gather_object(state, out, mine.shard());  // every prompt's result, input order
+///   accel::print(state, all.size(), " results");                 // printed once, by the main process
+/// @endcode
+///
+/// Failure semantics (every collective): a rank whose local step throws (a value that does not
+/// serialize, the body of main_process_first) still joins, flagged; that rank rethrows its own
+/// exception and every other rank throws comm_error naming it. A rank that dies or exits without
+/// joining is reported as comm_error naming it at once; one that is merely late, as timeout_error
+/// naming the missing ranks after the timeout (ACCEL_TIMEOUT_S, default 300 s).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <accel/runtime/bytes.hpp>
+#include <accel/comm/communicator.hpp>
+#include <accel/comm/cpu.hpp>
+#include <accel/comm/nccl.hpp>
+#include <accel/comm/store.hpp>
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/comm/serialize.hpp>
+#include <accel/runtime/split.hpp>
+#include <accel/runtime/distributed_state.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief Which communicator backend to use.
+enum class CommBackend { automatic, solo, cpu, nccl };
+
+/// @brief Settings for the communicator a DistributedState gets.
+struct CommOptions {
+  CommBackend backend = CommBackend::automatic;  ///< automatic: ACCEL_COMM_BACKEND, else by device
+  CpuCommOptions cpu;
+  NcclCommOptions nccl;
+};
+
+/// @brief The backend decision (pure): an explicit request wins, then ACCEL_COMM_BACKEND
+/// ("cpu"/"nccl"), then one process → solo, a CUDA device with NCCL compiled in → nccl, else cpu.
+/// @throws config_error when ACCEL_COMM_BACKEND holds something else
+/// @throws unavailable_error when nccl is requested but not compiled in
+inline CommBackend choose_backend(CommBackend requested, const std::optional<std::string>& env_value, int world_size, bool on_cuda) {
+  CommBackend b = requested;
+  if (b == CommBackend::automatic && env_value && !env_value->empty()) {
+    if (*env_value == "cpu") b = CommBackend::cpu;
+    else if (*env_value == "nccl") b = CommBackend::nccl;
+    else detail::throw_error<config_error>("ACCEL_COMM_BACKEND='", *env_value, "' is not a backend; use cpu or nccl (or unset it)");
+  }
+  if (b == CommBackend::automatic) {
+    if (world_size == 1) return CommBackend::solo;
+    return on_cuda && nccl_enabled ? CommBackend::nccl : CommBackend::cpu;
+  }
+  if (b == CommBackend::nccl && !nccl_enabled)
+    detail::throw_error<unavailable_error>("the NCCL backend was requested but NCCL is not compiled in; build with "
+                                           "-DACCEL_WITH_NCCL=ON or use ACCEL_COMM_BACKEND=cpu");
+  return b;
+}
+
+/// @brief Creates a communicator for `state` (joins the job's store unless the job has one process).
+/// @throws comm_error / timeout_error when the store cannot be reached; see choose_backend()
+/// @note collective: every process must call it
+inline std::shared_ptr<Communicator> make_communicator(const DistributedState& state, CommOptions options = {}) {
+  const LaunchEnv& env = state.launch_env();
+  const char* raw = std::getenv("ACCEL_COMM_BACKEND");
+  const auto backend = choose_backend(options.backend, raw ? std::optional<std::string>(raw) : std::nullopt, env.world_size,
+                                      state.device().is_cuda());
+  if (backend == CommBackend::solo) {
+    ACCEL_EXPECTS(env.world_size == 1, "the solo backend serves one process, not ", env.world_size);
+    return std::make_shared<SoloCommunicator>(env.timeout);
+  }
+  if (backend == CommBackend::nccl) {
+    ACCEL_EXPECTS(state.device().is_cuda(), "the NCCL backend needs a CUDA device but this process uses ", state.device());
+    auto store = env.world_size > 1 ? connect_job_store(env) : nullptr;
+    return std::make_shared<NcclCommunicator>(std::move(store), env.rank, env.world_size, state.device().index(), env.timeout,
+                                              options.nccl);
+  }
+  return std::make_shared<CpuCommunicator>(connect_job_store(env), env.rank, env.world_size, options.cpu);
+}
+
+/// @brief Creates `state`'s communicator with explicit options and attaches it (replacing any).
+/// @note collective: every process must call it
+inline Communicator& init_communicator(DistributedState& state, CommOptions options = {}) {
+  state.attach_communicator(make_communicator(state, std::move(options)));
+  return *state.communicator();
+}
+
+/// @brief `state`'s communicator, created with default options on first use.
+/// @note collective the first time (every process joins the store)
+inline Communicator& communicator(DistributedState& state) {
+  if (Communicator* c = state.communicator()) return *c;
+  return init_communicator(state);
+}
+
+/// @name Synchronisation
+///@{
+
+/// @brief Blocks until every process reached this point.
+/// @throws comm_error naming a rank that died, exited or called another collective; timeout_error after the timeout
+/// @note collective
+inline void wait_for_everyone(Communicator& comm) { comm.barrier("wait_for_everyone"); }
+/// @copydoc wait_for_everyone(Communicator&)
+inline void wait_for_everyone(DistributedState& state) { wait_for_everyone(communicator(state)); }
+
+namespace detail {
+
+// The ranks for which `first` holds run fn, then release the others, which run it afterwards.
+template <class F>
+decltype(auto) run_first(Communicator& comm, bool first, F&& fn, const char* op) {
+  using R = std::invoke_result_t<F&>;
+  if (!first) {
+    comm.barrier(op);
+    return std::forward<F>(fn)();
+  }
+  std::exception_ptr failure;
+  if constexpr (std::is_void_v<R>) {
+    try {
+      fn();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    comm.barrier(op, failure);
+  } else {
+    std::optional<R> result;
+    try {
+      result.emplace(fn());
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    comm.barrier(op, failure);
+    return R(std::move(*result));
+  }
+}
+
+}  // namespace detail
+
+/// @brief Runs `fn` on the main process first, then on all others (e.g. download once, then load everywhere).
+///
+/// If `fn` throws on the main process, it rethrows there and the others throw comm_error naming
+/// rank 0 instead of running `fn`.
+/// @return what `fn` returns on this process
+/// @note collective: every process must call it
+template <class F>
+decltype(auto) main_process_first(DistributedState& state, F&& fn) {
+  return detail::run_first(communicator(state), state.is_main_process(), std::forward<F>(fn), "main_process_first");
+}
+/// @brief main_process_first over a communicator (rank 0 first).
+template <class F>
+decltype(auto) main_process_first(Communicator& comm, F&& fn) {
+  return detail::run_first(comm, comm.rank() == 0, std::forward<F>(fn), "main_process_first");
+}
+/// @brief Runs `fn` on each machine's local main process first, then on the others.
+/// @note collective: every process must call it
+template <class F>
+decltype(auto) local_main_process_first(DistributedState& state, F&& fn) {
+  return detail::run_first(communicator(state), state.is_local_main_process(), std::forward<F>(fn), "local_main_process_first");
+}
+
+/// @brief Calls `fn` on the main process only (not collective).
+/// @return void, or std::optional of fn's result (empty on other processes)
+template <class F>
+auto on_main_process(const DistributedState& state, F&& fn) {
+  using R = std::invoke_result_t<F&>;
+  if constexpr (std::is_void_v<R>) {
+    if (state.is_main_process()) fn();
+  } else {
+    return state.is_main_process() ? std::optional<R>(fn()) : std::nullopt;
+  }
+}
+/// @brief Calls `fn` on each machine's local main process only (not collective).
+template <class F>
+auto on_local_main_process(const DistributedState& state, F&& fn) {
+  using R = std::invoke_result_t<F&>;
+  if constexpr (std::is_void_v<R>) {
+    if (state.is_local_main_process()) fn();
+  } else {
+    return state.is_local_main_process() ? std::optional<R>(fn()) : std::nullopt;
+  }
+}
+
+/// @brief Prints the arguments and a newline to stdout on the main process only (not collective).
+template <class... Args>
+void print(const DistributedState& state, Args&&... args) {
+  if (!state.is_main_process()) return;
+  std::cout << detail::concat(std::forward<Args>(args)...) << std::endl;
+}
+///@}
+
+/// @name Gathering and broadcasting
+///@{
+
+/// @brief Every process's `value`, in rank order, on every process (torch's all_gather_object).
+///
+/// In:  rank r holds value_r.   Out: {value_0, value_1, …, value_{n-1}} on every rank.
+/// @throws serialization_error naming the rank whose bytes do not decode as T
+/// @throws comm_error naming the rank that failed to encode its value, died or exited; timeout_error
+/// @note collective
+template <class T>
+std::vector<T> gather_object(Communicator& comm, const T& value) {
+  std::vector<std::byte>& head = comm.send_buffer();
+  head.clear();
+  std::span<const std::byte> body;
+  std::exception_ptr failure;
+  try {
+    body = encode_payload(head, value, comm.rank());
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  const Blobs all = comm.all_gather("gather_object", Payload(head, body), failure);
+  std::vector<T> out;
+  out.reserve(all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) out.push_back(from_bytes<T>(all[i], static_cast<int>(i)));
+  return out;
+}
+/// @copydoc gather_object(Communicator&, const T&)
+template <class T>
+std::vector<T> gather_object(DistributedState& state, const T& value) {
+  return gather_object(communicator(state), value);
+}
+
+/// @brief Concatenation of every process's vector in rank order (accelerate's gather_object on lists).
+///
+/// In:  rank 0 {a, b}, rank 1 {}, rank 2 {c}.   Out: {a, b, c} on every rank.
+/// @throws as gather_object
+/// @note collective
+template <class T>
+std::vector<T> gather_object_flat(Communicator& comm, const std::vector<T>& values) {
+  std::vector<T> out;
+  for (auto& part : gather_object(comm, values)) std::move(part.begin(), part.end(), std::back_inserter(out));
+  return out;
+}
+/// @copydoc gather_object_flat(Communicator&, const std::vector<T>&)
+template <class T>
+std::vector<T> gather_object_flat(DistributedState& state, const std::vector<T>& values) {
+  return gather_object_flat(communicator(state), values);
+}
+
+namespace detail {
+
+// The shard form's prefix: total, first index, real count (u64 each), then padding so that raw data
+// after it stays 32-byte aligned.
+inline constexpr std::size_t shard_prefix_bytes = 32;
+
+
+}  // namespace detail
+
+/// @brief The results of split_between_processes shares, padding dropped, in the input's original order.
+///
+/// In:  9 prompts on 4 processes with padding: shards [0,1,2] [3,4] [5,6] [7,8] padded to 3 items,
+///      each process passes its 3 results and its shard.   Out: the 9 results for prompts 0..8.
+/// @param results this process's results, one per item of its shard (padding included or not)
+/// @param shard this process's shard (`view.shard()` of split_between_processes)
+/// @throws usage_error on every rank when a rank's results do not match its shard, or the shards do
+///         not cover the input exactly once (the offending rank named)
+/// @throws as gather_object otherwise
+/// @note collective
+template <class T>
+std::vector<T> gather_object(Communicator& comm, const std::vector<T>& results, const Shard& shard) {
+  std::vector<std::byte>& head = comm.send_buffer();
+  head.clear();
+  std::span<const std::byte> body;
+  std::exception_ptr failure;
+  try {
+    if (results.size() != shard.padded_count && results.size() != shard.real_count)
+      detail::throw_error<usage_error>("gather_object: rank ", comm.rank(), " passed ", results.size(), " results for a shard of ",
+                                       shard.real_count, " items (", shard.padded_count, " with padding); pass one result per item");
+    append_le<std::uint64_t>(head, shard.total);
+    append_le<std::uint64_t>(head, shard.first_index);
+    append_le<std::uint64_t>(head, shard.real_count);
+    head.resize(detail::shard_prefix_bytes, std::byte{0});
+    body = encode_payload(head, results, comm.rank());
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  const Blobs all = comm.all_gather("gather_object", Payload(head, body), failure);
+  struct Part {
+    std::uint64_t total, first, real;
+    std::size_t rank;
+  };
+  std::vector<Part> parts;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const auto b = all[i];
+    if (b.size() < detail::shard_prefix_bytes)
+      detail::throw_error<serialization_error>("gather_object: rank ", i, " sent ", b.size(),
+                                               " bytes, too few for a shard (did every rank pass its shard?)");
+    const auto t = b.first(detail::shard_prefix_bytes);
+    parts.push_back({load_le<std::uint64_t>(t.data()), load_le<std::uint64_t>(t.data() + 8), load_le<std::uint64_t>(t.data() + 16), i});
+  }
+  std::sort(parts.begin(), parts.end(), [](const Part& a, const Part& b) { return a.first < b.first || (a.first == b.first && a.rank < b.rank); });
+  std::uint64_t next = 0;
+  for (const auto& p : parts) {
+    if (p.total != parts.front().total)
+      detail::throw_error<usage_error>("gather_object: rank ", p.rank, " split an input of ", p.total, " items but rank ",
+                                       parts.front().rank, " one of ", parts.front().total, "; every rank must split the same input");
+    if (p.real > 0 && p.first != next)
+      detail::throw_error<usage_error>("gather_object: the shards do not cover the input exactly once: rank ", p.rank, " starts at item ",
+                                       p.first, " but item ", next, " is ", p.first > next ? "missing" : "covered twice");
+    if (p.real > 0) next = p.first + p.real;
+  }
+  if (!parts.empty() && next != parts.front().total)
+    detail::throw_error<usage_error>("gather_object: the shards cover ", next, " of ", parts.front().total, " items");
+  std::vector<T> out;
+  out.reserve(static_cast<std::size_t>(next));
+  for (const auto& p : parts) {
+    if (p.real == 0) continue;
+    const auto b = all[p.rank];
+    auto items = from_bytes<std::vector<T>>(b.subspan(detail::shard_prefix_bytes), static_cast<int>(p.rank));
+    if (items.size() < p.real)
+      detail::throw_error<serialization_error>("gather_object: rank ", p.rank, " sent ", items.size(), " results for ", p.real, " items");
+    std::move(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(p.real), std::back_inserter(out));
+  }
+  return out;
+}
+/// @copydoc gather_object(Communicator&, const std::vector<T>&, const Shard&)
+template <class T>
+std::vector<T> gather_object(DistributedState& state, const std::vector<T>& results, const Shard& shard) {
+  return gather_object(communicator(state), results, shard);
+}
+
+/// @brief `root`'s value on every process (the value passed by other processes is ignored).
+/// @throws usage_error when root is not a rank; serialization_error when root's bytes do not decode
+/// @throws comm_error naming root when it failed to encode its value, died or exited
+/// @note collective
+template <class T>
+T broadcast_object(Communicator& comm, const T& value, int root = 0) {
+  std::vector<std::byte>& head = comm.send_buffer();
+  head.clear();
+  std::span<const std::byte> body;
+  std::exception_ptr failure;
+  if (comm.rank() == root) {
+    try {
+      body = encode_payload(head, value, root);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  const auto got = comm.broadcast("broadcast_object", Payload(head, body), root, failure);
+  return from_bytes<T>(got, root);
+}
+/// @copydoc broadcast_object(Communicator&, const T&, int)
+template <class T>
+T broadcast_object(DistributedState& state, const T& value, int root = 0) {
+  return broadcast_object(communicator(state), value, root);
+}
+///@}
+
+ACCEL_NAMESPACE_END

@@ -1,0 +1,206 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file socket.hpp
+/// @brief POSIX TCP helpers: an owning descriptor, listen/connect by host name, deadline-bounded I/O.
+#pragma once
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/runtime/unique_fd.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+namespace detail {
+
+/// @brief Owns a socket; closes it on destruction.
+using Fd = UniqueFd;
+
+/// @brief "Connection refused (errno 111)", thread-safe (GNU strerror_r).
+inline std::string os_error_text(int err) {
+  char buf[256] = {};
+  return concat(::strerror_r(err, buf, sizeof buf), " (errno ", err, ")");
+}
+
+inline void set_nonblocking(int fd, bool on) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  ::fcntl(fd, F_SETFL, on ? flags | O_NONBLOCK : flags & ~O_NONBLOCK);
+}
+
+inline void set_nodelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/// @brief "host:port" for messages, bracketing IPv6 literals.
+inline std::string host_port(const std::string& host, int port) {
+  return host.find(':') != std::string::npos ? concat('[', host, "]:", port) : concat(host, ':', port);
+}
+
+/// @brief The numeric address of a connected or bound socket's peer (`peer`) or own end.
+inline std::string socket_address(int fd, bool peer) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if ((peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) : ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len)) != 0)
+    return "?";
+  char host[NI_MAXHOST] = {}, serv[NI_MAXSERV] = {};
+  if (::getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof host, serv, sizeof serv, NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return "?";
+  return host_port(host, std::atoi(serv));
+}
+
+inline int socket_port(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return -1;
+  if (ss.ss_family == AF_INET) return ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+}
+
+struct AddrInfo {
+  addrinfo* list = nullptr;
+  ~AddrInfo() {
+    if (list) ::freeaddrinfo(list);
+  }
+};
+
+inline void resolve(const std::string& host, int port, bool passive, AddrInfo& out) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+  const std::string serv = std::to_string(port);
+  const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), serv.c_str(), &hints, &out.list);
+  if (rc != 0)
+    throw_error<comm_error>("cannot resolve store host '", host, "': ", ::gai_strerror(rc),
+                            "; check MASTER_ADDR / ACCEL_STORE");
+}
+
+/// @brief A listening socket bound to exactly `host` (never the wildcard unless host is "" or "0.0.0.0").
+/// @param port 0 picks a free port; read it back with socket_port()
+/// @throws comm_error naming the address when nothing could be bound (port in use, bad address)
+inline Fd listen_tcp(const std::string& host, int port, int backlog = 512) {
+  AddrInfo ai;
+  resolve(host, port, true, ai);
+  int last = 0;
+  for (addrinfo* a = ai.list; a; a = a->ai_next) {
+    Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (!fd) {
+      last = errno;
+      continue;
+    }
+    int one = 1;
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd.get(), backlog) == 0) {
+      set_nonblocking(fd.get(), true);
+      return fd;
+    }
+    last = errno;
+  }
+  throw_error<comm_error>("cannot listen on ", host_port(host, port), ": ", os_error_text(last),
+                          last == EADDRINUSE ? "; another job uses this port: pick another MASTER_PORT, or use accel launch"
+                                             : "; check the address belongs to this machine");
+}
+
+/// @brief Connects to host:port, retrying refused connections until `deadline` (the server may start later).
+/// @throws timeout_error when the deadline passes, comm_error when the host cannot be resolved
+inline Fd connect_tcp(const std::string& host, int port, std::chrono::steady_clock::time_point deadline) {
+  int last = 0;
+  auto pause = std::chrono::milliseconds(1);
+  for (;;) {
+    AddrInfo ai;
+    resolve(host, port, false, ai);
+    for (addrinfo* a = ai.list; a; a = a->ai_next) {
+      Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+      if (!fd) {
+        last = errno;
+        continue;
+      }
+      if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0) {
+        set_nodelay(fd.get());
+        return fd;
+      }
+      last = errno;
+    }
+    if (std::chrono::steady_clock::now() + pause >= deadline)
+      throw_error<timeout_error>("could not connect to the store at ", host_port(host, port), ": ", os_error_text(last),
+                                 "; is the process that hosts it (accel launch, or rank 0) running and reachable?");
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+  }
+}
+
+inline int poll_ms(std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left + 1, 1 << 30));
+}
+
+/// @brief Result of a bounded I/O step.
+enum class IoStatus { ok, closed, timeout };
+
+/// @brief Writes every byte (blocking socket), waiting at most until `deadline`.
+inline IoStatus send_all(int fd, std::span<const std::byte> data, std::chrono::steady_clock::time_point deadline, int& err) {
+  std::size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      done += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      const int r = ::poll(&p, 1, poll_ms(deadline));
+      if (r == 0) return IoStatus::timeout;
+      if (r < 0 && errno != EINTR) return err = errno, IoStatus::closed;
+      continue;
+    }
+    err = errno;
+    return IoStatus::closed;
+  }
+  return IoStatus::ok;
+}
+
+/// @brief Reads exactly data.size() bytes, waiting at most until `deadline`.
+inline IoStatus recv_all(int fd, std::span<std::byte> data, std::chrono::steady_clock::time_point deadline, int& err) {
+  std::size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::recv(fd, data.data() + done, data.size() - done, MSG_DONTWAIT);
+    if (n > 0) {
+      done += static_cast<std::size_t>(n);
+      continue;
+    }
+    if (n == 0) return err = 0, IoStatus::closed;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      pollfd p{fd, POLLIN, 0};
+      const int r = ::poll(&p, 1, poll_ms(deadline));
+      if (r == 0) return IoStatus::timeout;
+      if (r < 0 && errno != EINTR) return err = errno, IoStatus::closed;
+      continue;
+    }
+    err = errno;
+    return IoStatus::closed;
+  }
+  return IoStatus::ok;
+}
+
+}  // namespace detail
+ACCEL_NAMESPACE_END

@@ -1,0 +1,312 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file serialize.hpp
+/// @brief Value ↔ bytes for the collectives: a raw fast path for plain data, CBOR (via nlohmann/json) for the rest.
+///
+/// In:  any T that is trivially copyable, a std::string, a std::vector of those; a struct declared
+///      with ACCEL_DEFINE_FIELDS and standard containers of such (fields.hpp); or anything
+///      nlohmann/json converts (ADL to_json/from_json, NLOHMANN_DEFINE_TYPE_*).
+/// Out: a self-describing byte string (1 format byte, then the payload); decoding checks the format
+///      and sizes and never runs code chosen by the sender (unlike pickle). The order of preference:
+///      raw bytes, the binary field encoding, CBOR.
+///
+/// @code
+///   struct Result { int id; std::string text; };
+///   NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Result, id, text)
+///   auto bytes = accel::to_bytes(std::vector<Result>{{1, "hi"}});
+///   auto back  = accel::from_bytes<std::vector<Result>>(bytes);
+/// @endcode
+#pragma once
+
+#include <cxxabi.h>
+#include <sys/mman.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <typeinfo>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/comm/fields.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief Types nlohmann/json can convert both ways.
+template <class T>
+concept json_serializable = requires(const T& v, const nlohmann::json& j) {
+  nlohmann::json(v);
+  j.get<T>();
+};
+
+namespace detail {
+
+/// @brief The first byte of every payload.
+enum class PayloadFormat : std::uint8_t { raw = 1, string = 2, raw_vector = 3, string_vector = 4, cbor = 5, binary = 6 };
+
+/// @brief Raw payloads: format byte, item size (u64 at 8), item count (u64 at 16), data at 32.
+inline constexpr std::size_t raw_header_bytes = 32;
+
+template <class T>
+std::string type_name() {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> p(abi::__cxa_demangle(typeid(T).name(), nullptr, nullptr, &status), std::free);
+  return status == 0 && p ? std::string(p.get()) : std::string(typeid(T).name());
+}
+
+// Appends to a caller's buffer (reused between collectives, so large payloads do not fault in
+// fresh pages every time).
+class ByteSink {
+ public:
+  // Appends after what `out` holds already (a collective's own prefix), at `start_`.
+  ByteSink(std::vector<std::byte>& out, PayloadFormat f, std::size_t reserve = 0) : out_(out), start_(out.size()) {
+    out_.reserve(start_ + reserve + raw_header_bytes);
+    out_.push_back(static_cast<std::byte>(f));
+  }
+  void raw(const void* p, std::size_t n) {
+    const auto* b = static_cast<const std::byte*>(p);
+    out_.insert(out_.end(), b, b + n);
+  }
+  void u64(std::uint64_t v) { raw(&v, sizeof v); }
+  // Pads to `raw_header_bytes`, so raw data starts 32-byte aligned in a page-aligned segment.
+  void pad_header() { out_.resize(start_ + raw_header_bytes, std::byte{0}); }
+
+ private:
+  std::vector<std::byte>& out_;
+  std::size_t start_;
+};
+
+
+/// @brief Bytes from which a fresh result buffer is backed by transparent huge pages where the
+/// system allows it (THP "madvise" mode): filling 16 MiB of new memory then takes 8 page faults
+/// instead of 4096, which is most of the cost of returning large values. ACCEL_HUGEPAGES=0 turns
+/// the hint off.
+inline constexpr std::size_t huge_page_hint_bytes = std::size_t{4} << 20;
+
+/// @brief Hints that the 2 MiB-aligned interior of fresh, untouched memory [p, p+n) be backed by
+/// huge pages (a no-op below huge_page_hint_bytes, where THP is off, or on error).
+inline void advise_huge_pages(void* p, std::size_t n) noexcept {
+#ifdef MADV_HUGEPAGE
+  static const bool enabled = [] {
+    const char* v = std::getenv("ACCEL_HUGEPAGES");
+    return !(v && (std::string_view(v) == "0" || std::string_view(v) == "off" || std::string_view(v) == "false"));
+  }();
+  if (!enabled || n < huge_page_hint_bytes || !p) return;
+  constexpr std::uintptr_t huge = std::uintptr_t{2} << 20;
+  const auto first = (reinterpret_cast<std::uintptr_t>(p) + huge - 1) & ~(huge - 1);
+  const auto last = (reinterpret_cast<std::uintptr_t>(p) + n) & ~(huge - 1);
+  if (last > first) (void)::madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#else
+  (void)p, (void)n;
+#endif
+}
+
+template <class T>
+constexpr PayloadFormat format_of() {
+  if constexpr (raw_serializable<T>) return PayloadFormat::raw;
+  else if constexpr (std::is_same_v<T, std::string>) return PayloadFormat::string;
+  else if constexpr (binary::is_vector<T>::value) {
+    using V = typename T::value_type;
+    if constexpr (std::is_same_v<V, bool>) return PayloadFormat::cbor;  // bit-packed: no contiguous items
+    else if constexpr (raw_serializable<V>) return PayloadFormat::raw_vector;
+    else if constexpr (std::is_same_v<V, std::string>) return PayloadFormat::string_vector;
+    else if constexpr (binary::codable<T>()) return PayloadFormat::binary;
+    else return PayloadFormat::cbor;
+  } else if constexpr (binary::codable<T>()) {
+    return PayloadFormat::binary;
+  } else {
+    return PayloadFormat::cbor;
+  }
+}
+
+}  // namespace detail
+
+/// @brief Encodes a value in two pieces, for sending without a first copy: appends the encoding's
+/// head to `head` and returns the body, a view of the value's own memory (empty when everything is
+/// in `head`). Plain data, strings and vectors of plain data keep their bytes in the value; the
+/// encoding is `head` (as appended) followed by the body.
+/// @param rank the producing rank, only for the error message (-1: unknown)
+/// @throws serialization_error naming the type (and rank) when to_json throws
+template <class T>
+std::span<const std::byte> encode_payload(std::vector<std::byte>& head, const T& value, int rank = -1) {
+  using detail::PayloadFormat;
+  constexpr PayloadFormat f = detail::format_of<T>();
+  static_assert(f != PayloadFormat::cbor || json_serializable<T>,
+                "accel::to_bytes: T is neither trivially copyable, a string, a container of those, a struct declared "
+                "with ACCEL_DEFINE_FIELDS(T, members...), nor convertible with nlohmann/json (to_json/from_json or "
+                "NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(T, members...))");
+  if constexpr (f == PayloadFormat::raw) {
+    detail::ByteSink s(head, f);
+    s.raw("\0\0\0\0\0\0\0", 7);
+    s.u64(sizeof(T));
+    s.u64(1);
+    s.pad_header();
+    return std::as_bytes(std::span<const T>(&value, 1));
+  } else if constexpr (f == PayloadFormat::string) {
+    detail::ByteSink s(head, f);
+    return std::as_bytes(std::span<const char>(value.data(), value.size()));
+  } else if constexpr (f == PayloadFormat::raw_vector) {
+    using V = typename T::value_type;
+    detail::ByteSink s(head, f);
+    s.raw("\0\0\0\0\0\0\0", 7);
+    s.u64(sizeof(V));
+    s.u64(value.size());
+    s.pad_header();
+    return std::as_bytes(std::span<const V>(value.data(), value.size()));
+  } else if constexpr (f == PayloadFormat::string_vector) {
+    std::size_t total = 0;
+    for (const auto& str : value) total += str.size() + 8;
+    detail::ByteSink s(head, f, total + 8);
+    s.u64(value.size());
+    for (const auto& str : value) s.u64(str.size());
+    for (const auto& str : value) s.raw(str.data(), str.size());
+    return {};
+  } else if constexpr (f == PayloadFormat::binary) {
+    // Format byte, 7 zero bytes, the type's fingerprint (u64), then the fields.
+    const std::size_t at = head.size();
+    head.resize(at + 16 + detail::binary::encoded_size(value));
+    head[at] = static_cast<std::byte>(f);
+    const std::uint64_t fp = detail::binary::fingerprint<T>();
+    std::memcpy(head.data() + at + 8, &fp, 8);
+    detail::binary::Writer(head.data() + at + 16).put(value);
+    return {};
+  } else {
+    try {
+      const nlohmann::json j = value;
+      std::vector<std::uint8_t> cbor;
+      cbor.push_back(static_cast<std::uint8_t>(f));
+      nlohmann::json::to_cbor(j, cbor);
+      const std::size_t at = head.size();
+      head.resize(at + cbor.size());
+      std::memcpy(head.data() + at, cbor.data(), cbor.size());
+      return {};
+    } catch (const std::exception& e) {
+      detail::throw_error<serialization_error>("cannot encode a ", detail::type_name<T>(), rank >= 0 ? detail::concat(" on rank ", rank) : "",
+                                               ": ", e.what());
+    }
+  }
+}
+
+/// @brief Encodes a value into `out` (replacing its content, keeping its capacity): raw bytes for
+/// plain data, strings and vectors of them; CBOR otherwise.
+/// @param rank the producing rank, only for the error message (-1: unknown)
+/// @throws serialization_error naming the type (and rank) when to_json throws
+template <class T>
+void to_bytes_into(std::vector<std::byte>& out, const T& value, int rank = -1) {
+  out.clear();
+  const auto body = encode_payload(out, value, rank);
+  out.insert(out.end(), body.begin(), body.end());
+}
+
+/// @brief Encodes a value (see to_bytes_into).
+/// @throws serialization_error naming the type (and rank) when to_json throws
+template <class T>
+std::vector<std::byte> to_bytes(const T& value, int rank = -1) {
+  std::vector<std::byte> out;
+  to_bytes_into(out, value, rank);
+  return out;
+}
+
+/// @brief Decodes what to_bytes<T> produced. Checks the format byte, sizes and counts; never runs sender-chosen code.
+/// @param source_rank the rank that produced the bytes, for the error message
+/// @throws serialization_error naming the rank and type when the bytes are not a valid T
+template <class T>
+T from_bytes(std::span<const std::byte> bytes, int source_rank = -1) {
+  using detail::PayloadFormat;
+  constexpr PayloadFormat f = detail::format_of<T>();
+  const std::string type = detail::type_name<T>();
+  if (bytes.empty()) detail::throw_error<serialization_error>("empty value", detail::from_rank(source_rank), " cannot be a ", type);
+  const auto got = static_cast<PayloadFormat>(bytes[0]);
+  if (got != f)
+    detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " has format ", static_cast<int>(got),
+                                             " but a ", type, " needs format ", static_cast<int>(f),
+                                             " (do all ranks pass the same type to the collective?)");
+  detail::ByteSource src(bytes.subspan(1), source_rank, type);
+  if constexpr (f == PayloadFormat::raw) {
+    src.take(7);
+    const auto size = src.u64();
+    if (src.u64() != 1) detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " is not one ", type);
+    src.take(detail::raw_header_bytes - 24);
+    if (size != sizeof(T))
+      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " holds ", size, "-byte items but ", type,
+                                               " has ", sizeof(T), " (do all ranks pass the same type?)");
+    T out;
+    std::memcpy(static_cast<void*>(&out), src.take(sizeof(T)).data(), sizeof(T));
+    src.end();
+    return out;
+  } else if constexpr (f == PayloadFormat::string) {
+    const auto rest = bytes.subspan(1);
+    std::string out;
+    out.reserve(rest.size());
+    detail::advise_huge_pages(out.data(), rest.size());
+    out.append(reinterpret_cast<const char*>(rest.data()), rest.size());
+    return out;
+  } else if constexpr (f == PayloadFormat::raw_vector) {
+    using V = typename T::value_type;
+    src.take(7);
+    const auto size = src.u64();
+    if (size != sizeof(V))
+      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " holds ", size, "-byte items but ", type,
+                                               " has ", sizeof(V), "-byte items (do all ranks pass the same type?)");
+    const std::uint64_t n64 = src.u64();
+    src.take(detail::raw_header_bytes - 24);
+    if (n64 != src.remaining() / sizeof(V) || src.remaining() % sizeof(V) != 0)
+      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " announces ", n64, " items of ", type,
+                                               " but ", src.remaining(), " bytes follow");
+    const auto n = static_cast<std::size_t>(n64);
+    const auto data = src.take(n * sizeof(V));
+    // Aligned data (shared memory is page-aligned) is copied once, straight into the new vector;
+    // otherwise the items are zero-constructed and then filled.
+    if (reinterpret_cast<std::uintptr_t>(data.data()) % alignof(V) == 0) {
+      const auto* first = reinterpret_cast<const V*>(data.data());
+      T out;
+      out.reserve(n);
+      detail::advise_huge_pages(out.data(), n * sizeof(V));
+      out.insert(out.end(), first, first + n);
+      return out;
+    }
+    T out(n);
+    if (n) std::memcpy(static_cast<void*>(out.data()), data.data(), n * sizeof(V));
+    return out;
+  } else if constexpr (f == PayloadFormat::string_vector) {
+    const std::size_t n = src.count(8);
+    std::vector<std::uint64_t> lens(n);
+    for (auto& l : lens) l = src.u64();
+    T out;
+    out.reserve(n);
+    for (auto l : lens) {
+      auto b = src.take(static_cast<std::size_t>(l));
+      out.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
+    }
+    src.end();
+    return out;
+  } else if constexpr (f == PayloadFormat::binary) {
+    src.take(7);
+    if (src.u64() != detail::binary::fingerprint<T>())
+      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " was encoded from a type of another shape than ",
+                                               type, " (do all ranks pass the same type, built from the same sources?)");
+    T out{};
+    detail::binary::get(src, out);
+    src.end();
+    return out;
+  } else {
+    try {
+      const auto rest = bytes.subspan(1);
+      const auto* p = reinterpret_cast<const std::uint8_t*>(rest.data());
+      return nlohmann::json::from_cbor(p, p + rest.size()).template get<T>();
+    } catch (const std::exception& e) {  // nlohmann's parse/type errors, or a user from_json that throws
+      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " is not a valid ", type, ": ", e.what());
+    }
+  }
+}
+
+ACCEL_NAMESPACE_END

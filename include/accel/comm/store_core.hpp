@@ -1,0 +1,456 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file store_core.hpp
+/// @brief The store server's state machine, without sockets: bytes in, reply bytes out.
+///
+/// StoreServer (comm/store.hpp) owns the sockets and calls this from its single I/O thread, so no
+/// locking is needed here. Keeping I/O out makes every protocol rule testable and fuzzable.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/comm/wire.hpp>
+#include <accel/runtime/text.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+namespace detail {
+
+using StoreClock = std::chrono::steady_clock;
+
+/// @brief Settings of the store state machine.
+struct StoreCoreOptions {
+  std::string job_token;                           ///< required in every hello ("" accepts only "")
+  std::size_t max_frame_bytes = std::size_t{1} << 30;  ///< largest request body after the handshake
+  std::size_t max_handshake_bytes = 4096;          ///< largest body before the handshake succeeded
+  int world_size = 0;                              ///< expected ranks (0 = learn from the first hello)
+  std::function<void(const std::string&)> log;     ///< server-side events (refusals, deaths)
+};
+
+/// @brief Keys, waiters, collective exchanges and rank liveness of one store.
+class StoreCore {
+ public:
+  using ConnId = std::uint64_t;
+  using Chunk = std::shared_ptr<const std::vector<std::byte>>;
+
+  /// @brief One client connection as the core sees it.
+  struct Conn {
+    explicit Conn(std::string p, std::size_t limit) : peer(std::move(p)), in(limit) {}
+    std::string peer;
+    FrameAssembler in;
+    std::deque<Chunk> out;          ///< reply frames not yet written
+    std::size_t out_offset = 0;     ///< bytes of out.front() already written
+    bool authenticated = false;
+    bool said_bye = false;
+    bool busy = false;              ///< a get/wait/exchange is pending; later frames wait their turn
+    bool close_after_flush = false; ///< refused or broke the protocol: close once replies are out
+    int rank = -1;
+  };
+
+  explicit StoreCore(StoreCoreOptions options) : options_(std::move(options)), world_(options_.world_size) {}
+
+  /// @brief A client connected from `peer`.
+  void open(ConnId id, std::string peer) { conns_.emplace(id, Conn(std::move(peer), options_.max_handshake_bytes)); }
+
+  /// @brief Bytes arrived on a connection. Never throws for any byte sequence.
+  void receive(ConnId id, std::span<const std::byte> data, StoreClock::time_point now) {
+    auto it = conns_.find(id);
+    if (it == conns_.end() || it->second.close_after_flush) return;
+    it->second.in.feed(data);
+    process(id, now);
+  }
+
+  /// @brief The connection closed (by the peer, by an error, or after a refusal was flushed).
+  void closed(ConnId id, StoreClock::time_point now) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    const Conn c = std::move(it->second);
+    conns_.erase(it);
+    std::erase_if(waiters_, [&](const Waiter& w) { return w.conn == id; });
+    for (auto& [key, ex] : exchanges_)
+      for (auto& slot : ex.slots)
+        if (slot.conn == id) slot.conn = 0;
+    if (!c.authenticated || c.rank < 0) return;
+    RankInfo& info = ranks_[c.rank];
+    if (--info.live > 0) return;
+    if (c.said_bye) {
+      if (info.status != RankStatus::died) info.status = RankStatus::left;
+      on_rank_gone(c.rank, false, now);
+    } else {
+      info.status = RankStatus::died;
+      log(concat("rank ", c.rank, " (", c.peer, ") disconnected without saying goodbye"));
+      on_rank_gone(c.rank, true, now);
+    }
+  }
+
+  /// @brief Fails every wait whose deadline has passed.
+  void tick(StoreClock::time_point now) {
+    std::vector<Waiter> expired;
+    std::erase_if(waiters_, [&](const Waiter& w) { return w.deadline <= now && (expired.push_back(w), true); });
+    for (const auto& w : expired) {
+      std::vector<std::string> missing;
+      for (const auto& k : w.keys)
+        if (!kv_.count(k)) missing.push_back("'" + k + "'");
+      fail(w.conn, FailureKind::timeout,
+           concat("timed out after ", text::format_ms(w.timeout_ms), " waiting for store key(s) ", text::join(missing), "; ",
+                  ranks_summary()));
+    }
+    std::vector<std::pair<std::string, std::uint64_t>> expired_ex;
+    for (auto& [key, ex] : exchanges_)
+      if (ex.abandoned.empty())
+        for (const auto& s : ex.slots)
+          if (s.present && s.conn != 0 && s.deadline <= now) {
+            expired_ex.emplace_back(key, s.timeout_ms);
+            break;
+          }
+    for (const auto& [key, ms] : expired_ex) {
+      Exchange& ex = exchanges_[key];
+      abandon(key, FailureKind::timeout,
+              concat("timed out after ", text::format_ms(ms), " in ", ex.label, ": ", missing_ranks(ex), " not arrived"));
+    }
+  }
+
+  /// @brief The earliest deadline of any pending wait (the I/O loop's poll timeout).
+  [[nodiscard]] std::optional<StoreClock::time_point> next_deadline() const {
+    std::optional<StoreClock::time_point> best;
+    auto take = [&](StoreClock::time_point t) { best = best ? std::min(*best, t) : t; };
+    for (const auto& w : waiters_) take(w.deadline);
+    for (const auto& [key, ex] : exchanges_)
+      if (ex.abandoned.empty())
+        for (const auto& s : ex.slots)
+          if (s.present && s.conn != 0) take(s.deadline);
+    return best;
+  }
+
+  /// @brief Connections and their pending output (the I/O loop writes `out` and honours `close_after_flush`).
+  std::map<ConnId, Conn>& connections() noexcept { return conns_; }
+  /// @brief Number of pending get/wait requests (tests).
+  [[nodiscard]] std::size_t waiting() const noexcept { return waiters_.size(); }
+  /// @brief Whether a key is present (tests).
+  [[nodiscard]] bool contains(const std::string& key) const { return kv_.count(key) != 0; }
+
+ private:
+  enum class RankStatus { connected, left, died };
+  struct RankInfo {
+    int live = 0;
+    RankStatus status = RankStatus::connected;
+  };
+  struct Waiter {
+    ConnId conn;
+    Msg type;
+    std::vector<std::string> keys;
+    StoreClock::time_point deadline;
+    std::uint64_t timeout_ms;
+  };
+  struct Slot {
+    bool present = false;
+    ConnId conn = 0;  ///< 0 once the contributor's connection is gone
+    std::vector<std::byte> value;
+    StoreClock::time_point deadline{};
+    std::uint64_t timeout_ms = 0;
+  };
+  struct Exchange {
+    std::string label;
+    std::vector<Slot> slots;
+    int arrived = 0;
+    std::string abandoned;  ///< why it can never complete ("" while it can)
+    FailureKind abandoned_kind = FailureKind::peer_gone;
+  };
+
+  void log(const std::string& msg) const {
+    if (options_.log) options_.log(msg);
+  }
+
+  void send(ConnId id, Chunk chunk) {
+    auto it = conns_.find(id);
+    if (it != conns_.end()) it->second.out.push_back(std::move(chunk));
+  }
+  void send(ConnId id, std::vector<std::byte> frame) { send(id, std::make_shared<const std::vector<std::byte>>(std::move(frame))); }
+  // Sends the reply that ends the connection's pending request; its queued frames run next.
+  void finish(ConnId id, Chunk chunk) {
+    send(id, std::move(chunk));
+    auto it = conns_.find(id);
+    if (it != conns_.end() && it->second.busy) it->second.busy = false, pending_resume_.push_back(id);
+  }
+  void finish(ConnId id, std::vector<std::byte> frame) { finish(id, std::make_shared<const std::vector<std::byte>>(std::move(frame))); }
+  void fail(ConnId id, FailureKind kind, const std::string& msg) { finish(id, encode_failure(kind, msg)); }
+  void refuse(ConnId id, FailureKind kind, const std::string& msg) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    log(concat("refused ", it->second.peer, ": ", msg));
+    send(id, encode_failure(kind, msg));
+    it->second.close_after_flush = true;
+  }
+
+  std::string rank_state(int r) const {
+    auto it = ranks_.find(r);
+    if (it == ranks_.end()) return "never connected";
+    switch (it->second.status) {
+      case RankStatus::connected: return "connected";
+      case RankStatus::left: return "exited";
+      case RankStatus::died: return "disconnected";
+    }
+    return "?";
+  }
+  std::string ranks_summary() const {
+    std::vector<int> up, down;
+    const int n = world_ > 0 ? world_ : (ranks_.empty() ? 0 : ranks_.rbegin()->first + 1);
+    for (int r = 0; r < n; ++r) (rank_state(r) == "connected" ? up : down).push_back(r);
+    std::string s = concat("ranks connected: ", up.empty() ? "none" : text::join(up), " of world size ", n);
+    for (int r : down) s += concat("; rank ", r, " ", rank_state(r));
+    return s;
+  }
+  std::string missing_ranks(const Exchange& ex) const {
+    std::string s;
+    int count = 0;
+    for (std::size_t r = 0; r < ex.slots.size(); ++r)
+      if (!ex.slots[r].present) {
+        s += concat(count++ ? ", " : "", r, " (", rank_state(static_cast<int>(r)), ")");
+      }
+    return concat(count == 1 ? "rank " : "ranks ", s, count == 1 ? " has" : " have");
+  }
+
+  void process(ConnId id, StoreClock::time_point now) {
+    for (;;) {
+      auto it = conns_.find(id);
+      if (it == conns_.end() || it->second.busy || it->second.close_after_flush) return;
+      std::optional<std::vector<std::byte>> body;
+      try {
+        body = it->second.in.next();
+      } catch (const error& e) {
+        refuse(id, FailureKind::protocol, e.what());
+        return;
+      }
+      if (!body) return;
+      try {
+        handle(id, parse_request(*body), now);
+      } catch (const error& e) {
+        refuse(id, FailureKind::protocol, e.what());
+        return;
+      }
+    }
+  }
+
+  void handle(ConnId id, StoreRequest q, StoreClock::time_point now) {
+    Conn& c = conns_.at(id);
+    if (!c.authenticated) return handshake(id, c, q);
+    if (q.type == Msg::hello) throw_error<wire_error>("a second hello on an established store connection");
+    const auto deadline = now + std::chrono::milliseconds(std::min<std::uint64_t>(q.timeout_ms, 1ull << 40));
+    switch (q.type) {
+      case Msg::set:
+        kv_[q.key] = std::move(q.value);
+        finish(id, WireWriter(Msg::ok).finish());
+        notify(q.key);
+        break;
+      case Msg::get:
+      case Msg::wait: {
+        if (q.type == Msg::get) q.keys = {q.key};
+        c.busy = true;
+        waiters_.push_back({id, q.type, std::move(q.keys), deadline, q.timeout_ms});
+        if (!try_wake(waiters_.back())) {
+          if (auto dead = first_dead()) {
+            waiters_.pop_back();
+            fail(id, FailureKind::peer_gone,
+                 concat("rank ", *dead, " disconnected earlier (crashed or killed?), so the awaited store key may never be set"));
+          }
+        } else {
+          waiters_.pop_back();
+        }
+        break;
+      }
+      case Msg::add: {
+        std::int64_t v = 0;
+        if (auto it = kv_.find(q.key); it != kv_.end()) {
+          const auto old = text::parse_integer<std::int64_t>(
+              std::string_view(reinterpret_cast<const char*>(it->second.data()), it->second.size()));
+          if (!old) {
+            finish(id, encode_failure(FailureKind::mismatch, concat("store key '", q.key, "' does not hold an integer, cannot add to it")));
+            break;
+          }
+          v = *old;
+        }
+        v = static_cast<std::int64_t>(static_cast<std::uint64_t>(v) + static_cast<std::uint64_t>(q.delta));
+        const std::string digits = std::to_string(v);
+        kv_[q.key] = to_vector(std::as_bytes(std::span<const char>(digits.data(), digits.size())));
+        finish(id, WireWriter(Msg::integer).i64(v).finish());
+        notify(q.key);
+        break;
+      }
+      case Msg::remove: finish(id, WireWriter(Msg::integer).i64(kv_.erase(q.key) ? 1 : 0).finish()); break;
+      case Msg::compare_set: {
+        auto it = kv_.find(q.key);
+        const bool swap = it == kv_.end() ? q.expected.empty() : it->second == q.expected;
+        if (swap) kv_[q.key] = q.value;
+        const auto& result = swap ? q.value : (it == kv_.end() ? q.expected : it->second);
+        finish(id, WireWriter(Msg::value).bytes(result).finish());
+        if (swap) notify(q.key);
+        break;
+      }
+      case Msg::exchange: c.busy = true, join_exchange(id, std::move(q), deadline); break;
+      case Msg::bye: c.said_bye = true; break;
+      default: throw_error<wire_error>("store request type ", static_cast<int>(q.type), " is not valid here");
+    }
+  }
+
+  void handshake(ConnId id, Conn& c, const StoreRequest& q) {
+    if (q.type != Msg::hello) return refuse(id, FailureKind::protocol, "the first store message must be a hello");
+    if (q.magic != store_magic) return refuse(id, FailureKind::refused, "not an accel store client (bad magic number)");
+    if (q.version != store_protocol_version)
+      return refuse(id, FailureKind::refused,
+                    concat("store protocol version ", q.version, " is not the server's version ", store_protocol_version,
+                           "; build every process of the job with the same accel version"));
+    if (!token_equal(q.token, options_.job_token))
+      return refuse(id, FailureKind::refused,
+                    "wrong job token: this store serves another job, or ACCEL_JOB_TOKEN differs between processes");
+    if (q.world > 0 && world_ > 0 && q.world != world_)
+      return refuse(id, FailureKind::refused, concat("world size ", q.world, " does not match the job's world size ", world_));
+    if (q.world > 0) world_ = q.world;
+    c.authenticated = true;
+    c.rank = q.rank;
+    c.in.set_limit(options_.max_frame_bytes);
+    if (q.rank >= 0) {
+      RankInfo& info = ranks_[q.rank];
+      ++info.live;
+      info.status = RankStatus::connected;
+    }
+    send(id, WireWriter(Msg::ok).finish());
+  }
+
+  static bool token_equal(const std::string& a, const std::string& b) {
+    // Constant time in the content, so response timing does not reveal a token prefix.
+    unsigned diff = a.size() == b.size() ? 0u : 1u;
+    for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned>(a[i] ^ (i < b.size() ? b[i] : 0));
+    return diff == 0;
+  }
+
+  std::optional<int> first_dead() const {
+    for (const auto& [r, info] : ranks_)
+      if (info.status == RankStatus::died) return r;
+    return std::nullopt;
+  }
+
+  bool try_wake(const Waiter& w) {
+    for (const auto& k : w.keys)
+      if (!kv_.count(k)) return false;
+    if (w.type == Msg::get) finish(w.conn, WireWriter(Msg::value).bytes(kv_[w.keys.front()]).finish());
+    else finish(w.conn, WireWriter(Msg::ok).finish());
+    return true;
+  }
+  void notify(const std::string& key) {
+    std::vector<Waiter> ready;
+    std::erase_if(waiters_, [&](const Waiter& w) {
+      return std::find(w.keys.begin(), w.keys.end(), key) != w.keys.end() &&
+             std::all_of(w.keys.begin(), w.keys.end(), [&](const std::string& k) { return kv_.count(k) != 0; }) &&
+             (ready.push_back(w), true);
+    });
+    for (const auto& w : ready) try_wake(w);
+  }
+
+  void join_exchange(ConnId id, StoreRequest q, StoreClock::time_point deadline) {
+    auto [it, fresh] = exchanges_.try_emplace(q.key);
+    Exchange& ex = it->second;
+    if (fresh) ex.label = q.label, ex.slots.resize(static_cast<std::size_t>(q.world));
+    if (!ex.abandoned.empty()) return fail(id, ex.abandoned_kind, ex.abandoned);
+    const auto r = static_cast<std::size_t>(q.rank);
+    if (ex.slots.size() != static_cast<std::size_t>(q.world) || ex.slots[r].present) {
+      const std::string why = ex.slots.size() != static_cast<std::size_t>(q.world)
+                                  ? concat("rank ", q.rank, " joined ", q.label, " with world size ", q.world, " but others use ", ex.slots.size())
+                                  : concat("rank ", q.rank, " joined ", ex.label, " twice (two processes with the same rank?)");
+      fail(id, FailureKind::mismatch, why);
+      return abandon(q.key, FailureKind::mismatch, why);
+    }
+    ex.slots[r] = Slot{true, id, std::move(q.value), deadline, q.timeout_ms};
+    if (++ex.arrived == static_cast<int>(ex.slots.size())) return complete(q.key);
+    check_exchange(q.key);
+  }
+
+  void complete(const std::string& key) {
+    Exchange& ex = exchanges_[key];
+    WireWriter w(Msg::list);
+    w.u32(static_cast<std::uint32_t>(ex.slots.size()));
+    for (const auto& s : ex.slots) w.bytes(s.value);
+    auto chunk = std::make_shared<const std::vector<std::byte>>(w.finish());
+    std::vector<ConnId> waiting;
+    for (const auto& s : ex.slots)
+      if (s.conn != 0) waiting.push_back(s.conn);
+    exchanges_.erase(key);
+    for (ConnId c : waiting) finish(c, chunk);
+  }
+
+  // Fails the exchange if a rank that has not arrived is gone.
+  void check_exchange(const std::string& key) {
+    Exchange& ex = exchanges_[key];
+    for (std::size_t r = 0; r < ex.slots.size(); ++r) {
+      if (ex.slots[r].present) continue;
+      auto info = ranks_.find(static_cast<int>(r));
+      if (info == ranks_.end() || info->second.status == RankStatus::connected) continue;
+      const bool died = info->second.status == RankStatus::died;
+      return abandon(key, FailureKind::peer_gone,
+                     died ? concat("rank ", r, " disconnected (crashed or was killed) before joining ", ex.label)
+                          : concat("rank ", r, " exited without joining ", ex.label,
+                                   " (was the collective called on only some ranks, e.g. inside if (is_main_process())?)"));
+    }
+  }
+
+  void abandon(const std::string& key, FailureKind kind, const std::string& why) {
+    Exchange& ex = exchanges_[key];
+    if (!ex.abandoned.empty()) return;
+    ex.abandoned = why;
+    ex.abandoned_kind = kind;
+    for (auto& s : ex.slots)
+      if (s.present && s.conn != 0) fail(s.conn, kind, why), s.conn = 0;
+  }
+
+  void on_rank_gone(int rank, bool died, StoreClock::time_point now) {
+    (void)now;
+    if (died) {
+      std::vector<Waiter> failed;
+      std::swap(failed, waiters_);
+      for (const auto& w : failed)
+        fail(w.conn, FailureKind::peer_gone,
+             concat("rank ", rank, " disconnected (crashed or was killed) while this process waited for store key '",
+                    w.keys.front(), "'"));
+    }
+    std::vector<std::string> keys;
+    for (const auto& [key, ex] : exchanges_)
+      if (ex.abandoned.empty()) keys.push_back(key);
+    for (const auto& k : keys) check_exchange(k);
+  }
+
+ public:
+  /// @brief Connections whose pending request just finished and that may have queued frames.
+  /// The I/O loop calls this after every event so pipelined requests are not left waiting.
+  void resume(StoreClock::time_point now) {
+    while (!pending_resume_.empty()) {
+      const ConnId c = pending_resume_.front();
+      pending_resume_.pop_front();
+      process(c, now);
+    }
+  }
+
+ private:
+  StoreCoreOptions options_;
+  int world_;
+  std::map<ConnId, Conn> conns_;
+  std::map<std::string, std::vector<std::byte>> kv_;
+  std::vector<Waiter> waiters_;
+  std::map<std::string, Exchange> exchanges_;
+  std::map<int, RankInfo> ranks_;
+  std::deque<ConnId> pending_resume_;
+};
+
+}  // namespace detail
+ACCEL_NAMESPACE_END

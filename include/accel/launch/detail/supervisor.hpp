@@ -1,0 +1,308 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file supervisor.hpp
+/// @brief accel launch's effects: start the planned children, merge their output line by line,
+/// forward signals, and stop everyone together when one fails. Used by launch/run.hpp.
+#pragma once
+
+#include <poll.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/launch/detail/process.hpp>
+#include <accel/launch/launch_plan.hpp>
+
+extern "C" char** environ;  // the process environment (POSIX; unistd.h declares it only with _GNU_SOURCE)
+
+ACCEL_NAMESPACE_BEGIN
+namespace launch {
+namespace detail {
+
+/// @brief Cuts a byte stream into whole lines; a line longer than `max_line` is emitted in pieces so
+/// a child that never writes a newline cannot grow the launcher's memory.
+class LineSplitter {
+ public:
+  explicit LineSplitter(std::size_t max_line = 64 * 1024) : max_line_(max_line) {}
+  /// @brief Emits every complete line in `data` (without its '\n'); keeps the tail for later.
+  template <class Emit>
+  void feed(std::string_view data, Emit&& emit) {
+    while (!data.empty()) {
+      const auto nl = data.find('\n');
+      if (nl == std::string_view::npos) {
+        pending_.append(data);
+        while (pending_.size() >= max_line_) {
+          emit(std::string_view(pending_).substr(0, max_line_));
+          pending_.erase(0, max_line_);
+        }
+        return;
+      }
+      if (pending_.empty()) emit(data.substr(0, nl));
+      else {
+        pending_.append(data.substr(0, nl));
+        emit(std::string_view(pending_));
+        pending_.clear();
+      }
+      data.remove_prefix(nl + 1);
+    }
+  }
+  /// @brief Emits the unterminated last line, if any (the stream ended).
+  template <class Emit>
+  void finish(Emit&& emit) {
+    if (!pending_.empty()) emit(std::string_view(pending_));
+    pending_.clear();
+  }
+
+ private:
+  std::string pending_;
+  std::size_t max_line_;
+};
+
+/// @brief `mkdir -p`.
+/// @throws launch_error naming the directory and the reason
+inline void make_directories(const std::string& dir) {
+  std::string partial;
+  std::size_t pos = 0;
+  while (pos <= dir.size()) {
+    const auto slash = dir.find('/', pos);
+    partial = dir.substr(0, slash);
+    pos = slash == std::string::npos ? dir.size() + 1 : slash + 1;
+    if (partial.empty()) continue;
+    if (::mkdir(partial.c_str(), 0777) != 0 && errno != EEXIST)
+      accel::detail::throw_error<launch_error>("cannot create the log directory '", dir, "' (", accel::detail::proc::errno_text(errno),
+                                               " at '", partial, "'); choose another --log_dir");
+  }
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    accel::detail::throw_error<launch_error>("--log_dir '", dir, "' exists and is not a directory; choose another --log_dir");
+}
+
+/// @brief One output stream of one child, read through a pipe.
+struct Stream {
+  accel::detail::proc::UniqueFd pipe;  ///< read end; reset at end of stream
+  accel::detail::proc::UniqueFd log;   ///< log file, or empty
+  int rank = 0;
+  int console = 1;               ///< launcher descriptor the lines go to (1 or 2)
+  LineSplitter lines;
+};
+
+struct Child {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = -1;
+  bool running = true;
+  int status = 0;
+};
+
+/// @brief The supervision loop over started children (one thread, poll + signalfd + waitpid).
+class Supervisor {
+ public:
+  Supervisor(accel::detail::proc::BlockedSignals& signals, double grace_s, bool tee,
+             std::function<void(const std::string&)> say)
+      : signals_(signals), grace_(std::chrono::milliseconds(static_cast<long long>(grace_s * 1000.0))), tee_(tee),
+        say_(std::move(say)) {}
+
+  std::vector<Child> children;
+  std::vector<Stream> streams;
+
+  /// @brief SIGKILLs every started child's process group and reaps the children (start-up failed).
+  void abort_start() noexcept {
+    for (auto& c : children)
+      if (c.running) {
+        ::kill(-c.pid, SIGKILL);
+        while (::waitpid(c.pid, &c.status, 0) < 0 && errno == EINTR) {
+        }
+        c.running = false;
+      }
+  }
+
+  /// @brief Runs until every child has ended and its output is drained (or the drain deadline passed).
+  void supervise() {
+    using clock = std::chrono::steady_clock;
+    std::optional<clock::time_point> drain_until;
+    while (true) {
+      const bool any_running = std::any_of(children.begin(), children.end(), [](const Child& c) { return c.running; });
+      const bool any_open = std::any_of(streams.begin(), streams.end(), [](const Stream& s) { return bool(s.pipe); });
+      if (!any_running && !drain_until) {
+        // Descendants left in the children's groups would hold the pipes open and outlive the job.
+        for (const auto& c : children) ::kill(-c.pid, SIGKILL);
+        drain_until = clock::now() + std::chrono::seconds(2);
+      }
+      if (!any_running && !any_open) break;
+      const auto now = clock::now();
+      if (drain_until && now >= *drain_until) break;  // something that left the group still holds a pipe
+      long long wait_ms = 250;  // also reaps when a SIGCHLD went to a thread that does not block it
+      if (kill_at_ && !killed_)
+        wait_ms = std::min<long long>(wait_ms, std::chrono::duration_cast<std::chrono::milliseconds>(*kill_at_ - now).count() + 1);
+      if (drain_until)
+        wait_ms = std::min<long long>(wait_ms, std::chrono::duration_cast<std::chrono::milliseconds>(*drain_until - now).count() + 1);
+      std::vector<pollfd> fds;
+      fds.push_back({signals_.fd(), POLLIN, 0});
+      std::vector<Stream*> polled;
+      for (auto& s : streams)
+        if (s.pipe) {
+          fds.push_back({s.pipe.get(), POLLIN, 0});
+          polled.push_back(&s);
+        }
+      const int ready = ::poll(fds.data(), static_cast<nfds_t>(fds.size()), static_cast<int>(std::max<long long>(wait_ms, 0)));
+      if (ready < 0 && errno != EINTR)
+        accel::detail::throw_error<launch_error>("poll failed while supervising (", accel::detail::proc::errno_text(errno), ")");
+      if (ready > 0) {
+        for (std::size_t i = 0; i < polled.size(); ++i)
+          if (fds[i + 1].revents != 0) read_stream(*polled[i]);
+        if (fds[0].revents != 0)
+          while (const int sig = signals_.next()) on_signal(sig);
+      }
+      reap();
+      if (kill_at_ && !killed_ && clock::now() >= *kill_at_) {
+        for (const auto& c : children)
+          if (c.running)
+            say_(accel::detail::concat("rank ", c.rank, " (pid ", c.pid, ") did not stop within ", grace_seconds(),
+                                       " s; sending SIGKILL"));
+        kill_running(SIGKILL);
+        killed_ = true;
+      }
+    }
+    for (auto& s : streams) close_stream(s);
+  }
+
+  /// @brief Says how the job ended and returns the status the launcher should exit with.
+  int report() {
+    if (failed_) {
+      const Child& f = children[*failed_];
+      const int code = accel::detail::proc::exit_code_of(f.status);
+      say_(accel::detail::concat("job failed: rank ", f.rank, " ", accel::detail::proc::describe_wait_status(f.status),
+                                 "; exit status ", code));
+      return code;
+    }
+    if (interrupt_) {
+      say_(accel::detail::concat("job interrupted by ", accel::detail::proc::signal_name(*interrupt_), "; exit status ", 128 + *interrupt_));
+      return 128 + *interrupt_;
+    }
+    return 0;
+  }
+
+ private:
+  double grace_seconds() const noexcept { return static_cast<double>(grace_.count()) / 1000.0; }
+  void kill_running(int sig) noexcept {
+    for (const auto& c : children)
+      if (c.running) ::kill(-c.pid, sig);
+  }
+  int count_running() const noexcept {
+    return static_cast<int>(std::count_if(children.begin(), children.end(), [](const Child& c) { return c.running; }));
+  }
+  std::string stop_plan() const {
+    return accel::detail::concat("SIGKILL after ", grace_seconds(), " s");
+  }
+  void begin_stop() {
+    stopping_ = true;
+    kill_at_ = std::chrono::steady_clock::now() + grace_;
+  }
+
+  void on_signal(int sig) {
+    if (sig == SIGCHLD) return;  // reap() follows
+    const int n = count_running();
+    if (stopping_) {
+      say_(accel::detail::concat("received ", accel::detail::proc::signal_name(sig), " while stopping: killing ", n,
+                                 n == 1 ? " process" : " processes", " now"));
+      kill_running(SIGKILL);
+      killed_ = true;
+      if (!interrupt_) interrupt_ = sig;
+      return;
+    }
+    interrupt_ = sig;
+    say_(accel::detail::concat("received ", accel::detail::proc::signal_name(sig), ": forwarding it to ", n,
+                               n == 1 ? " process" : " processes", " (", stop_plan(), "; send it again to kill them now)"));
+    kill_running(sig);
+    begin_stop();
+  }
+
+  void reap() {
+    for (std::size_t i = 0; i < children.size(); ++i) {
+      Child& c = children[i];
+      if (!c.running) continue;
+      int status = 0;
+      const pid_t r = ::waitpid(c.pid, &status, WNOHANG);
+      if (r != c.pid) continue;
+      c.running = false;
+      c.status = status;
+      const std::string how = accel::detail::proc::describe_wait_status(status);
+      if (stopping_) {
+        if (!accel::detail::proc::succeeded(status)) say_(accel::detail::concat("rank ", c.rank, " (pid ", c.pid, ") stopped: ", how));
+        continue;
+      }
+      if (accel::detail::proc::succeeded(status)) continue;
+      failed_ = i;
+      const int others = count_running();
+      say_(accel::detail::concat("rank ", c.rank, " (local rank ", c.local_rank, ", pid ", c.pid, ") ", how,
+                                 others > 0 ? accel::detail::concat("; stopping the other ", others, others == 1 ? " process" : " processes",
+                                                                    " (SIGTERM, ", stop_plan(), ")")
+                                            : std::string{}));
+      kill_running(SIGTERM);
+      begin_stop();
+    }
+  }
+
+  // Whole lines, prefixed, are appended to `batch_` and written with one write() per read: a
+  // write of whole lines is never mixed with another rank's, and one call per 64 KiB stays cheap.
+  void add_line(const Stream& s, std::string_view line) {
+    if (tee_) batch_.append("[rank ").append(std::to_string(s.rank)).append("] ");
+    batch_.append(line).push_back('\n');
+  }
+  void flush_batch(const Stream& s) {
+    bool& dead = console_dead_[s.console == 2 ? 1 : 0];
+    if (!dead && !batch_.empty() && !accel::detail::proc::write_all(s.console, batch_)) dead = true;  // closed console: keep draining
+    batch_.clear();
+  }
+
+  void read_stream(Stream& s) {
+    char buf[64 * 1024];
+    const ssize_t n = ::read(s.pipe.get(), buf, sizeof buf);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (n <= 0) {
+      close_stream(s);
+      return;
+    }
+    const std::string_view data(buf, static_cast<std::size_t>(n));
+    if (s.log && !accel::detail::proc::write_all(s.log.get(), data)) {
+      say_(accel::detail::concat("cannot write the log of rank ", s.rank, " (", accel::detail::proc::errno_text(errno),
+                                 "); its output still goes to the console"));
+      s.log.reset();
+    }
+    s.lines.feed(data, [&](std::string_view line) { add_line(s, line); });
+    flush_batch(s);
+  }
+
+  void close_stream(Stream& s) {
+    if (!s.pipe) return;
+    s.lines.finish([&](std::string_view line) { add_line(s, line); });
+    flush_batch(s);
+    s.pipe.reset();
+    s.log.reset();
+  }
+
+  accel::detail::proc::BlockedSignals& signals_;
+  std::chrono::milliseconds grace_;
+  bool tee_;
+  std::function<void(const std::string&)> say_;
+  bool stopping_ = false;
+  bool killed_ = false;
+  bool console_dead_[2] = {false, false};
+  std::string batch_;
+  std::optional<std::chrono::steady_clock::time_point> kill_at_;
+  std::optional<std::size_t> failed_;
+  std::optional<int> interrupt_;
+};
+
+}  // namespace detail
+
+}  // namespace launch
+ACCEL_NAMESPACE_END

@@ -1,0 +1,402 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file launch.hpp
+/// @brief accel launch: command-line options, the per-rank plan (environment + checklist), and the
+/// supervisor that starts the processes and stops them together.
+///
+/// The decisions are pure functions over values (`parse_launch_args`, `plan_launch`); the effects
+/// (`run`) live in detail/supervisor.hpp and are exercised by the multi-process tests.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/devices.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/runtime/text.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+namespace launch {
+
+/// @brief What `accel launch` was asked to do (the parsed command line).
+struct LaunchOptions {
+  /// Processes in the whole job (all machines together; required with several machines);
+  /// unset on one machine = one per visible GPU (1 with none).
+  std::optional<int> num_processes;
+  std::optional<std::string> gpu_ids;  ///< `--gpu_ids 2,5`: CUDA_VISIBLE_DEVICES for the children ("all" = unset)
+  bool cpu = false;                    ///< `--cpu`: run on the CPU (ACCEL_USE_CPU=1), skip every GPU check
+  int num_machines = 1;
+  std::optional<int> machine_rank;             ///< this machine's index, required with several machines
+  std::optional<std::string> main_process_ip;  ///< MASTER_ADDR; required with several machines
+  std::optional<int> main_process_port;        ///< MASTER_PORT; unset or 0 = a free port (one machine only)
+  bool tee = false;                            ///< prefix each output line with `[rank N]`
+  std::optional<std::string> log_dir;          ///< also write `<dir>/rank_N.{stdout,stderr}.log`
+  std::string timeout_s = "300";               ///< ACCEL_TIMEOUT_S for the children (collective timeout)
+  double grace_s = 10;                         ///< SIGTERM → SIGKILL grace period when stopping children
+  bool help = false;                           ///< `--help` was given
+  std::vector<std::string> command;            ///< program and its arguments
+};
+
+namespace detail {
+
+inline std::string option_key(std::string_view name) {
+  std::string k(name);
+  for (char& c : k)
+    if (c == '-') c = '_';
+  return k;
+}
+
+inline int parse_int_option(std::string_view name, std::string_view value, long long min, long long max) {
+  const auto v = text::parse_integer<int>(value);
+  if (!v || *v < min || *v > max)
+    accel::detail::throw_error<usage_error>(name, " '", value, "' is not ",
+                                            min == 0 ? "a non-negative integer" : "a positive integer",
+                                            max < 999'999'999 ? accel::detail::concat(" up to ", max) : std::string{});
+  return *v;
+}
+
+inline double parse_seconds_option(std::string_view name, std::string_view value, bool allow_zero) {
+  const std::string text(value);
+  char* end = nullptr;
+  const double s = text.empty() ? -1 : std::strtod(text.c_str(), &end);
+  const bool ok = !text.empty() && end == text.c_str() + text.size() && (allow_zero ? s >= 0 : s > 0) && s <= 1e7 &&
+                  text.find_first_of("xXpPnN") == std::string::npos;  // no hex floats, inf, nan
+  if (!ok)
+    accel::detail::throw_error<usage_error>(name, " '", value, "' is not ", allow_zero ? "a non-negative" : "a positive",
+                                            " number of seconds (e.g. ", name, " 30)");
+  return s;
+}
+
+}  // namespace detail
+
+/// @brief Parses the arguments after `launch` (args[0] is the subcommand name and is skipped).
+///
+/// Options take `--name value` or `--name=value`, with underscores or hyphens (`--num_processes`,
+/// `--num-processes`). The program starts after `--`, or at the first argument not starting with `-`;
+/// everything after it goes to the program unchanged.
+/// @throws usage_error naming the option and the value for unknown options, missing values, bad numbers,
+///         contradictory options, or a missing program (unless `--help`)
+inline LaunchOptions parse_launch_args(std::span<const std::string_view> args) {
+  using accel::detail::throw_error;
+  LaunchOptions o;
+  std::size_t i = args.empty() ? 0 : 1;
+  for (; i < args.size(); ++i) {
+    const std::string_view a = args[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (!a.starts_with("-") || a == "-") break;  // the program
+    if (a == "-h" || a == "--help") {
+      o.help = true;
+      continue;
+    }
+    if (!a.starts_with("--"))
+      throw_error<usage_error>("unknown option '", a, "'; see accel launch --help");
+    const auto eq = a.find('=');
+    const std::string_view spelled = a.substr(0, eq);
+    const std::string key = detail::option_key(spelled.substr(2));
+    auto flag = [&](bool& target) {
+      if (eq != std::string_view::npos) throw_error<usage_error>(spelled, " takes no value (got '", a, "')");
+      target = true;
+    };
+    auto value = [&]() -> std::string_view {
+      if (eq != std::string_view::npos) return a.substr(eq + 1);
+      if (i + 1 >= args.size() || args[i + 1] == "--")
+        throw_error<usage_error>(spelled, " needs a value; see accel launch --help");
+      return args[++i];
+    };
+    if (key == "cpu") flag(o.cpu);
+    else if (key == "tee") flag(o.tee);
+    else if (key == "num_processes") o.num_processes = detail::parse_int_option(spelled, value(), 1, 65536);
+    else if (key == "num_machines") o.num_machines = detail::parse_int_option(spelled, value(), 1, 65536);
+    else if (key == "machine_rank") o.machine_rank = detail::parse_int_option(spelled, value(), 0, 65535);
+    else if (key == "main_process_port") o.main_process_port = detail::parse_int_option(spelled, value(), 0, 65535);
+    else if (key == "gpu_ids") {
+      std::string v(value());
+      if (v == "all") o.gpu_ids.reset();
+      else o.gpu_ids = std::move(v);
+    } else if (key == "main_process_ip") {
+      const std::string_view v = value();
+      if (v.empty() || v.find_first_of(" \t") != std::string_view::npos)
+        throw_error<usage_error>(spelled, " '", v, "' is not a host name or address");
+      o.main_process_ip = std::string(v);
+    } else if (key == "log_dir") {
+      const std::string_view v = value();
+      if (v.empty()) throw_error<usage_error>(spelled, " needs a directory name, got ''");
+      o.log_dir = std::string(v);
+    } else if (key == "timeout") {
+      const std::string_view v = value();
+      detail::parse_seconds_option(spelled, v, false);
+      o.timeout_s = std::string(v);
+    } else if (key == "grace") o.grace_s = detail::parse_seconds_option(spelled, value(), true);
+    else if (key == "multi_gpu")
+      throw_error<usage_error>("unknown option '", spelled, "': accel launch needs no --multi_gpu; --num_processes N starts N processes");
+    else
+      throw_error<usage_error>("unknown option '", spelled, "'; see accel launch --help");
+  }
+  for (; i < args.size(); ++i) o.command.emplace_back(args[i]);
+  if (o.cpu && o.gpu_ids)
+    throw_error<usage_error>("--cpu and --gpu_ids ", *o.gpu_ids, " contradict each other; pass one of them");
+  if (o.command.empty() && !o.help)
+    throw_error<usage_error>("no program to launch; usage: accel launch [options] [--] program [args...]");
+  return o;
+}
+
+/// @brief Overload for `argv`-style input.
+inline LaunchOptions parse_launch_args(std::span<char*> args) {
+  std::vector<std::string_view> v(args.begin(), args.end());
+  return parse_launch_args(std::span<const std::string_view>(v));
+}
+
+/// @brief What the launcher's own process knows when planning (the seams a test fakes).
+struct LaunchInputs {
+  std::optional<std::string> cuda_visible_devices;  ///< the launcher's CUDA_VISIBLE_DEVICES (nullopt: unset)
+  int gpu_count = 0;                                ///< GPUs the launcher sees (accel::visible_gpu_count())
+  std::string gpu_status;                           ///< why there are none ("insufficient driver", ...)
+  int free_port = 0;                                ///< a free port, used when --main_process_port is absent or 0
+  std::string fresh_job_token;                      ///< 32 random hex digits for a one-machine job
+  std::optional<std::string> env_job_token;         ///< ACCEL_JOB_TOKEN in the launcher's environment
+};
+
+/// @brief One process this machine starts.
+struct RankPlan {
+  int rank = 0;
+  int local_rank = 0;
+  std::map<std::string, std::string> env;  ///< variables set for it (on top of the launcher's environment)
+};
+
+/// @brief Everything the launcher decided before starting anything.
+struct LaunchPlan {
+  int world_size = 1;
+  int local_world_size = 1;
+  int num_machines = 1;
+  int machine_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
+  std::string job_token;
+  std::vector<RankPlan> ranks;     ///< this machine's processes, by local rank
+  std::vector<std::string> unset;  ///< variables removed from the children's environment
+  std::vector<std::string> warnings;
+};
+
+/// @brief Variables of other launchers that would contradict ours in a child (a launcher started
+/// under srun or mpirun): removed from the children's environment.
+inline const std::vector<std::string>& foreign_rank_variables() {
+  static const std::vector<std::string> v = {
+      "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+      "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
+      "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE", "SLURM_PROCID", "SLURM_LOCALID",
+      "TORCHELASTIC_USE_AGENT_STORE", "ACCEL_STORE"};
+  return v;
+}
+
+namespace detail {
+
+/// @brief The GPU checklist: how many processes this machine runs, and what the children see.
+inline int check_gpus(const LaunchOptions& o, const LaunchInputs& in, LaunchPlan& plan, int requested_local,
+                      std::optional<std::string>& child_visible) {
+  using accel::detail::concat;
+  using accel::detail::throw_error;
+  const bool explicit_n = o.num_processes.has_value();
+  std::vector<std::string> physical;  // what each logical GPU of the children is, in order
+  std::string where;                  // how we describe the device list in messages
+  bool checkable = true;              // do we know how many GPUs the children will see?
+  if (o.gpu_ids) {
+    const VisibleDevices v = parse_visible_devices(*o.gpu_ids);
+    if (v.ids.empty() && !v.duplicated)
+      throw_error<usage_error>("--gpu_ids '", *o.gpu_ids, "' names no GPU; list GPU indices or UUIDs like --gpu_ids 0,1, or pass --cpu");
+    if (v.duplicated)
+      throw_error<usage_error>("--gpu_ids ", *o.gpu_ids, " lists a GPU twice (the driver would then expose none); list each GPU once");
+    if (v.truncated)
+      throw_error<usage_error>("--gpu_ids ", *o.gpu_ids, ": ", v.diagnostics.back());
+    physical = v.ids;
+    child_visible = text::join(v.ids, ",");
+    where = concat("--gpu_ids ", *child_visible);
+    if (in.cuda_visible_devices && *in.cuda_visible_devices != *child_visible)
+      plan.warnings.push_back(concat("--gpu_ids ", *child_visible, " replaces CUDA_VISIBLE_DEVICES='", *in.cuda_visible_devices,
+                                     "' for the children; --gpu_ids names GPUs as nvidia-smi numbers them"));
+    if (in.gpu_count == 0) {
+      plan.warnings.push_back(concat("cannot check --gpu_ids ", *child_visible, ": the launcher sees no GPU (",
+                                     in.gpu_status.empty() ? "no CUDA device" : in.gpu_status, ")"));
+    } else if (!in.cuda_visible_devices && !v.uses_uuids) {
+      for (const auto& id : v.ids)
+        if (const auto n = text::parse_integer<int>(id); !n || *n >= in.gpu_count)
+          throw_error<config_error>("--gpu_ids ", *child_visible, " names GPU ", id, ", but this machine has ",
+                                    text::plural(in.gpu_count, "GPU"), " (0-", in.gpu_count - 1, "); pick GPUs that exist");
+    }
+  } else {
+    const VisibleDevices v = parse_visible_devices(in.cuda_visible_devices);
+    if (v.set) where = concat("CUDA_VISIBLE_DEVICES='", *in.cuda_visible_devices, "'");
+    if (v.set && v.ids.empty() && !v.duplicated)
+      throw_error<config_error>("CUDA_VISIBLE_DEVICES is set to '", *in.cuda_visible_devices,
+                                "', so no GPU is visible; unset it to use every GPU, choose GPUs with --gpu_ids 0,1, "
+                                "or pass --cpu to run on the CPU");
+    if (v.duplicated)
+      throw_error<config_error>(v.diagnostics.back(), "; or choose GPUs with --gpu_ids");
+    for (const auto& d : v.diagnostics) plan.warnings.push_back(concat("CUDA_VISIBLE_DEVICES: ", d));
+    for (int g = 0; g < in.gpu_count; ++g) physical.push_back(v.physical(g));
+    if (where.empty()) where = concat(text::plural(in.gpu_count, "GPU"), " on this machine");
+    if (in.gpu_count == 0) {
+      checkable = false;
+      plan.warnings.push_back(concat("no GPU is visible (", in.gpu_status.empty() ? "no CUDA device" : in.gpu_status,
+                                     "): every process runs on the CPU; pass --cpu to say so and silence this warning"));
+    }
+  }
+  const int gpus = static_cast<int>(physical.size());
+  const int local = requested_local > 0 ? requested_local : (gpus > 0 ? gpus : 1);
+  if (!checkable) return local;
+  if (local > gpus) {
+    const std::string per = o.num_machines > 1 ? " per machine" : "";
+    const std::string fix = concat("pass --num_processes ", gpus * o.num_machines, o.gpu_ids ? ", list more GPUs with --gpu_ids" : ", choose more GPUs with --gpu_ids",
+                                   ", or run on the CPU with --cpu");
+    if (o.gpu_ids)
+      throw_error<usage_error>(text::plural(local, "process"), per, " but ", where, " lists only ", text::plural(gpus, "GPU"),
+                               ": each process needs its own GPU; ", fix);
+    throw_error<config_error>(text::plural(local, "process"), per, " but only ", text::plural(gpus, "GPU"), " visible (", where,
+                              "): each process needs its own GPU; ", fix);
+  }
+  if (local < gpus && explicit_n) {
+    std::string unused;
+    for (int g = local; g < gpus; ++g) unused += (unused.empty() ? "" : ",") + physical[static_cast<std::size_t>(g)];
+    plan.warnings.push_back(concat(text::plural(gpus, "GPU"), " visible (", where, ") but ", text::plural(local, "process"),
+                                   o.num_machines > 1 ? " per machine" : "", ": GPU", gpus - local == 1 ? " " : "s ", unused,
+                                   " stay", gpus - local == 1 ? "s" : "", " unused; pass --num_processes ", gpus * o.num_machines,
+                                   " to use every GPU, or choose GPUs with --gpu_ids"));
+  }
+  return local;
+}
+
+}  // namespace detail
+
+/// @brief Decides everything before a process starts: sizes, ranks, the rendezvous address and
+/// each child's environment, and runs the checklist (pure function).
+///
+/// `--num_processes` counts the whole job; with several machines it is required, must divide evenly,
+/// and each machine runs num_processes / num_machines. On one machine it defaults to one process per
+/// visible GPU (one with none).
+/// @throws usage_error for contradictory or incomplete options (multi-machine without an address,
+///         a total that does not divide, more processes than --gpu_ids lists)
+/// @throws config_error for an environment that cannot work (CUDA_VISIBLE_DEVICES empty or
+///         duplicated, fewer GPUs than processes, a multi-machine job without ACCEL_JOB_TOKEN)
+inline LaunchPlan plan_launch(const LaunchOptions& o, const LaunchInputs& in) {
+  using accel::detail::concat;
+  using accel::detail::throw_error;
+  LaunchPlan plan;
+  plan.num_machines = o.num_machines;
+  const bool multi = o.num_machines > 1;
+  int requested_local = 0;
+  if (o.num_processes) {
+    if (*o.num_processes % o.num_machines != 0) {
+      const int below = *o.num_processes / o.num_machines * o.num_machines;
+      throw_error<usage_error>("--num_processes ", *o.num_processes, " is not divisible by --num_machines ", o.num_machines,
+                               ": --num_processes counts the processes of all machines together; use a multiple of ",
+                               o.num_machines, " (", below > 0 ? concat(below, " or ") : std::string{},
+                               below + o.num_machines, ")");
+    }
+    requested_local = *o.num_processes / o.num_machines;
+  }
+  if (multi) {
+    // Machines with different GPU counts would each compute another WORLD_SIZE from a default.
+    if (!o.num_processes)
+      throw_error<usage_error>("--num_machines ", o.num_machines,
+                               " needs --num_processes (the total over all machines) so every machine agrees on WORLD_SIZE");
+    if (!o.machine_rank)
+      throw_error<usage_error>("--num_machines ", o.num_machines, " needs --machine_rank (0 to ", o.num_machines - 1,
+                               ") on every machine");
+    if (*o.machine_rank >= o.num_machines)
+      throw_error<usage_error>("--machine_rank ", *o.machine_rank, " is not below --num_machines ", o.num_machines,
+                               "; machines are numbered 0 to ", o.num_machines - 1);
+    if (!o.main_process_ip)
+      throw_error<usage_error>("--num_machines ", o.num_machines,
+                               " needs --main_process_ip: the address of machine 0, the same on every machine");
+    if (!o.main_process_port || *o.main_process_port == 0)
+      throw_error<usage_error>("--num_machines ", o.num_machines,
+                               " needs --main_process_port: a port free on machine 0, the same on every machine");
+    if (!in.env_job_token || in.env_job_token->empty() ||
+        in.env_job_token->find_first_of(" \t\n") != std::string::npos)
+      throw_error<config_error>("a job on ", o.num_machines, " machines needs the same ACCEL_JOB_TOKEN on every machine",
+                                in.env_job_token ? concat(" (got '", *in.env_job_token, "')") : std::string{},
+                                "; run `export ACCEL_JOB_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n')` once and "
+                                "copy that value to every machine");
+    plan.job_token = *in.env_job_token;
+  } else {
+    if (o.machine_rank && *o.machine_rank != 0)
+      throw_error<usage_error>("--machine_rank ", *o.machine_rank, " needs --num_machines above ", *o.machine_rank,
+                               " (one machine is machine 0)");
+    plan.job_token = in.fresh_job_token;
+  }
+  plan.machine_rank = o.machine_rank.value_or(0);
+  std::optional<std::string> child_visible;
+  if (o.cpu) plan.local_world_size = requested_local > 0 ? requested_local : 1;
+  else plan.local_world_size = detail::check_gpus(o, in, plan, requested_local, child_visible);
+  plan.world_size = plan.local_world_size * o.num_machines;
+  plan.master_addr = o.main_process_ip.value_or("127.0.0.1");
+  plan.master_port = o.main_process_port.value_or(0);
+  if (plan.master_port == 0) {
+    ACCEL_EXPECTS(in.free_port > 0 && in.free_port <= 65535, "LaunchInputs::free_port must hold a free port, got ", in.free_port);
+    plan.master_port = in.free_port;
+  }
+  plan.unset = foreign_rank_variables();
+  for (int l = 0; l < plan.local_world_size; ++l) {
+    RankPlan r;
+    r.local_rank = l;
+    r.rank = plan.machine_rank * plan.local_world_size + l;
+    auto& e = r.env;
+    e["RANK"] = std::to_string(r.rank);
+    e["LOCAL_RANK"] = std::to_string(l);
+    e["WORLD_SIZE"] = std::to_string(plan.world_size);
+    e["LOCAL_WORLD_SIZE"] = std::to_string(plan.local_world_size);
+    e["GROUP_RANK"] = std::to_string(plan.machine_rank);
+    e["GROUP_WORLD_SIZE"] = std::to_string(plan.num_machines);
+    e["MASTER_ADDR"] = plan.master_addr;
+    e["MASTER_PORT"] = std::to_string(plan.master_port);
+    e["ACCEL_LAUNCHED"] = "1";
+    e["ACCEL_JOB_TOKEN"] = plan.job_token;
+    e["ACCEL_TIMEOUT_S"] = o.timeout_s;
+    if (o.cpu) e["ACCEL_USE_CPU"] = "1";
+    if (child_visible) e["CUDA_VISIBLE_DEVICES"] = *child_visible;
+    plan.ranks.push_back(std::move(r));
+  }
+  return plan;
+}
+
+/// @brief Records the store the launcher hosts: every child gets ACCEL_STORE=`address`.
+inline void set_store_address(LaunchPlan& plan, const std::string& address) {
+  for (auto& r : plan.ranks) r.env["ACCEL_STORE"] = address;
+}
+
+/// @brief The complete environment of one child: `parent` ("NAME=value" entries) minus `plan.unset`,
+/// with the rank's variables replacing any inherited value.
+inline std::vector<std::string> child_environment(const LaunchPlan& plan, const RankPlan& rank,
+                                                  const std::vector<std::string>& parent) {
+  std::vector<std::string> out;
+  for (const auto& entry : parent) {
+    const std::string name = entry.substr(0, entry.find('='));
+    bool drop = rank.env.count(name) != 0;
+    for (const auto& u : plan.unset) drop = drop || u == name;
+    if (!drop) out.push_back(entry);
+  }
+  for (const auto& [k, v] : rank.env) out.push_back(k + "=" + v);
+  return out;
+}
+
+/// @brief Effects the caller can plug in. Empty members mean "not used".
+struct LaunchHooks {
+  /// @brief Starts the store for this job and returns its "host:port" (set as ACCEL_STORE), or
+  /// nullopt for none. Called once per machine after planning, before any child starts, with the
+  /// launcher's signals already blocked (threads it starts inherit that mask). What it starts must
+  /// stay alive until `run` returns: keep the server in an object the callback's owner holds.
+  std::function<std::optional<std::string>(const LaunchPlan&)> host_store;
+  /// @brief Where the launcher's own messages go (default: stderr).
+  std::function<void(const std::string&)> message;
+};
+
+}  // namespace launch
+ACCEL_NAMESPACE_END

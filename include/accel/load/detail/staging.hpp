@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file staging.hpp
+/// @brief Loader internals: pageable host buffers (anonymous mappings) and the Stager, a ring of
+///        pinned buffers through which host data reaches a device with asynchronous copies, so the
+///        host fills buffer i+1 (disk read, memcpy or dtype conversion) while buffer i is copied.
+#pragma once
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include <accel/runtime/config.hpp>
+#include <accel/load/convert.hpp>
+#include <accel/load/device_memory.hpp>
+#include <accel/runtime/error.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+namespace detail {
+
+/// @brief Page-aligned pageable host memory from an anonymous mapping (transparent huge pages
+///        requested, which halves page-fault time when a large checkpoint lands on the CPU).
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  /// @throws accel::cuda_error (code cuda_out_of_memory_code) naming the bytes when the host refuses
+  explicit HostBuffer(std::uint64_t bytes) : bytes_(bytes) {
+    if (!bytes_) return;
+    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw_out_of_memory("the host (cpu)", bytes_, {}, "host memory");
+#ifdef MADV_HUGEPAGE
+    (void)::madvise(p, bytes_, MADV_HUGEPAGE);
+#endif
+    ptr_ = static_cast<std::byte*>(p);
+  }
+  HostBuffer(HostBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() {
+    if (ptr_) ::munmap(ptr_, bytes_);
+  }
+  [[nodiscard]] std::byte* data() const noexcept { return ptr_; }
+  [[nodiscard]] std::uint64_t size() const noexcept { return bytes_; }
+
+ private:
+  std::byte* ptr_ = nullptr;
+  std::uint64_t bytes_ = 0;
+};
+
+/// @brief A ring of pinned staging buffers feeding asynchronous copies to one device on one stream.
+class Stager {
+ public:
+  /// @param device the target device (its allocate_pinned makes the buffers)
+  /// @param stream the copy stream on that device
+  /// @param buffer_bytes size of each buffer
+  /// @param count number of buffers (2 = double buffering)
+  Stager(DeviceMemoryPtr device, StreamHandle stream, std::uint64_t buffer_bytes, int count)
+      : device_(std::move(device)), stream_(stream) {
+    for (int i = 0; i < std::max(count, 1); ++i) {
+      buffers_.emplace_back(device_, buffer_bytes);
+      events_.emplace_back(device_);
+      used_.push_back(false);
+    }
+  }
+  [[nodiscard]] std::uint64_t buffer_bytes() const noexcept { return buffers_.front().size(); }
+  [[nodiscard]] const DeviceMemoryPtr& device() const noexcept { return device_; }
+  [[nodiscard]] StreamHandle stream() const noexcept { return stream_; }
+
+  /// @brief The next buffer to fill, once the copies that last read it are done.
+  /// @note blocks while the device still reads that buffer
+  [[nodiscard]] std::byte* acquire() {
+    const std::size_t i = next_ % buffers_.size();
+    if (used_[i]) events_[i].wait();
+    used_[i] = false;
+    return buffers_[i].data();
+  }
+  /// @brief Marks the buffer from the last acquire() as read by the copies just enqueued.
+  void submit() {
+    const std::size_t i = next_ % buffers_.size();
+    events_[i].record(stream_);
+    used_[i] = true;
+    ++next_;
+  }
+  /// @brief Copies pageable host bytes to the device through the ring.
+  template <class OnChunk>
+  void copy(void* dst, const std::byte* src, std::uint64_t bytes, OnChunk&& on_chunk) {
+    for (std::uint64_t done = 0; done < bytes;) {
+      const std::uint64_t n = std::min(bytes - done, buffer_bytes());
+      std::byte* buf = acquire();
+      std::memcpy(buf, src + done, n);
+      device_->copy_to_device_async(static_cast<std::byte*>(dst) + done, buf, n, stream_);
+      submit();
+      on_chunk(n);
+      done += n;
+    }
+  }
+  /// @brief Converts `count` elements (`from` → `to`) into the ring and copies them to the device.
+  template <class OnChunk>
+  void convert(void* dst, const std::byte* src, DType from, DType to, std::uint64_t count, OnChunk&& on_chunk) {
+    const std::uint64_t in_size = element_size_bytes(from), out_size = element_size_bytes(to);
+    const std::uint64_t per_chunk = std::max<std::uint64_t>(buffer_bytes() / out_size, 1);
+    for (std::uint64_t done = 0; done < count;) {
+      const std::uint64_t n = std::min(count - done, per_chunk);
+      std::byte* buf = acquire();
+      convert_elements(from, to, src + done * in_size, buf, n);
+      device_->copy_to_device_async(static_cast<std::byte*>(dst) + done * out_size, buf, n * out_size, stream_);
+      submit();
+      on_chunk(n * in_size);
+      done += n;
+    }
+  }
+  /// @brief Waits for every copy enqueued so far. @note blocking
+  void drain() {
+    device_->synchronize(stream_);
+    std::fill(used_.begin(), used_.end(), false);
+  }
+
+ private:
+  DeviceMemoryPtr device_;
+  StreamHandle stream_;
+  std::vector<PinnedBuffer> buffers_;
+  std::vector<Event> events_;
+  std::vector<bool> used_;
+  std::size_t next_ = 0;
+};
+
+}  // namespace detail
+ACCEL_NAMESPACE_END

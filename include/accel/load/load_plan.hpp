@@ -1,0 +1,293 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file load_plan.hpp
+/// @brief Load options and the pure load plan: for every checkpoint tensor its placement, device-map
+///        block, load dtype, storage kind and arena slot, plus missing/unexpected tensors, decided
+///        from headers and the device map before a single byte is allocated or read.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include <accel/runtime/config.hpp>
+#include <accel/load/convert.hpp>
+#include <accel/plan/device_map.hpp>
+#include <accel/load/device_memory.hpp>
+#include <accel/model/dtype.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/model/safetensors.hpp>
+#include <accel/runtime/text.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief How tensors placed on `cpu` are held.
+enum class CpuMemory : std::uint8_t {
+  pageable,   ///< copied into ordinary host memory (default)
+  pinned,     ///< copied into page-locked memory: the fastest source for fetch() (needs a GPU seam)
+  zero_copy,  ///< views into the memory-mapped checkpoint when no conversion is needed, else pageable
+};
+
+/// @brief Where a loaded tensor's bytes are.
+enum class Storage : std::uint8_t {
+  device,         ///< GPU memory (device_ptr)
+  host_pinned,    ///< pinned host memory
+  host_pageable,  ///< pageable host memory
+  mmap_view,      ///< a read-only view into the checkpoint shard (no copy)
+  offload_file,   ///< a read-only view of an offload-folder `.dat` (converted dtype)
+};
+
+/// @brief "device", "pinned", "pageable", "mmap", "offload".
+[[nodiscard]] constexpr std::string_view storage_name(Storage s) noexcept {
+  switch (s) {
+    case Storage::device: return "device";
+    case Storage::host_pinned: return "pinned";
+    case Storage::host_pageable: return "pageable";
+    case Storage::mmap_view: return "mmap";
+    case Storage::offload_file: return "offload";
+  }
+  return "?";
+}
+
+/// @brief Options of load_checkpoint_and_dispatch.
+struct LoadOptions {
+  /// Load dtype for floating tensors (F32/F16/BF16 only); integers and bools never change.
+  std::optional<DType> dtype;
+  /// Modules or tensors (exact name or dotted prefix) loaded as float32.
+  std::vector<std::string> keep_in_fp32;
+  /// The model's tensor names (e.g. from a ModuleTree); when given, checkpoint tensors outside it
+  /// are unexpected and listed names absent from the checkpoint are missing.
+  std::vector<std::string> expected_tensors;
+  /// Tied names: {alias, source}; the alias resolves to the source's storage and is never missing.
+  std::vector<std::pair<std::string, std::string>> tied;
+  /// Missing or unexpected tensors are an error (otherwise reported and skipped).
+  bool strict = false;
+  /// How `cpu` tensors are held.
+  CpuMemory cpu_memory = CpuMemory::pageable;
+  /// Folder for disk-placed tensors whose dtype changes (others are views into the shards).
+  std::filesystem::path offload_folder;
+  /// The GPUs (index i = GPU i); nullopt: every visible CUDA GPU. Tests pass host-simulated ones.
+  std::optional<std::vector<DeviceMemoryPtr>> devices;
+  /// Size of each pinned staging buffer.
+  std::uint64_t staging_bytes = std::uint64_t{32} << 20;
+  /// Number of staging buffers per GPU (2 = double buffering).
+  int staging_buffers = 2;
+  /// Fetch buffers on the execution device, each the size of the largest offloaded layer (2: prefetch
+  /// can fill one while the other is in use). Fewer are made, with a warning, when the device has no
+  /// room for all; plan with PlanOptions::gpu_reserve_layers = fetch_slots to leave that room.
+  int fetch_slots = 2;
+  /// Draw a progress bar on stderr (only when it is a terminal).
+  bool progress = true;
+  /// Called after each chunk with (bytes done, bytes total).
+  std::function<void(std::uint64_t, std::uint64_t)> on_progress;
+};
+
+/// @brief The plan for one checkpoint tensor.
+struct PlannedTensor {
+  std::string name;                  ///< checkpoint name
+  TensorLocation location;           ///< shard and entry in the Checkpoint
+  DType stored_dtype = DType::F32;   ///< dtype in the file
+  DType dtype = DType::F32;          ///< dtype once loaded
+  std::vector<std::int64_t> shape;   ///< dimensions
+  std::uint64_t stored_bytes = 0;    ///< bytes in the file
+  std::uint64_t bytes = 0;           ///< bytes once loaded
+  Placement placement;               ///< from the device map
+  std::string block;                 ///< the device-map key that placed it
+  Storage storage = Storage::host_pageable;
+  std::size_t arena = static_cast<std::size_t>(-1);  ///< index into LoadPlan::arenas (device/host storage)
+  std::uint64_t arena_offset = 0;    ///< offset inside that arena
+  /// @brief True when the loaded dtype differs from the file's.
+  [[nodiscard]] bool converts() const noexcept { return dtype != stored_dtype; }
+};
+
+/// @brief One allocation: all tensors of one device-map block that need memory.
+struct PlannedArena {
+  std::string block;     ///< device-map key
+  Placement placement;   ///< GPU or cpu
+  Storage storage = Storage::device;
+  std::uint64_t bytes = 0;
+};
+
+/// @brief The whole plan.
+struct LoadPlan {
+  std::vector<PlannedTensor> tensors;        ///< checkpoint order (shard, then file offset)
+  std::vector<PlannedArena> arenas;          ///< in first-use order
+  std::vector<std::string> unexpected;       ///< checkpoint tensors not loaded (no device, or not in the model)
+  std::vector<std::string> missing;          ///< expected tensors the checkpoint lacks
+  std::vector<std::string> unused_keys;      ///< device-map keys that cover no checkpoint tensor
+  std::optional<int> execution_gpu;          ///< lowest GPU among the map's values: where fetch() brings weights
+  std::uint64_t largest_offloaded_layer = 0; ///< bytes of the biggest cpu/disk layer (detail::fetch_unit, aligned): fetch buffer size
+  std::uint64_t total_bytes = 0;             ///< bytes of every loaded tensor, once loaded
+};
+
+namespace detail {
+
+/// @brief The unit fetch buffers are sized for, the one a forward pass fetches: the tensor's layer,
+/// i.e. its name up to the first numeric component ("model.layers.3" for
+/// "model.layers.3.mlp.up.weight"), else its module ("lm_head" for "lm_head.weight"); or the
+/// device-map key covering it when that is deeper. The planner's largest-layer reserve counts the
+/// same units (numbered children are blocks), so a plan's reserve holds one fetch buffer.
+inline std::string_view fetch_unit(std::string_view tensor, std::string_view key) {
+  std::string_view unit;
+  for (std::size_t start = 0;;) {
+    const std::size_t dot = tensor.find('.', start);
+    if (dot == std::string_view::npos) {  // the last component names the tensor itself
+      unit = tensor.substr(0, start == 0 ? 0 : start - 1);
+      break;
+    }
+    const auto part = tensor.substr(start, dot - start);
+    if (!part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      unit = tensor.substr(0, dot);
+      break;
+    }
+    start = dot + 1;
+  }
+  return key.size() > unit.size() ? key : unit;
+}
+
+/// @brief Finds the device-map entry covering a name: the longest key equal to it or a dotted
+///        prefix of it ("" covers everything). Built once per plan: lookups are O(name length).
+class KeyIndex {
+ public:
+  explicit KeyIndex(const DeviceMap& map) : entries_(map.entries()) {
+    index_.reserve(entries_.size());
+    for (std::size_t i = 0; i < entries_.size(); ++i) index_.emplace(entries_[i].first, i);
+  }
+  [[nodiscard]] const DeviceMap::Entry* covering(std::string_view name) const {
+    while (true) {
+      if (auto it = index_.find(name); it != index_.end()) return &entries_[it->second];
+      if (name.empty()) return nullptr;
+      const auto dot = name.rfind('.');
+      name = name.substr(0, dot == std::string_view::npos ? 0 : dot);
+    }
+  }
+
+ private:
+  const std::vector<DeviceMap::Entry>& entries_;
+  std::unordered_map<std::string_view, std::size_t> index_;
+};
+
+inline bool matches_prefix(std::string_view name, std::string_view key) {
+  return name == key || key.empty() || (name.size() > key.size() && name.starts_with(key) && name[key.size()] == '.');
+}
+
+
+}  // namespace detail
+
+/// @brief Decides how every checkpoint tensor is loaded (a pure function: nothing is read or allocated).
+/// @param checkpoint headers from resolve_checkpoint
+/// @param map the device map (keys are tensor names or dotted prefixes; "" covers everything)
+/// @param options dtype, keep-in-fp32, expected tensors, cpu memory kind, offload folder
+/// @param gpu_count GPUs available (indexes 0 .. gpu_count-1)
+/// @return the plan
+/// @throws accel::unavailable_error when the map names a GPU index >= gpu_count
+/// @throws accel::checkpoint_error in strict mode when tensors are missing or unexpected
+/// @throws accel::usage_error when a dtype change is unsupported, or disk tensors need conversion
+///         and no offload folder is given
+[[nodiscard]] inline LoadPlan plan_load(const Checkpoint& checkpoint, const DeviceMap& map, const LoadOptions& options,
+                                        std::size_t gpu_count) {
+  LoadPlan plan;
+  const detail::KeyIndex keys(map);
+  std::unordered_set<std::string> expected(options.expected_tensors.begin(), options.expected_tensors.end());
+  std::unordered_map<std::string, std::string> alias_source;
+  for (const auto& [alias, source] : options.tied) alias_source.emplace(alias, source);
+  std::unordered_set<std::string> used_keys;
+  std::map<std::string, std::size_t> arena_of_block;
+  std::map<std::string, std::vector<std::uint64_t>> offloaded_sizes;
+  for (std::size_t s = 0; s < checkpoint.headers.size(); ++s) {
+    const auto& header = checkpoint.headers[s];
+    for (std::size_t e = 0; e < header.tensors.size(); ++e) {
+      const auto& entry = header.tensors[e];
+      const DeviceMap::Entry* covering = keys.covering(entry.name);
+      if (!covering || (!expected.empty() && !expected.count(entry.name))) {
+        plan.unexpected.push_back(entry.name);
+        continue;
+      }
+      const std::string* key = &covering->first;
+      used_keys.insert(*key);
+      PlannedTensor t;
+      t.name = entry.name;
+      t.location = {s, e};
+      t.stored_dtype = entry.dtype;
+      t.shape = entry.shape;
+      t.stored_bytes = entry.size_bytes();
+      t.block = *key;
+      t.placement = covering->second;
+      bool fp32 = false;
+      for (const auto& k : options.keep_in_fp32) fp32 = fp32 || detail::matches_prefix(entry.name, k);
+      t.dtype = load_dtype(entry.dtype, options.dtype, fp32, entry.name);
+      t.bytes = t.converts() ? tensor_bytes(t.dtype, entry.numel()).value_or(0) : t.stored_bytes;
+      if (t.placement.is_gpu() && (t.placement.index < 0 || static_cast<std::size_t>(t.placement.index) >= gpu_count))
+        detail::throw_error<unavailable_error>("the device map places '", *key, "' on GPU ", t.placement.index, " but ",
+                                               gpu_count == 0 ? std::string("no GPU is") : detail::concat("only ", gpu_count, " GPU(s) are"),
+                                               " visible; fix the map or CUDA_VISIBLE_DEVICES");
+      if (t.placement.is_gpu()) t.storage = Storage::device;
+      else if (t.placement.is_disk()) t.storage = t.converts() ? Storage::offload_file : Storage::mmap_view;
+      else if (options.cpu_memory == CpuMemory::zero_copy && !t.converts()) t.storage = Storage::mmap_view;
+      else if (options.cpu_memory == CpuMemory::pinned && gpu_count > 0) t.storage = Storage::host_pinned;
+      else t.storage = Storage::host_pageable;
+      if (t.storage == Storage::offload_file && options.offload_folder.empty())
+        detail::throw_error<usage_error>("tensor '", t.name, "' is placed on disk and converted from ", safetensors_name(t.stored_dtype),
+                                         " to ", safetensors_name(t.dtype), ", which needs an offload folder; set "
+                                         "LoadOptions::offload_folder (accel load --offload-folder DIR)");
+      if (!t.placement.is_gpu()) offloaded_sizes[std::string(detail::fetch_unit(t.name, t.block))].push_back(t.bytes);
+      plan.total_bytes += t.bytes;
+      plan.tensors.push_back(std::move(t));
+    }
+  }
+  // Arenas: one per block for the tensors that need memory, offsets aligned for any dtype.
+  std::vector<std::vector<std::size_t>> arena_members;
+  for (std::size_t ti = 0; ti < plan.tensors.size(); ++ti) {
+    auto& t = plan.tensors[ti];
+    if (t.storage != Storage::device && t.storage != Storage::host_pinned && t.storage != Storage::host_pageable) continue;
+    auto [it, fresh] = arena_of_block.emplace(t.block + '\x1f' + storage_name(t.storage).data(), plan.arenas.size());
+    if (fresh) {
+      plan.arenas.push_back({t.block, t.placement, t.storage, 0});
+      arena_members.emplace_back();
+    }
+    t.arena = it->second;
+    arena_members[t.arena].push_back(ti);
+  }
+  for (std::size_t a = 0; a < plan.arenas.size(); ++a) {
+    std::vector<std::uint64_t> sizes;
+    for (auto ti : arena_members[a]) sizes.push_back(plan.tensors[ti].bytes);
+    const auto layout = arena_layout(sizes);
+    plan.arenas[a].bytes = layout.total;
+    for (std::size_t i = 0; i < arena_members[a].size(); ++i) plan.tensors[arena_members[a][i]].arena_offset = layout.offsets[i];
+  }
+  for (const auto& [block, sizes] : offloaded_sizes)
+    plan.largest_offloaded_layer = std::max(plan.largest_offloaded_layer, arena_layout(sizes).total);
+  for (const auto& [k, p] : map.entries()) {
+    if (!used_keys.count(k)) plan.unused_keys.push_back(k);
+    if (p.is_gpu() && (!plan.execution_gpu || p.index < *plan.execution_gpu)) plan.execution_gpu = p.index;
+  }
+  if (!expected.empty()) {
+    std::unordered_set<std::string> loaded;
+    for (const auto& t : plan.tensors) loaded.insert(t.name);
+    for (const auto& name : options.expected_tensors) {
+      if (loaded.count(name)) continue;
+      auto a = alias_source.find(name);
+      if (a != alias_source.end() && loaded.count(a->second)) continue;
+      plan.missing.push_back(name);
+    }
+  }
+  if (options.strict && (!plan.missing.empty() || !plan.unexpected.empty()))
+    detail::throw_error<checkpoint_error>(
+        "strict loading failed: ", plan.missing.size(), " missing tensor(s)",
+        plan.missing.empty() ? std::string() : " (" + text::quoted_list(plan.missing) + ")", " and ", plan.unexpected.size(),
+        " unexpected tensor(s)", plan.unexpected.empty() ? std::string() : " (" + text::quoted_list(plan.unexpected) + ")",
+        "; the checkpoint does not match the model or the device map does not cover it (turn strict off to skip them)");
+  return plan;
+}
+
+ACCEL_NAMESPACE_END

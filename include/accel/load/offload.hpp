@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file offload.hpp
+/// @brief Offload folders in accelerate's format: `index.json` mapping each tensor name to
+///        `{"dtype": <numpy/torch name>, "shape": [...]}` and one raw C-order `<name>.dat` per
+///        tensor (bfloat16 stored as its 16-bit patterns, 0-d tensors as one element with shape []).
+///
+/// Differences from accelerate, all compatible with its reader: files are written atomically
+/// (temp + fsync + rename), entries carry an extra `accel_source` fingerprint so a stale entry
+/// (same shape, different source) is detected and rewritten instead of trusted, and reading
+/// memory-maps the `.dat` instead of copying it on every access. Entries written by transformers
+/// (`safetensors_file` + `weight_name`) are read straight from the named shard.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <accel/runtime/config.hpp>
+#include <accel/load/detail/mapped_file.hpp>
+#include <accel/model/dtype.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/model/safetensors.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief One entry of an offload folder's index.json.
+struct OffloadEntry {
+  DType dtype = DType::F32;          ///< element type ("bfloat16" entries hold 16-bit patterns)
+  std::vector<std::int64_t> shape;   ///< as recorded ([] for a scalar)
+  std::string source;                ///< accel's `accel_source` fingerprint, "" when absent
+  std::string safetensors_file;      ///< transformers-style entry: the shard holding the tensor
+  std::string weight_name;           ///< transformers-style entry: the tensor's name in that shard
+
+  /// @brief Elements (1 for a scalar).
+  [[nodiscard]] std::uint64_t numel() const noexcept { return shape_numel(shape); }
+  /// @brief Bytes of the `.dat` file.
+  [[nodiscard]] std::uint64_t size_bytes() const { return tensor_bytes(dtype, numel()).value_or(0); }
+};
+
+/// @brief An offload index: tensor name → entry.
+using OffloadIndex = std::map<std::string, OffloadEntry>;
+
+/// @brief The `.dat` file of tensor `name` (dots kept in the file name, as accelerate does).
+/// @throws accel::usage_error when the name cannot be a flat file name (empty, '/', "." or "..")
+[[nodiscard]] inline std::filesystem::path offload_file(const std::filesystem::path& folder, std::string_view name) {
+  if (name.empty() || name.find('/') != std::string_view::npos || name == "." || name == "..")
+    detail::throw_error<usage_error>("tensor name '", name, "' cannot be stored in an offload folder (it must be a "
+                                     "flat file name without '/')");
+  return folder / (std::string(name) + ".dat");
+}
+
+/// @brief Parses index.json text.
+/// @throws accel::checkpoint_error for invalid JSON, an entry that is not an object, an unknown
+///         dtype or a shape that is not a list of non-negative integers (naming the entry)
+[[nodiscard]] inline OffloadIndex parse_offload_index(std::string_view text, std::string_view label) {
+  auto fail = [&](const std::string& what) {
+    detail::throw_error<checkpoint_error>("invalid offload index '", label, "': ", what,
+                                          "; delete the offload folder so it is rebuilt");
+  };
+  nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
+  if (j.is_discarded()) fail("not valid JSON");
+  if (!j.is_object()) fail(detail::concat("a JSON ", j.type_name(), ", not an object"));
+  OffloadIndex out;
+  for (const auto& [name, v] : j.items()) {
+    if (!v.is_object()) fail(detail::concat("entry '", name, "' is not an object"));
+    OffloadEntry e;
+    auto dt = v.find("dtype");
+    if (dt == v.end() || !dt->is_string()) fail(detail::concat("entry '", name, "' has no string 'dtype'"));
+    auto d = try_dtype_from_string(dt->get<std::string>());
+    if (!d) fail(detail::concat("entry '", name, "' has unknown dtype '", dt->get<std::string>(), "'"));
+    e.dtype = *d;
+    if (auto sf = v.find("safetensors_file"); sf != v.end() && sf->is_string()) {
+      e.safetensors_file = sf->get<std::string>();
+      auto wn = v.find("weight_name");
+      e.weight_name = wn != v.end() && wn->is_string() ? wn->get<std::string>() : name;
+    } else {
+      auto sh = v.find("shape");
+      if (sh == v.end() || !sh->is_array()) fail(detail::concat("entry '", name, "' has no 'shape' list"));
+      for (const auto& x : *sh) {
+        if (!x.is_number_unsigned()) fail(detail::concat("entry '", name, "' has shape element ", x.dump()));
+        e.shape.push_back(x.get<std::int64_t>());
+      }
+    }
+    if (auto src = v.find("accel_source"); src != v.end() && src->is_string()) e.source = src->get<std::string>();
+    out.emplace(name, std::move(e));
+  }
+  return out;
+}
+
+/// @brief Reads `<folder>/index.json`; an absent file is an empty index.
+/// @throws accel::checkpoint_error as parse_offload_index, or when the file cannot be read
+[[nodiscard]] inline OffloadIndex read_offload_index(const std::filesystem::path& folder) {
+  const auto path = folder / "index.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return {};
+  return parse_offload_index(read_text_file(path, "offload index"), path.string());
+}
+
+/// @brief The index as accelerate writes it (2-space indent).
+[[nodiscard]] inline std::string offload_index_json(const OffloadIndex& index) {
+  nlohmann::ordered_json j = nlohmann::ordered_json::object();
+  for (const auto& [name, e] : index) {
+    nlohmann::ordered_json v;
+    if (!e.safetensors_file.empty()) {
+      v["safetensors_file"] = e.safetensors_file;
+      v["weight_name"] = e.weight_name;
+      v["dtype"] = std::string(torch_name(e.dtype));
+    } else {
+      v["dtype"] = std::string(numpy_name(e.dtype));
+      v["shape"] = e.shape;
+    }
+    if (!e.source.empty()) v["accel_source"] = e.source;
+    j[name] = std::move(v);
+  }
+  return j.dump(2);
+}
+
+/// @brief Merges `entries` into `<folder>/index.json` (existing keys kept, given keys replaced, as
+///        accelerate does) and writes it atomically.
+/// @throws accel::checkpoint_error when the existing index is invalid or the write fails
+inline void write_offload_index(const std::filesystem::path& folder, const OffloadIndex& entries) {
+  OffloadIndex merged = read_offload_index(folder);
+  for (const auto& [name, e] : entries) merged[name] = e;
+  const std::string text = offload_index_json(merged);
+  const std::span<const std::byte> part(reinterpret_cast<const std::byte*>(text.data()), text.size());
+  detail::write_file_atomic(folder / "index.json", std::span<const std::span<const std::byte>>(&part, 1));
+}
+
+/// @brief Writes one tensor's `.dat` atomically and records it in `index` (call
+///        write_offload_index afterwards to persist the index).
+/// @param folder created when missing
+/// @param data exactly product(shape) × element size bytes
+/// @param source fingerprint of where the bytes came from (stale detection); may be empty
+/// @throws accel::usage_error when data has the wrong size; accel::checkpoint_error when the write fails
+inline void offload_weight(const std::filesystem::path& folder, const std::string& name, DType dtype,
+                           const std::vector<std::int64_t>& shape, std::span<const std::byte> data, OffloadIndex& index,
+                           std::string source = {}) {
+  OffloadEntry e{dtype, shape, std::move(source), {}, {}};
+  ACCEL_EXPECTS(data.size() == e.size_bytes(), "offload_weight('", name, "'): ", data.size(), " bytes given, shape needs ",
+                e.size_bytes());
+  std::error_code ec;
+  std::filesystem::create_directories(folder, ec);
+  if (ec)
+    detail::throw_error<checkpoint_error>("cannot create offload folder '", folder.string(), "': ", ec.message(),
+                                          "; choose a writable offload folder");
+  detail::write_file_atomic(offload_file(folder, name), std::span<const std::span<const std::byte>>(&data, 1));
+  index[name] = std::move(e);
+}
+
+/// @brief True when `index` holds `name` with this dtype, shape and source fingerprint and its
+///        `.dat` file has the right size: the entry can be reused instead of rewritten.
+/// @note An entry without a fingerprint (written by another tool) is never reused when a source is given.
+[[nodiscard]] inline bool offload_entry_reusable(const std::filesystem::path& folder, const OffloadIndex& index,
+                                                 const std::string& name, DType dtype,
+                                                 const std::vector<std::int64_t>& shape, const std::string& source) {
+  auto it = index.find(name);
+  if (it == index.end() || !it->second.safetensors_file.empty()) return false;
+  const auto& e = it->second;
+  if (e.dtype != dtype || e.shape != shape || e.source != source) return false;
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(offload_file(folder, name), ec);
+  return !ec && size == e.size_bytes();
+}
+
+/// @brief Read access to an offload folder: `.dat` files (and transformers-style shard entries)
+///        are memory-mapped on first use and kept mapped; views stay valid while the folder lives.
+class OffloadFolder {
+ public:
+  /// @brief Opens a folder and reads its index.
+  /// @throws accel::checkpoint_error when index.json is invalid
+  explicit OffloadFolder(std::filesystem::path folder) : folder_(std::move(folder)), index_(read_offload_index(folder_)) {}
+
+  [[nodiscard]] const OffloadIndex& index() const noexcept { return index_; }
+  [[nodiscard]] const std::filesystem::path& folder() const noexcept { return folder_; }
+
+  /// @brief The bytes of tensor `name` (raw, in the entry's dtype).
+  /// @throws accel::checkpoint_error when the name is not in the index, the file is missing, or
+  ///         its size disagrees with the entry
+  [[nodiscard]] std::span<const std::byte> view(const std::string& name) {
+    std::lock_guard lock(mutex_);
+    if (auto it = views_.find(name); it != views_.end()) return it->second;
+    auto e = index_.find(name);
+    if (e == index_.end())
+      detail::throw_error<checkpoint_error>("offload folder '", folder_.string(), "' has no tensor '", name,
+                                            "' in its index.json; delete the folder so it is rebuilt");
+    std::span<const std::byte> bytes;
+    if (!e->second.safetensors_file.empty()) {
+      std::filesystem::path shard = e->second.safetensors_file;
+      if (shard.is_relative()) shard = folder_ / shard;
+      auto header = read_safetensors_header(shard);
+      const auto* t = header.find(e->second.weight_name);
+      if (!t)
+        detail::throw_error<checkpoint_error>("offload entry '", name, "' points at tensor '", e->second.weight_name,
+                                              "' of '", shard.string(), "', which does not hold it");
+      auto& map = maps_.emplace_back(std::make_unique<detail::MappedFile>(shard));
+      bytes = map->bytes().subspan(header.file_offset(*t), t->size_bytes());
+    } else {
+      const auto path = offload_file(folder_, name);
+      auto map = std::make_unique<detail::MappedFile>(path);
+      if (map->size() != e->second.size_bytes())
+        detail::throw_error<checkpoint_error>("offload file '", path.string(), "' is ", map->size(), " bytes but index.json says ",
+                                              numpy_name(e->second.dtype), " ", detail::shape_text(e->second.shape), " = ",
+                                              e->second.size_bytes(), " bytes; delete the offload folder so it is rebuilt");
+      bytes = map->bytes();
+      maps_.push_back(std::move(map));
+    }
+    views_.emplace(name, bytes);
+    return bytes;
+  }
+
+ private:
+  std::filesystem::path folder_;
+  OffloadIndex index_;
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<detail::MappedFile>> maps_;
+  std::map<std::string, std::span<const std::byte>> views_;
+};
+
+ACCEL_NAMESPACE_END

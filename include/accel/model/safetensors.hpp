@@ -1,0 +1,452 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file safetensors.hpp
+/// @brief safetensors headers: strict parsing and validation from bytes or a file (data never read).
+///
+/// The rules are those of the reference Rust reader, applied strictly: an 8-byte little-endian
+/// header length N ≤ 100,000,000 and ≤ file size − 8; a UTF-8 JSON object without duplicate keys;
+/// per tensor a known dtype, a shape of non-negative integers and `data_offsets` [begin, end) with
+/// end − begin = product(shape) × element size; offsets contiguous from 0, without gaps or
+/// overlaps, covering exactly the data section (file size − 8 − N); an optional `__metadata__`
+/// object of string values. Also: sharded `model.safetensors.index.json` and folder resolution.
+#pragma once
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <accel/runtime/bytes.hpp>
+#include <accel/runtime/config.hpp>
+#include <accel/model/json.hpp>
+#include <accel/model/dtype.hpp>
+#include <accel/runtime/error.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief Largest header the format allows (decimal 100 MB, as the reference reader).
+inline constexpr std::uint64_t safetensors_max_header_size = 100'000'000;
+
+/// @brief One tensor of a safetensors file.
+struct TensorEntry {
+  std::string name;                  ///< key in the header
+  DType dtype = DType::F32;          ///< element type
+  std::vector<std::int64_t> shape;   ///< dimensions, row-major; empty for a scalar
+  std::uint64_t begin = 0;           ///< first byte, relative to the data section
+  std::uint64_t end = 0;             ///< one past the last byte, relative to the data section
+
+  /// @brief Number of elements (1 for a scalar).
+  [[nodiscard]] std::uint64_t numel() const noexcept { return shape_numel(shape); }
+  /// @brief Bytes of data (end − begin).
+  [[nodiscard]] std::uint64_t size_bytes() const noexcept { return end - begin; }
+};
+
+/// @brief A validated safetensors header.
+struct SafetensorsHeader {
+  std::vector<TensorEntry> tensors;              ///< in file (offset) order
+  std::map<std::string, std::string> metadata;   ///< `__metadata__`, empty when absent
+  std::uint64_t header_size = 0;                 ///< N, the JSON length
+  std::uint64_t data_offset = 0;                 ///< 8 + N: file offset of the data section
+  std::uint64_t file_size = 0;                   ///< whole file, bytes
+  std::unordered_map<std::string, std::size_t> by_name;  ///< tensor name → index in `tensors`
+
+  /// @brief The entry called `name`, or nullptr.
+  [[nodiscard]] const TensorEntry* find(std::string_view name) const {
+    auto it = by_name.find(std::string(name));
+    return it == by_name.end() ? nullptr : &tensors[it->second];
+  }
+  /// @brief Absolute file offset of a tensor's first byte.
+  [[nodiscard]] std::uint64_t file_offset(const TensorEntry& t) const noexcept { return data_offset + t.begin; }
+};
+
+namespace detail {
+
+[[noreturn]] inline void safetensors_fail(std::string_view file, const std::string& what) {
+  throw_error<checkpoint_error>("invalid safetensors file '", file, "': ", what,
+                                "; the file is corrupt, truncated or not safetensors: re-download or re-save it");
+}
+
+inline std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+// Checks the 8-byte length against the limits; returns N.
+inline std::uint64_t check_header_length(std::uint64_t n, std::uint64_t file_size, std::string_view file) {
+  if (file_size < 8)
+    safetensors_fail(file, concat("file is ", file_size, " bytes, shorter than the 8-byte header length (rule: "
+                                  "a safetensors file starts with a u64 header length)"));
+  if (n > safetensors_max_header_size)
+    safetensors_fail(file, concat("header length ", n, " exceeds the limit of ", safetensors_max_header_size,
+                                  " bytes (rule: header <= 100,000,000 bytes)"));
+  if (n > file_size - 8)
+    safetensors_fail(file, concat("header length ", n, " exceeds the ", file_size - 8,
+                                  " bytes after the length field (rule: header length <= file size - 8)"));
+  return n;
+}
+
+inline TensorEntry parse_tensor_entry(const std::string& name, const nlohmann::json& v, std::string_view file) {
+  auto bad = [&](const std::string& what) { safetensors_fail(file, concat("tensor '", name, "': ", what)); };
+  if (!v.is_object()) bad(concat("entry is ", v.type_name(), ", not an object with dtype, shape, data_offsets"));
+  TensorEntry t;
+  t.name = name;
+  auto dt = v.find("dtype");
+  if (dt == v.end() || !dt->is_string()) bad("missing or non-string 'dtype'");
+  const auto& dname = dt->get_ref<const std::string&>();
+  bool known = false;
+  for (const auto& row : detail::dtype_table)
+    if (row.safetensors == dname) {
+      t.dtype = row.dtype;
+      known = true;
+    }
+  if (!known) bad(concat("unknown dtype '", dname, "' (rule: dtype is one of BOOL, U8, I8, ..., F16, BF16, F32, F64, F8_*)"));
+  auto sh = v.find("shape");
+  if (sh == v.end() || !sh->is_array()) bad("missing or non-array 'shape'");
+  t.shape.reserve(sh->size());
+  for (const auto& d : *sh) {
+    if (!d.is_number_unsigned() || d.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+      bad(concat("shape entry ", d.dump(), " is not a non-negative integer (rule: shape holds non-negative integers)"));
+    t.shape.push_back(static_cast<std::int64_t>(d.get<std::uint64_t>()));
+  }
+  auto off = v.find("data_offsets");
+  if (off == v.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+      !(*off)[1].is_number_unsigned())
+    bad("'data_offsets' must be two non-negative integers [begin, end]");
+  t.begin = (*off)[0].get<std::uint64_t>();
+  t.end = (*off)[1].get<std::uint64_t>();
+  if (t.end < t.begin) bad(concat("data_offsets [", t.begin, ", ", t.end, "] end before begin (rule: begin <= end)"));
+  std::uint64_t numel = 1;
+  for (auto d : t.shape) {
+    const auto ud = static_cast<std::uint64_t>(d);
+    if (ud != 0 && numel > std::numeric_limits<std::uint64_t>::max() / ud)
+      bad(concat("shape ", shape_text(t.shape), " overflows 64 bits (rule: product(shape) * element size fits)"));
+    numel *= ud;
+  }
+  auto bytes = tensor_bytes(t.dtype, numel);
+  if (!bytes) {
+    if (is_sub_byte(t.dtype) && numel <= std::numeric_limits<std::uint64_t>::max() / bit_size(t.dtype))
+      bad(concat("shape ", shape_text(t.shape), " of ", dname, " is ", numel * bit_size(t.dtype),
+                 " bits, not a whole number of bytes (rule: sub-byte tensors fill whole bytes)"));
+    bad(concat("shape ", shape_text(t.shape), " of ", dname, " overflows 64 bits (rule: product(shape) * element size fits)"));
+  }
+  if (*bytes != t.end - t.begin)
+    bad(concat("data_offsets [", t.begin, ", ", t.end, "] span ", t.end - t.begin, " bytes but shape ",
+               shape_text(t.shape), " of ", dname, " needs ", *bytes,
+               " (rule: end - begin == product(shape) * element size)"));
+  return t;
+}
+
+}  // namespace detail
+
+/// @brief Parses and validates a safetensors header held in memory.
+/// @param bytes the file's bytes from offset 0; must hold at least the 8-byte length and the
+///        header (the data section may follow or be absent)
+/// @param file_size the whole file's size in bytes (for the coverage rule)
+/// @param file_label the name used in error messages (usually the path)
+/// @return the header, tensors in offset order
+/// @throws accel::checkpoint_error naming the file, the tensor and the violated rule
+[[nodiscard]] inline SafetensorsHeader parse_safetensors_header(std::span<const std::byte> bytes,
+                                                               std::uint64_t file_size,
+                                                               std::string_view file_label) {
+  if (file_size < 8) detail::check_header_length(0, file_size, file_label);
+  if (bytes.size() < 8)
+    detail::safetensors_fail(file_label, detail::concat("only ", bytes.size(), " bytes were provided, fewer than the 8-byte length"));
+  const std::uint64_t n = detail::check_header_length(load_le<std::uint64_t>(bytes.data()), file_size, file_label);
+  if (bytes.size() - 8 < n)
+    detail::safetensors_fail(file_label, detail::concat("only ", bytes.size() - 8, " of the ", n,
+                                                        " header bytes were provided"));
+  SafetensorsHeader h;
+  h.header_size = n;
+  h.data_offset = 8 + n;
+  h.file_size = file_size;
+  std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8), static_cast<std::size_t>(n));
+  auto parsed = parse_json_strict(text);
+  if (!parsed.error.empty())
+    detail::safetensors_fail(file_label, "header is not valid JSON: " + parsed.error + " (rule: the header is a UTF-8 JSON object)");
+  if (!parsed.value.is_object())
+    detail::safetensors_fail(file_label, detail::concat("header is a JSON ", parsed.value.type_name(),
+                                                        ", not an object (rule: the header is a JSON object)"));
+  h.tensors.reserve(parsed.value.size());
+  for (const auto& [key, value] : parsed.value.items()) {
+    if (key == "__metadata__") {
+      if (value.is_null()) continue;
+      if (!value.is_object())
+        detail::safetensors_fail(file_label, "'__metadata__' is not an object (rule: __metadata__ maps strings to strings)");
+      for (const auto& [mk, mv] : value.items()) {
+        if (!mv.is_string())
+          detail::safetensors_fail(file_label, detail::concat("'__metadata__' value for '", mk, "' is ", mv.type_name(),
+                                                              ", not a string (rule: __metadata__ maps strings to strings)"));
+        h.metadata.emplace(mk, mv.get<std::string>());
+      }
+      continue;
+    }
+    h.tensors.push_back(detail::parse_tensor_entry(key, value, file_label));
+  }
+  std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  std::uint64_t expected = 0;
+  for (const auto& t : h.tensors) {
+    if (t.begin != expected)
+      detail::safetensors_fail(file_label,
+                               detail::concat("tensor '", t.name, "': data_offsets [", t.begin, ", ", t.end, "] ",
+                                              t.begin < expected ? "overlap" : "leave a gap after", " the previous tensor ending at ",
+                                              expected, " (rule: offsets are contiguous from 0, no gaps or overlaps)"));
+    expected = t.end;
+  }
+  const std::uint64_t data_size = file_size - 8 - n;
+  if (expected != data_size)
+    detail::safetensors_fail(file_label, detail::concat("tensors cover ", expected, " data bytes but the data section is ",
+                                                        data_size, " bytes (", expected < data_size ? "trailing bytes" : "truncated data",
+                                                        "; rule: offsets cover exactly file size - 8 - header length)"));
+  h.by_name.reserve(h.tensors.size());
+  for (std::size_t i = 0; i < h.tensors.size(); ++i) h.by_name.emplace(h.tensors[i].name, i);
+  return h;
+}
+
+/// @brief Reads and validates the header of a safetensors file: only the 8-byte length and the
+///        JSON header are read, never the tensor data.
+/// @param path the .safetensors file
+/// @return the header
+/// @throws accel::checkpoint_error when the file cannot be read or breaks a format rule
+[[nodiscard]] inline SafetensorsHeader read_safetensors_header(const std::filesystem::path& path) {
+  const std::string label = path.string();
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec)
+    detail::throw_error<checkpoint_error>("cannot read safetensors file '", label, "': ", ec.message(),
+                                          "; check the path");
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    detail::throw_error<checkpoint_error>("cannot open safetensors file '", label, "': ", std::strerror(errno),
+                                          "; check the path and its permissions");
+  if (size < 8) detail::check_header_length(0, size, label);
+  std::vector<std::byte> buf(8);
+  in.read(reinterpret_cast<char*>(buf.data()), 8);
+  if (!in)
+    detail::throw_error<checkpoint_error>("cannot read the header length of '", label, "' (short read); the file is unreadable");
+  const std::uint64_t n = detail::check_header_length(load_le<std::uint64_t>(buf.data()), size, label);
+  buf.resize(static_cast<std::size_t>(8 + n));
+  in.read(reinterpret_cast<char*>(buf.data() + 8), static_cast<std::streamsize>(n));
+  if (!in)
+    detail::throw_error<checkpoint_error>("cannot read the ", n, "-byte header of '", label,
+                                          "' (short read); the file changed while reading or is unreadable");
+  return parse_safetensors_header(buf, size, label);
+}
+
+/// @name Sharded checkpoints and folders
+///@{
+
+/// @brief Where one tensor of a Checkpoint lives.
+struct TensorLocation {
+  std::size_t shard = 0;  ///< index into Checkpoint::shard_files / headers
+  std::size_t entry = 0;  ///< index into that header's `tensors`
+};
+
+/// @brief A parsed `model.safetensors.index.json`.
+struct SafetensorsIndex {
+  std::filesystem::path index_file;                          ///< the index itself
+  std::vector<std::string> shard_names;                      ///< distinct shard file names, sorted
+  std::map<std::string, std::size_t> weight_map;             ///< tensor → index into shard_names
+  std::optional<std::uint64_t> total_size;                   ///< metadata.total_size when present
+};
+
+/// @brief Parses the text of a sharded-checkpoint index.
+/// @param json_text the file's content
+/// @param label name used in messages
+/// @return the index (shard existence is not checked here)
+/// @throws accel::checkpoint_error for invalid JSON, a missing/non-object `weight_map`, a non-string
+///         or unsafe shard name (absolute, `..`), or a non-integer `metadata.total_size`
+[[nodiscard]] inline SafetensorsIndex parse_safetensors_index(std::string_view json_text, std::string_view label) {
+  auto fail = [&](const std::string& what) {
+    detail::throw_error<checkpoint_error>("invalid checkpoint index '", label, "': ", what,
+                                          "; expected {\"metadata\": {\"total_size\": N}, \"weight_map\": {tensor: shard file}}");
+  };
+  auto parsed = parse_json_strict(json_text);
+  if (!parsed.error.empty()) fail("not valid JSON: " + parsed.error);
+  const auto& j = parsed.value;
+  if (!j.is_object()) fail(detail::concat("top level is a JSON ", j.type_name(), ", not an object"));
+  SafetensorsIndex idx;
+  if (auto md = j.find("metadata"); md != j.end() && !md->is_null()) {
+    if (!md->is_object()) fail("'metadata' is not an object");
+    if (auto ts = md->find("total_size"); ts != md->end()) {
+      // transformers writes an int; some tools write a float with no fraction.
+      if (ts->is_number_unsigned()) idx.total_size = ts->get<std::uint64_t>();
+      else if (ts->is_number_float() && ts->get<double>() >= 0 && ts->get<double>() == static_cast<double>(static_cast<std::uint64_t>(ts->get<double>())))
+        idx.total_size = static_cast<std::uint64_t>(ts->get<double>());
+      else fail(detail::concat("'metadata.total_size' is ", ts->dump(), ", not a non-negative integer"));
+    }
+  }
+  auto wm = j.find("weight_map");
+  if (wm == j.end() || !wm->is_object()) fail("missing or non-object 'weight_map'");
+  std::map<std::string, std::size_t> shard_ids;
+  for (const auto& [tensor, shard] : wm->items()) {
+    if (!shard.is_string()) fail(detail::concat("weight_map entry '", tensor, "' is ", shard.type_name(), ", not a shard file name"));
+    const auto& name = shard.get_ref<const std::string&>();
+    const std::filesystem::path p(name);
+    bool unsafe = name.empty() || p.is_absolute();
+    for (const auto& part : p) unsafe = unsafe || part == "..";
+    if (unsafe) fail(detail::concat("weight_map entry '", tensor, "' names shard '", name,
+                                    "', which is not a file name relative to the index's folder"));
+    shard_ids.emplace(name, 0);
+  }
+  for (auto& [name, id] : shard_ids) {
+    id = idx.shard_names.size();
+    idx.shard_names.push_back(name);
+  }
+  for (const auto& [tensor, shard] : wm->items()) idx.weight_map.emplace(tensor, shard_ids.at(shard.get<std::string>()));
+  return idx;
+}
+
+/// @brief Reads a sharded-checkpoint index and checks that every shard it names exists.
+/// @throws accel::checkpoint_error as parse_safetensors_index, or naming a missing shard
+[[nodiscard]] inline SafetensorsIndex read_safetensors_index(const std::filesystem::path& path) {
+  auto idx = parse_safetensors_index(read_text_file(path, "checkpoint index"), path.string());
+  idx.index_file = path;
+  const auto dir = path.parent_path();
+  for (const auto& shard : idx.shard_names) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(dir / shard, ec))
+      detail::throw_error<checkpoint_error>("checkpoint index '", path.string(), "' names shard '", shard,
+                                            "', which does not exist in '", dir.string(),
+                                            "'; the download is incomplete or the index is stale");
+  }
+  return idx;
+}
+
+/// @brief Every tensor of a checkpoint (one file, an index with its shards, or a folder) and
+///        where it lives; built from headers only.
+struct Checkpoint {
+  std::filesystem::path directory;                    ///< folder holding the files
+  std::optional<std::filesystem::path> index_file;    ///< the index, when sharded
+  std::optional<std::filesystem::path> config_file;   ///< `config.json` next to the files, if any
+  std::vector<std::filesystem::path> shard_files;     ///< sorted by file name
+  std::vector<SafetensorsHeader> headers;             ///< parallel to shard_files
+  std::vector<std::string> tensor_names;              ///< shard order, then offset order
+  std::unordered_map<std::string, TensorLocation> locations;  ///< tensor name → location
+
+  /// @brief Location of `name`, or nullptr when the checkpoint lacks it.
+  [[nodiscard]] const TensorLocation* find(std::string_view name) const {
+    auto it = locations.find(std::string(name));
+    return it == locations.end() ? nullptr : &it->second;
+  }
+  /// @brief The header entry at a location.
+  [[nodiscard]] const TensorEntry& entry(const TensorLocation& loc) const { return headers[loc.shard].tensors[loc.entry]; }
+  /// @brief Sum of every tensor's bytes.
+  [[nodiscard]] std::uint64_t total_bytes() const noexcept {
+    std::uint64_t total = 0;
+    for (const auto& h : headers)
+      for (const auto& t : h.tensors) total += t.size_bytes();
+    return total;
+  }
+};
+
+namespace detail {
+
+inline void add_shard(Checkpoint& c, const std::filesystem::path& file) {
+  c.headers.push_back(read_safetensors_header(file));
+  c.shard_files.push_back(file);
+  const std::size_t shard = c.shard_files.size() - 1;
+  const auto& h = c.headers.back();
+  for (std::size_t i = 0; i < h.tensors.size(); ++i) {
+    const auto& name = h.tensors[i].name;
+    auto [it, fresh] = c.locations.emplace(name, TensorLocation{shard, i});
+    if (!fresh)
+      throw_error<checkpoint_error>("tensor '", name, "' is stored twice, in '", c.shard_files[it->second.shard].string(),
+                                    "' and '", file.string(), "'; remove the duplicate file or load one file");
+    c.tensor_names.push_back(name);
+  }
+}
+}  // namespace detail
+
+/// @brief Resolves a checkpoint path and reads every shard's header.
+/// @param path a `.safetensors` file; a `*.index.json`; or a folder holding exactly one
+///        `*.safetensors.index.json` (used when present) or else one or more `*.safetensors` files
+/// @return the tensors and where each lives
+/// @throws accel::checkpoint_error when the path does not exist, a folder holds no safetensors file
+///         or several indexes, a header is invalid, a tensor is stored twice, or the index
+///         disagrees with the shards (a listed tensor missing, or a stored one unlisted: stale index)
+[[nodiscard]] inline Checkpoint resolve_checkpoint(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    detail::throw_error<checkpoint_error>("checkpoint path '", path.string(), "' does not exist; pass a .safetensors file, "
+                                          "a model.safetensors.index.json or a folder holding them");
+  Checkpoint c;
+  fs::path index;
+  std::vector<fs::path> files;
+  if (fs::is_directory(path, ec)) {
+    c.directory = path;
+    std::vector<fs::path> indexes;
+    for (const auto& e : fs::directory_iterator(path, ec)) {
+      if (!e.is_regular_file()) continue;
+      const auto name = e.path().filename().string();
+      if (name.ends_with(".safetensors.index.json")) indexes.push_back(e.path());
+      else if (name.ends_with(".safetensors")) files.push_back(e.path());
+    }
+    if (ec) detail::throw_error<checkpoint_error>("cannot list folder '", path.string(), "': ", ec.message());
+    std::sort(indexes.begin(), indexes.end());
+    std::sort(files.begin(), files.end());
+    if (indexes.size() > 1) {
+      std::string names;
+      for (const auto& i : indexes) names += (names.empty() ? "" : ", ") + i.filename().string();
+      detail::throw_error<checkpoint_error>("folder '", path.string(), "' holds ", indexes.size(), " checkpoint indexes (",
+                                            names, "); pass the one to use");
+    }
+    if (indexes.size() == 1) index = indexes.front();
+    else if (files.empty())
+      detail::throw_error<checkpoint_error>("folder '", path.string(), "' holds no .safetensors file and no "
+                                            "model.safetensors.index.json; convert the checkpoint to safetensors");
+  } else if (path.filename().string().ends_with(".json")) {
+    index = path;
+    c.directory = path.parent_path();
+  } else {
+    files.push_back(path);
+    c.directory = path.parent_path();
+  }
+  if (!index.empty()) {
+    auto idx = read_safetensors_index(index);
+    c.index_file = index;
+    for (const auto& shard : idx.shard_names) detail::add_shard(c, c.directory / shard);
+    for (const auto& [tensor, shard] : idx.weight_map) {
+      const auto* loc = c.find(tensor);
+      if (!loc || loc->shard != shard)
+        detail::throw_error<checkpoint_error>("checkpoint index '", index.string(), "' places tensor '", tensor, "' in '",
+                                              idx.shard_names[shard], "', which does not hold it",
+                                              loc ? detail::concat(" (it is in '", c.shard_files[loc->shard].filename().string(), "')") : std::string(),
+                                              "; the index is stale: re-download the checkpoint");
+    }
+    if (idx.weight_map.size() != c.locations.size())
+      for (const auto& name : c.tensor_names)
+        if (!idx.weight_map.count(name))
+          detail::throw_error<checkpoint_error>("shard '", c.shard_files[c.locations.at(name).shard].filename().string(),
+                                                "' holds tensor '", name, "', which checkpoint index '", index.string(),
+                                                "' does not list; the index is stale: re-download the checkpoint");
+  } else {
+    for (const auto& f : files) detail::add_shard(c, f);
+  }
+  if (fs::path cfg = c.directory / "config.json"; fs::is_regular_file(cfg, ec)) c.config_file = cfg;
+  return c;
+}
+///@}
+
+ACCEL_NAMESPACE_END

@@ -1,0 +1,311 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file device_map.hpp
+/// @brief DeviceMap: module/tensor name → GPU index, `cpu` or `disk`, in model order; HF JSON;
+///        clean_device_map and check_device_map.
+#pragma once
+
+#include <algorithm>
+#include <compare>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <accel/runtime/config.hpp>
+#include <accel/model/json.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/model/module_tree.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief Where a module or tensor lives: a GPU (by index), CPU memory, or the disk offload folder.
+struct Placement {
+  /// @brief The three kinds, in fill order.
+  enum class Kind : std::uint8_t { gpu, cpu, disk };
+  Kind kind = Kind::cpu;  ///< which kind
+  int index = 0;          ///< GPU index (0 for cpu/disk)
+
+  /// @brief GPU `i`.
+  [[nodiscard]] static constexpr Placement gpu(int i) noexcept { return {Kind::gpu, i}; }
+  /// @brief CPU memory.
+  [[nodiscard]] static constexpr Placement cpu() noexcept { return {Kind::cpu, 0}; }
+  /// @brief Disk offload.
+  [[nodiscard]] static constexpr Placement disk() noexcept { return {Kind::disk, 0}; }
+  [[nodiscard]] constexpr bool is_gpu() const noexcept { return kind == Kind::gpu; }
+  [[nodiscard]] constexpr bool is_cpu() const noexcept { return kind == Kind::cpu; }
+  [[nodiscard]] constexpr bool is_disk() const noexcept { return kind == Kind::disk; }
+  /// @brief "0", "cpu" or "disk".
+  [[nodiscard]] std::string to_string() const {
+    return kind == Kind::gpu ? std::to_string(index) : kind == Kind::cpu ? "cpu" : "disk";
+  }
+  /// @brief The HF JSON value: a number for a GPU, else the string.
+  [[nodiscard]] nlohmann::json to_json() const {
+    return kind == Kind::gpu ? nlohmann::json(index) : nlohmann::json(to_string());
+  }
+  friend constexpr bool operator==(const Placement&, const Placement&) = default;
+  /// GPUs by index, then cpu, then disk (the fill order).
+  friend constexpr auto operator<=>(const Placement& a, const Placement& b) noexcept {
+    if (a.kind != b.kind) return static_cast<int>(a.kind) <=> static_cast<int>(b.kind);
+    return a.index <=> b.index;
+  }
+};
+
+/// @brief Parses a device-map value: a non-negative integer, "cpu", "disk", "cuda:N" or "N".
+/// @param value the JSON value
+/// @param key the map key, for the message
+/// @throws accel::config_error for anything else ("meta", "mps", negative numbers)
+[[nodiscard]] inline Placement parse_placement(const nlohmann::json& value, std::string_view key) {
+  if (value.is_number_unsigned() && value.get<std::uint64_t>() < 1u << 20) return Placement::gpu(value.get<int>());
+  if (value.is_string()) {
+    std::string_view s = value.get_ref<const std::string&>();
+    if (s == "cpu") return Placement::cpu();
+    if (s == "disk") return Placement::disk();
+    std::string_view digits = s.starts_with("cuda:") ? s.substr(5) : s;
+    bool ok = !digits.empty() && digits.size() < 7;
+    for (char c : digits) ok = ok && c >= '0' && c <= '9';
+    if (ok) return Placement::gpu(std::stoi(std::string(digits)));
+  }
+  detail::throw_error<config_error>("device map value for '", key, "' is ", value.dump(),
+                                    "; use a GPU index (0, 1, ...), \"cpu\" or \"disk\"");
+}
+
+/// @brief An ordered map from module or tensor names to placements (HF `device_map`).
+///
+/// A key covers the tensor of that name or every tensor below it (`model.layers.0` covers
+/// `model.layers.0.mlp.up_proj.weight`); `""` covers everything. Insertion order is kept; maps
+/// the planner makes are in model order.
+class DeviceMap {
+ public:
+  using Entry = std::pair<std::string, Placement>;  ///< one key and its placement
+
+  /// @brief Sets (or overwrites, keeping its position) the placement of `name`.
+  void set(std::string name, Placement p) {
+    auto it = index_.find(name);
+    if (it != index_.end()) {
+      entries_[it->second].second = p;
+      return;
+    }
+    index_.emplace(name, entries_.size());
+    entries_.emplace_back(std::move(name), p);
+  }
+  /// @brief Reserves room for `n` keys.
+  void reserve(std::size_t n) {
+    entries_.reserve(n);
+    index_.reserve(n);
+  }
+  /// @brief The placement stored under exactly `key`, or nullptr.
+  [[nodiscard]] const Placement* find(std::string_view key) const {
+    auto it = index_.find(std::string(key));
+    return it == index_.end() ? nullptr : &entries_[it->second].second;
+  }
+  /// @brief Placement of a tensor or module: the longest key equal to it or a dotted prefix of it.
+  [[nodiscard]] std::optional<Placement> placement_of(std::string_view name) const {
+    std::string key(name);
+    while (true) {
+      if (const auto* p = find(key)) return *p;
+      if (key.empty()) return std::nullopt;
+      auto dot = key.rfind('.');
+      key.resize(dot == std::string::npos ? 0 : dot);
+    }
+  }
+  [[nodiscard]] const std::vector<Entry>& entries() const noexcept { return entries_; }
+  [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
+  [[nodiscard]] bool empty() const noexcept { return entries_.empty(); }
+  [[nodiscard]] auto begin() const noexcept { return entries_.begin(); }
+  [[nodiscard]] auto end() const noexcept { return entries_.end(); }
+  /// @brief The distinct placements used, in fill order (GPUs ascending, cpu, disk).
+  [[nodiscard]] std::vector<Placement> devices() const {
+    std::vector<Placement> out;
+    for (const auto& [k, p] : entries_) out.push_back(p);
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  }
+  /// @brief The HF JSON object, keys in map order.
+  [[nodiscard]] nlohmann::ordered_json to_json() const {
+    nlohmann::ordered_json j = nlohmann::ordered_json::object();
+    for (const auto& [k, p] : entries_) j[k] = p.to_json();
+    return j;
+  }
+  /// @brief to_json() as text (`indent` < 0: one line).
+  [[nodiscard]] std::string to_json_string(int indent = -1) const { return to_json().dump(indent); }
+
+  /// @brief Parses the HF JSON object (`{"model.layers.0": 0, "lm_head": "cpu"}`), keeping key order.
+  /// @throws accel::config_error for invalid JSON, a non-object, a duplicate key or a bad value
+  [[nodiscard]] static DeviceMap from_json(std::string_view text) {
+    auto parsed = parse_json_strict(text);
+    if (!parsed.error.empty()) detail::throw_error<config_error>("device map is not valid JSON: ", parsed.error);
+    if (!parsed.value.is_object())
+      detail::throw_error<config_error>("device map is a JSON ", parsed.value.type_name(),
+                                        ", not an object of name → device");
+    // nlohmann::json sorts keys; re-read with ordered_json to keep the file's order.
+    const auto ordered = nlohmann::ordered_json::parse(text.begin(), text.end());
+    DeviceMap m;
+    for (const auto& [k, v] : ordered.items()) m.set(k, parse_placement(nlohmann::json(v), k));
+    return m;
+  }
+
+ private:
+  std::vector<Entry> entries_;
+  std::unordered_map<std::string, std::size_t> index_;
+};
+
+/// @brief accelerate's clean_device_map: wherever every key below a prefix shares one placement and
+///        there is more than one such key, they are replaced by the prefix (`""` for all).
+///
+/// In: `{"a.x":0,"a.y":0,"b.x":1,"b.y":1,"c":1}` Out: `{"a":0,"b":1,"c":1}`. Unlike accelerate
+/// (which appends merged keys, so order depends on hashing), each merged key takes the position
+/// of the first key it replaces, so the result stays in the input's order.
+[[nodiscard]] inline DeviceMap clean_device_map(const DeviceMap& map) {
+  // Trie over dotted components; each node knows its subtree's key count and common placement.
+  struct Node {
+    std::string name;
+    std::vector<std::size_t> children;
+    std::unordered_map<std::string_view, std::size_t> child_ids;
+    std::optional<Placement> own;  // a key exactly at this node
+    std::size_t first = SIZE_MAX;  // smallest input position in the subtree
+    std::size_t count = 0;
+    bool uniform = true;
+    Placement value{};
+  };
+  std::vector<Node> nodes(1);
+  const auto& es = map.entries();
+  for (std::size_t i = 0; i < es.size(); ++i) {
+    std::string_view key = es[i].first;
+    std::size_t cur = 0;
+    if (!key.empty()) {
+      std::size_t start = 0;
+      while (true) {
+        auto dot = key.find('.', start);
+        auto end = dot == std::string_view::npos ? key.size() : dot;
+        auto part = key.substr(start, end - start);
+        auto it = nodes[cur].child_ids.find(part);
+        if (it == nodes[cur].child_ids.end()) {
+          const std::size_t id = nodes.size();
+          nodes.push_back(Node{std::string(key.substr(0, end)), {}, {}, std::nullopt, SIZE_MAX, 0, true, {}});
+          // string_view keys point into the (stable) std::string of the map entry.
+          nodes[cur].child_ids.emplace(part, id);
+          nodes[cur].children.push_back(id);
+          cur = id;
+        } else {
+          cur = it->second;
+        }
+        if (dot == std::string_view::npos) break;
+        start = dot + 1;
+      }
+    }
+    nodes[cur].own = es[i].second;
+    nodes[cur].first = std::min(nodes[cur].first, i);
+  }
+  // Children have larger ids than parents: fold bottom-up.
+  for (std::size_t n = nodes.size(); n-- > 0;) {
+    auto& node = nodes[n];
+    bool have = false;
+    if (node.own) {
+      node.value = *node.own;
+      node.count = 1;
+      have = true;
+    }
+    for (auto c : node.children) {
+      const auto& ch = nodes[c];
+      if (ch.count == 0) continue;
+      node.first = std::min(node.first, ch.first);
+      node.count += ch.count;
+      if (!ch.uniform) node.uniform = false;
+      else if (have && !(ch.value == node.value)) node.uniform = false;
+      else if (!have) {
+        node.value = ch.value;
+        have = true;
+      }
+    }
+  }
+  std::vector<std::pair<std::size_t, DeviceMap::Entry>> out;
+  std::vector<std::size_t> stack{0};
+  while (!stack.empty()) {
+    const auto n = stack.back();
+    stack.pop_back();
+    const auto& node = nodes[n];
+    if (node.count == 0) continue;
+    if (node.uniform && node.count > 1) {
+      out.push_back({node.first, {node.name, node.value}});
+      continue;
+    }
+    if (node.own) out.push_back({node.first, {node.name, *node.own}});
+    for (auto c : node.children) stack.push_back(c);
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  DeviceMap result;
+  for (auto& [pos, e] : out) result.set(std::move(e.first), e.second);
+  return result;
+}
+
+/// @brief What check_device_map found that is allowed but suspicious.
+struct DeviceMapCheck {
+  std::vector<std::string> warnings;  ///< e.g. tied tensors on different devices
+};
+
+/// @brief Verifies that `map` gives every tensor of `tree` (parameters, buffers, every name of a
+///        tied tensor) exactly one placement.
+/// @return warnings (tied tensors split across devices)
+/// @throws accel::planning_error listing uncovered tensors, tensors covered by two keys, or keys
+///         that name no module or tensor of the tree
+[[nodiscard]] inline DeviceMapCheck check_device_map(const ModuleTree& tree, const DeviceMap& map) {
+  auto list = [](const std::vector<std::string>& names) {
+    std::string s;
+    for (std::size_t i = 0; i < names.size() && i < 10; ++i) s += (i ? ", " : "") + names[i];
+    if (names.size() > 10) s += detail::concat(", ... (", names.size() - 10, " more)");
+    return s;
+  };
+  std::vector<std::string> unknown;
+  for (const auto& [k, p] : map)
+    if (!k.empty() && !tree.find_module(k) && !tree.find_tensor(k)) unknown.push_back(k);
+  if (!unknown.empty())
+    detail::throw_error<planning_error>("device map names ", unknown.size(), " key(s) that are neither modules nor tensors of the model: ",
+                                        list(unknown), "; check the spelling against the model's names");
+  std::vector<std::string> uncovered, twice;
+  std::vector<std::optional<Placement>> where(tree.tensors().size());
+  for (std::size_t t = 0; t < tree.tensors().size(); ++t) {
+    const auto& name = tree.tensors()[t].name;
+    std::string key = name;
+    int hits = 0;
+    while (true) {
+      if (const auto* p = map.find(key)) {
+        if (!hits) where[t] = *p;
+        ++hits;
+      }
+      if (key.empty()) break;
+      auto dot = key.rfind('.');
+      key.resize(dot == std::string::npos ? 0 : dot);
+    }
+    if (hits == 0) uncovered.push_back(name);
+    else if (hits > 1) twice.push_back(name);
+  }
+  if (!uncovered.empty())
+    detail::throw_error<planning_error>("device map does not give a device for ", uncovered.size(), " tensor(s): ", list(uncovered),
+                                        "; add their modules to the map (or use \"\" for everything)");
+  if (!twice.empty())
+    detail::throw_error<planning_error>("device map places ", twice.size(), " tensor(s) twice, through nested keys: ", list(twice),
+                                        "; keep only one of a key and the keys below it");
+  DeviceMapCheck out;
+  const auto cached = tree.index();  // shared with the planner's runs on this tree
+  const TreeIndex& ix = *cached;
+  for (const auto& g : ix.tied_groups) {
+    bool split = false;
+    for (auto t : g) split = split || !(*where[t] == *where[g.front()]);
+    if (!split) continue;
+    std::string desc;
+    for (auto t : g) desc += (desc.empty() ? "" : ", ") + tree.tensors()[t].name + " on " + where[t]->to_string();
+    out.warnings.push_back("tied tensors are on different devices (" + desc + "); they will be loaded as separate copies");
+  }
+  return out;
+}
+
+ACCEL_NAMESPACE_END

@@ -1,0 +1,141 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file planner.hpp
+/// @brief infer_auto_device_map, get_balanced_memory and the auto/balanced/balanced_low_0/
+///        sequential modes: which module goes to which GPU, to CPU or to disk.
+///
+/// The placement follows accelerate's greedy single pass (devices GPUs → cpu → disk; room for the
+/// largest remaining layer kept on the first GPU and on CPU; tied tensors placed together; a
+/// module that does not fit is replaced by its direct tensors and children unless it is a
+/// no-split block; optional fallback; cleaning), with its defects fixed:
+/// - tie containment is a prefix test on the tree (module `0` does not contain `10.weight`);
+/// - a split module's direct parameters *and buffers* stay in the queue, so every tensor is mapped;
+/// - the size with ties counts each partner entry once;
+/// - the largest-layer reserve is always the largest layer still waiting (never stale);
+/// - output keys are in model order; everything is O(n log n).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <accel/runtime/config.hpp>
+#include <accel/plan/device_map.hpp>
+#include <accel/model/dtype.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/plan/max_memory.hpp>
+#include <accel/model/module_tree.hpp>
+#include <accel/plan/detail/placement_engine.hpp>
+#include <accel/plan/plan_options.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief Balanced per-GPU budgets (accelerate's get_balanced_memory).
+///
+/// Each GPU but the last gets min(budget, total/n + allowance), allowance = int(1.25 × max(largest
+/// no-split block, mean size of the modules holding only tensors)); the last GPU keeps its
+/// budget. With `low_zero`, GPU "0" (the first GPU) gets only what the others cannot hold.
+/// With one GPU whose budget was defaulted (`budgets_defaulted`) it keeps 90 % of it.
+/// @note accelerate takes the first module of each no-split class; accel takes the largest
+///       no-split block (same value when blocks are equal; never smaller), and indexes GPUs by
+///       their order, so ids need not be 0..n-1.
+/// @return the adjusted budgets (cpu and disk unchanged)
+[[nodiscard]] inline MaxMemory get_balanced_memory(const ModuleTree& tree, const MaxMemory& max_memory,
+                                                   const PlanOptions& opts = {}, bool low_zero = false,
+                                                   bool budgets_defaulted = false) {
+  MaxMemory out = max_memory;
+  std::vector<int> gpus;
+  for (const auto& [i, b] : out.gpus)
+    if (b > 0) gpus.push_back(i);
+  if (gpus.empty()) return out;
+  if (gpus.size() == 1) {
+    if (budgets_defaulted) out.gpus[gpus[0]] = static_cast<std::uint64_t>(static_cast<double>(out.gpus[gpus[0]]) * 0.9);
+    return out;
+  }
+  const auto ix_holder = tree.index();
+  const auto& ix = *ix_holder;
+  const auto sizes = compute_module_sizes(tree, ix, size_options(opts));
+  const std::uint64_t total = sizes.total();
+  const auto n = static_cast<std::uint64_t>(gpus.size());
+  std::uint64_t per_gpu = total / (low_zero ? n - 1 : n);
+  // Largest no-split block: a depth-first walk that stops at blocks (a block nested in another
+  // is never larger than it).
+  const NoSplitRule rule{opts.no_split, opts.auto_no_split};
+  const auto& mods = tree.modules();
+  std::uint64_t block = 0;
+  std::vector<std::size_t> stack{0};
+  while (!stack.empty()) {
+    const auto m = stack.back();
+    stack.pop_back();
+    if (rule.matches(tree, m)) {
+      block = std::max(block, sizes.module[m]);
+      continue;
+    }
+    for (auto c : mods[m].children) stack.push_back(c);
+  }
+  // "Final modules": modules holding tensors none of whose child modules does (root excluded).
+  std::vector<bool> has_entry(mods.size(), false), child_entry(mods.size(), false);
+  for (std::size_t t = 0; t < ix.canonical.size(); ++t)
+    if (ix.canonical[t] == t)
+      for (auto m = ix.tensor_module[t]; m != UINT32_MAX && !has_entry[m]; m = ix.module_parent[m]) has_entry[m] = true;
+  for (std::size_t m = 1; m < mods.size(); ++m)
+    if (has_entry[m]) child_entry[ix.module_parent[m]] = true;
+  std::uint64_t leaf_sum = 0, leaf_count = 0;
+  for (std::size_t m = 1; m < mods.size(); ++m) {
+    if (!has_entry[m] || child_entry[m]) continue;
+    leaf_sum += sizes.module[m];
+    ++leaf_count;
+  }
+  const std::uint64_t mean_leaf = leaf_count ? leaf_sum / leaf_count : 0;
+  per_gpu += static_cast<std::uint64_t>(1.25 * static_cast<double>(std::max(block, mean_leaf)));
+  for (std::size_t i = 0; i + 1 < gpus.size(); ++i) {
+    auto& b = out.gpus[gpus[i]];
+    if (low_zero && i == 0) continue;
+    b = std::min(per_gpu, b);
+  }
+  if (low_zero) {
+    std::uint64_t others = 0;
+    for (std::size_t i = 1; i < gpus.size(); ++i) others += out.gpus[gpus[i]];
+    auto& b0 = out.gpus[gpus[0]];
+    b0 = std::min(b0, total > others ? total - others : 0);
+  }
+  return out;
+}
+
+/// @brief Plans a device map and returns it with per-device accounting and messages.
+/// @param tree the model
+/// @param opts budgets (required), no-split rules, dtype, flags
+/// @return the map (model order, cleaned unless `clean_result` is false) and the accounting
+/// @throws accel::planning_error when some module fits on no device (disk forbidden or capped),
+///         stating bytes needed vs available per device; accel::usage_error without budgets
+/// @code
+/// auto plan = accel::plan_device_map(tree, {.max_memory = accel::parse_max_memory("0=20GiB,cpu=64GiB"),
+///                                           .no_split = {"LlamaDecoderLayer"}});
+/// std::puts(plan.device_map.to_json_string().c_str());
+/// @endcode
+[[nodiscard]] inline PlanResult plan_device_map(const ModuleTree& tree, const PlanOptions& opts) {
+  return detail::PlacementEngine(tree, opts).run();
+}
+
+/// @brief accelerate's infer_auto_device_map: the map only (see plan_device_map).
+[[nodiscard]] inline DeviceMap infer_auto_device_map(const ModuleTree& tree, const PlanOptions& opts) {
+  return plan_device_map(tree, opts).device_map;
+}
+
+/// @brief Plans with a string strategy: auto/balanced/balanced_low_0 first balance the budgets,
+///        sequential uses them as given.
+/// @param budgets_defaulted true when the budgets came from default_max_memory (enables the 10 %
+///        single-GPU reserve of balanced modes, as accelerate)
+[[nodiscard]] inline PlanResult plan_device_map(const ModuleTree& tree, DeviceMapMode mode, PlanOptions opts,
+                                                bool budgets_defaulted = false) {
+  if (mode != DeviceMapMode::sequential)
+    opts.max_memory = get_balanced_memory(tree, opts.max_memory, opts, mode == DeviceMapMode::balanced_low_0, budgets_defaulted);
+  return plan_device_map(tree, opts);
+}
+
+ACCEL_NAMESPACE_END

@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file distributed_state.hpp
+/// @brief DistributedState: who this process is in the job, and which device is its own.
+///
+/// @code
+///   #include <accel/state.hpp>
+///   accel::DistributedState state;  // reads accel launch / torchrun / MPI / SLURM variables
+///   std::cout << state << "\n";     // process=1/2 local=1/2 device=cuda:1 (physical GPU 5)
+///   for (const auto& prompt : state.split_between_processes(prompts)) run(prompt, state.device());
+/// @endcode
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/devices.hpp>
+#include <accel/runtime/env.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/runtime/split.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+
+class Communicator;  // comm/communicator.hpp; attached lazily by the collectives
+
+/// @brief Options for constructing a DistributedState.
+struct StateOptions {
+  bool cpu = false;                ///< use the CPU even when GPUs are visible
+  bool allow_gpu_sharing = false;  ///< allow more local processes than GPUs (processes share GPUs round-robin)
+  bool make_current = true;        ///< call cudaSetDevice on the chosen GPU
+};
+
+/// @brief The device decision: which logical GPU (or the CPU) a process uses (pure function).
+///
+/// Rule: no GPU (or `cpu`) → cpu; visible GPUs >= local processes → cuda:<local rank>; exactly one
+/// visible GPU → cuda:0 (per-task binding by SLURM or by CUDA_VISIBLE_DEVICES per process); fewer
+/// GPUs than local processes → config_error, unless `allow_gpu_sharing` (then local rank mod count).
+/// @throws config_error naming the counts and CUDA_VISIBLE_DEVICES, and how to fix it
+inline Device choose_device(const LaunchEnv& env, int visible_gpus, const VisibleDevices& visible, const StateOptions& options) {
+  if (options.cpu || env.use_cpu || visible_gpus <= 0) return Device::cpu();
+  if (visible_gpus >= env.local_world_size) return Device::cuda(env.local_rank);
+  if (visible_gpus == 1) return Device::cuda(0);
+  if (options.allow_gpu_sharing) return Device::cuda(env.local_rank % visible_gpus);
+  const std::string cvd = visible.set ? "CUDA_VISIBLE_DEVICES='" + [&] {
+    std::string s;
+    for (const auto& id : visible.ids) s += (s.empty() ? "" : ",") + id;
+    return s;
+  }() + "'" : std::string("CUDA_VISIBLE_DEVICES unset");
+  detail::throw_error<config_error>(env.local_world_size, " processes run on this machine but only ", visible_gpus,
+                                    " GPUs are visible (", cvd, "); start at most ", visible_gpus,
+                                    " processes per machine (--num_processes ", visible_gpus, "), make more GPUs visible, or "
+                                    "opt in to sharing with StateOptions::allow_gpu_sharing");
+}
+
+/// @brief What this process is in the job: ranks, sizes, machine, and its own device (made current).
+class DistributedState {
+ public:
+  /// @brief Reads the real environment and devices.
+  /// @throws config_error when the launcher variables are malformed or the GPUs cannot be shared out
+  explicit DistributedState(StateOptions options = {}) : DistributedState(process_env(), default_device_query(), options) {}
+
+  /// @brief From injected sources (tests, or a planned child environment).
+  DistributedState(const EnvSource& env, const DeviceQuery& devices, StateOptions options = {})
+      : env_(read_launch_env(env)), visible_(parse_visible_devices(env("CUDA_VISIBLE_DEVICES"))) {
+    const bool want_cpu = options.cpu || env_.use_cpu;
+    const DeviceList list = want_cpu ? DeviceList{{}, "CPU requested", ""} : devices.list(false);
+    gpu_count_ = static_cast<int>(list.gpus.size());
+    device_status_ = list.status;
+    device_ = choose_device(env_, gpu_count_, visible_, options);
+    if (device_.is_cuda()) {
+      const auto& info = list.gpus[static_cast<std::size_t>(device_.index())];
+      gpu_name_ = info.name;
+      physical_ = visible_.set ? visible_.physical(device_.index()) : std::to_string(device_.index());
+      if (options.make_current && devices.make_current) devices.make_current(device_.index());
+    }
+  }
+
+  /// @name Ranks and sizes (accelerate's names)
+  ///@{
+  [[nodiscard]] int process_index() const noexcept { return env_.rank; }
+  [[nodiscard]] int local_process_index() const noexcept { return env_.local_rank; }
+  [[nodiscard]] int num_processes() const noexcept { return env_.world_size; }
+  [[nodiscard]] int local_num_processes() const noexcept { return env_.local_world_size; }
+  [[nodiscard]] int machine_index() const noexcept { return env_.group_rank; }
+  [[nodiscard]] int num_machines() const noexcept { return env_.num_machines; }
+  [[nodiscard]] bool is_main_process() const noexcept { return env_.rank == 0; }
+  [[nodiscard]] bool is_local_main_process() const noexcept { return env_.local_rank == 0; }
+  [[nodiscard]] bool is_last_process() const noexcept { return env_.rank == env_.world_size - 1; }
+  [[nodiscard]] bool use_distributed() const noexcept { return env_.world_size > 1; }
+  ///@}
+
+  /// @brief This process's device: `cuda:<logical index>` (already current) or `cpu`.
+  [[nodiscard]] Device device() const noexcept { return device_; }
+  /// @brief The physical GPU behind device(): its index or UUID from CUDA_VISIBLE_DEVICES; "" on CPU.
+  [[nodiscard]] const std::string& physical_gpu() const noexcept { return physical_; }
+  /// @brief The GPU's name ("NVIDIA H200"), "" on CPU.
+  [[nodiscard]] const std::string& gpu_name() const noexcept { return gpu_name_; }
+  /// @brief Number of GPUs visible to this process.
+  [[nodiscard]] int visible_gpu_count() const noexcept { return gpu_count_; }
+  /// @brief Why no GPU is visible ("insufficient driver", …), "" when some are.
+  [[nodiscard]] const std::string& device_status() const noexcept { return device_status_; }
+  /// @brief The launcher facts (rendezvous address, token, timeout, diagnostics).
+  [[nodiscard]] const LaunchEnv& launch_env() const noexcept { return env_; }
+  /// @brief CUDA_VISIBLE_DEVICES as parsed, with diagnostics.
+  [[nodiscard]] const VisibleDevices& visible_devices() const noexcept { return visible_; }
+
+  /// @brief This process's share of `range` (see accel::split_between_processes).
+  template <class R>
+  auto split_between_processes(R&& range, SplitOptions options = {}) const {
+    return accel::split_between_processes(std::forward<R>(range), static_cast<std::size_t>(env_.rank),
+                                          static_cast<std::size_t>(env_.world_size), options);
+  }
+
+  /// @brief The communicator the collectives use; null until the first collective creates one.
+  [[nodiscard]] Communicator* communicator() const noexcept { return comm_.get(); }
+  /// @brief Installs the communicator the collectives will use from now on.
+  void attach_communicator(std::shared_ptr<Communicator> comm) noexcept { comm_ = std::move(comm); }
+
+  /// @brief One line: `process=1/2 local=1/2 device=cuda:1 (physical GPU 5)`.
+  [[nodiscard]] std::string to_string() const {
+    std::ostringstream out;
+    out << *this;
+    return out.str();
+  }
+  friend std::ostream& operator<<(std::ostream& out, const DistributedState& s) {
+    out << "process=" << s.env_.rank << '/' << s.env_.world_size << " local=" << s.env_.local_rank << '/'
+        << s.env_.local_world_size << " device=" << s.device_;
+    if (s.device_.is_cuda()) out << " (physical GPU " << s.physical_ << ')';
+    return out;
+  }
+
+ private:
+  LaunchEnv env_;
+  VisibleDevices visible_;
+  Device device_;
+  int gpu_count_ = 0;
+  std::string device_status_;
+  std::string gpu_name_;
+  std::string physical_;
+  std::shared_ptr<Communicator> comm_;
+};
+
+ACCEL_NAMESPACE_END

@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file error.hpp
+/// @brief The exception hierarchy: one root (`accel::error`), one leaf per category.
+///
+/// Every message starts with a stable prefix `[accel.<category>]`, then says what is wrong, the
+/// offending value, and how to fix it.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include <accel/runtime/config.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief Root of everything accel throws; `catch (const accel::error&)` catches all of it.
+class error : public std::runtime_error {
+ public:
+  /// @param category the `<category>` in the `[accel.<category>]` prefix
+  /// @param what_arg the rest of the message
+  error(std::string_view category, const std::string& what_arg)
+      : std::runtime_error("[accel." + std::string(category) + "] " + what_arg), category_(category) {}
+  /// @brief The category name, e.g. "config".
+  [[nodiscard]] const std::string& category() const noexcept { return category_; }
+
+ private:
+  std::string category_;
+};
+
+#define ACCEL_DETAIL_DEFINE_ERROR(name, category_name)                                   \
+  class name : public error {                                                            \
+   public:                                                                               \
+    explicit name(const std::string& what_arg) : error(category_name, what_arg) {}       \
+                                                                                         \
+   protected:                                                                            \
+    name(std::string_view category, const std::string& what_arg) : error(category, what_arg) {} \
+  };
+
+/// Precondition violated by the caller (zero parts, rank out of range, root >= world size).
+ACCEL_DETAIL_DEFINE_ERROR(usage_error, "usage")
+/// Environment or arguments malformed or inconsistent (RANK=abc, LOCAL_RANK >= LOCAL_WORLD_SIZE).
+ACCEL_DETAIL_DEFINE_ERROR(config_error, "config")
+/// A feature is not compiled in, or a GPU was required and none is usable.
+ACCEL_DETAIL_DEFINE_ERROR(unavailable_error, "unavailable")
+/// Communication failed: a peer died, refused us, or broke the protocol.
+ACCEL_DETAIL_DEFINE_ERROR(comm_error, "comm")
+/// A value failed to encode or decode.
+ACCEL_DETAIL_DEFINE_ERROR(serialization_error, "serialization")
+/// A device map is infeasible under the given budgets.
+ACCEL_DETAIL_DEFINE_ERROR(planning_error, "planning")
+/// A checkpoint file is malformed, truncated or inconsistent.
+ACCEL_DETAIL_DEFINE_ERROR(checkpoint_error, "checkpoint")
+/// The launcher could not start a child or lost one.
+ACCEL_DETAIL_DEFINE_ERROR(launch_error, "launch")
+#undef ACCEL_DETAIL_DEFINE_ERROR
+
+/// @brief A communication step did not finish within its timeout.
+class timeout_error : public comm_error {
+ public:
+  explicit timeout_error(const std::string& what_arg) : comm_error("comm.timeout", what_arg) {}
+};
+
+/// @brief A CUDA runtime call failed; `code()` is the cudaError_t value (an int in every build).
+class cuda_error : public error {
+ public:
+  cuda_error(int code, const std::string& what_arg) : error("cuda", what_arg), code_(code) {}
+  [[nodiscard]] int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+/// @brief An NCCL call or asynchronous NCCL error; `code()` is the ncclResult_t value.
+class nccl_error : public error {
+ public:
+  nccl_error(int code, const std::string& what_arg) : error("nccl", what_arg), code_(code) {}
+  [[nodiscard]] int code() const noexcept { return code_; }
+
+ private:
+  int code_;
+};
+
+namespace detail {
+
+/// @brief Streams every argument into one string (the library's tiny formatter).
+template <class... Args>
+[[nodiscard]] std::string concat(Args&&... args) {
+  std::ostringstream out;
+  (out << ... << std::forward<Args>(args));
+  return out.str();
+}
+
+/// @brief Every throw goes through here, so a no-exceptions mode can be added in one place.
+template <class E, class... Args>
+[[noreturn]] void throw_error(Args&&... args) {
+  throw E(concat(std::forward<Args>(args)...));
+}
+
+}  // namespace detail
+
+/// @brief Throws accel::usage_error naming the failed condition unless `cond` holds.
+#define ACCEL_EXPECTS(cond, ...)                                                              \
+  do {                                                                                        \
+    if (!(cond)) ::accel::detail::throw_error<::accel::usage_error>(__VA_ARGS__, " (violated: " #cond ")"); \
+  } while (false)
+
+ACCEL_NAMESPACE_END

@@ -1,0 +1,125 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file text.hpp
+/// @brief The text helpers every layer shares: strict integer parsing, joining, trimming, and the
+///        number formats of messages ("1.50 GiB", "3.4 ms", "2 GPUs").
+#pragma once
+
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <type_traits>
+
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/error.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+namespace text {
+
+/// @brief `s` without leading and trailing white space.
+[[nodiscard]] constexpr std::string_view trim(std::string_view s) noexcept {
+  constexpr std::string_view space = " \t\n\r\f\v";
+  const auto b = s.find_first_not_of(space);
+  if (b == std::string_view::npos) return {};
+  return s.substr(b, s.find_last_not_of(space) - b + 1);
+}
+
+/// @brief The whole of `s` as a decimal integer of type `Int`, or nullopt.
+///
+/// In: `"42"` → 42; `"-3"` → -3 for signed types, nullopt for unsigned ones; `""`, `" 1"`, `"+1"`,
+/// `"1x"`, `"0x10"` and anything outside `Int`'s range → nullopt. No locale, no white space.
+template <class Int>
+[[nodiscard]] std::optional<Int> parse_integer(std::string_view s) noexcept {
+  static_assert(std::is_integral_v<Int> && !std::is_same_v<Int, bool>);
+  if (s.empty() || s.front() == '+') return std::nullopt;
+  if constexpr (std::is_unsigned_v<Int>)
+    if (s.front() == '-') return std::nullopt;
+  Int v{};
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+/// @brief The elements of `items` written as `concat` writes them, separated by `sep`.
+///
+/// In: `{1, 2, 3}` → `"1, 2, 3"`; `join(ids, ",")` → `"0,2"`.
+template <class Range>
+[[nodiscard]] std::string join(const Range& items, std::string_view sep = ", ") {
+  std::string out;
+  bool first = true;
+  for (const auto& item : items) {
+    if (!first) out += sep;
+    first = false;
+    out += detail::concat(item);
+  }
+  return out;
+}
+
+/// @brief `'a', 'b', 'c'` — the first `limit` names quoted, then "and N more".
+template <class Range>
+[[nodiscard]] std::string quoted_list(const Range& names, std::size_t limit = 8) {
+  std::string out;
+  std::size_t n = 0;
+  for (const auto& name : names) {
+    if (n < limit) out += detail::concat(n ? ", '" : "'", name, "'");
+    ++n;
+  }
+  if (n > limit) out += detail::concat(" and ", n - limit, " more");
+  return out;
+}
+
+/// @brief `"1 GPU"`, `"2 GPUs"`, `"3 processes"`.
+[[nodiscard]] inline std::string plural(long long n, std::string_view word) {
+  return detail::concat(n, " ", word, n == 1 ? "" : word.ends_with("s") ? "es" : "s");
+}
+
+/// @brief `v` with exactly `digits` decimals: fixed(1.25, 1) → "1.2" (printf rounding).
+[[nodiscard]] inline std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+/// @brief "1.25 s", "3.4 ms", "12.0 us".
+[[nodiscard]] inline std::string format_seconds(double s) {
+  if (s >= 1.0) return fixed(s, 2) + " s";
+  if (s >= 1e-3) return fixed(s * 1e3, 1) + " ms";
+  return fixed(s * 1e6, 1) + " us";
+}
+
+/// @brief A millisecond count for messages: "300 s" when whole seconds, else "250 ms".
+[[nodiscard]] inline std::string format_ms(std::uint64_t ms) {
+  return ms % 1000 == 0 ? detail::concat(ms / 1000, " s") : detail::concat(ms, " ms");
+}
+
+/// @brief How bytes are written for people.
+enum class ByteStyle {
+  fixed2,      ///< two decimals above 1 KiB: "20.00 GiB", "512 B" (budgets, plans)
+  significant3 ///< three significant digits: "1.50 GiB", "12.0 MiB", "512 B" (progress, rates)
+};
+
+/// @brief Bytes in binary units (B, KiB, MiB, GiB, TiB, PiB).
+[[nodiscard]] inline std::string format_bytes(double bytes, ByteStyle style = ByteStyle::fixed2) {
+  static constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (bytes >= 1024.0 && u < 5) {
+    bytes /= 1024.0;
+    ++u;
+  }
+  if (u == 0) return fixed(bytes, 0) + " B";
+  const int digits = style == ByteStyle::fixed2 ? 2 : bytes < 10 ? 2 : bytes < 100 ? 1 : 0;
+  return fixed(bytes, digits) + " " + units[u];
+}
+
+/// @brief As above, for a byte count.
+[[nodiscard]] inline std::string format_bytes(std::uint64_t bytes, ByteStyle style = ByteStyle::fixed2) {
+  return format_bytes(static_cast<double>(bytes), style);
+}
+
+}  // namespace text
+ACCEL_NAMESPACE_END

@@ -1,0 +1,303 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// Collectives over thread worlds (sizes 1, 2, 3, 4, 7): order, flattening, shards, broadcast,
+// failure markers, sequence mismatches, timeouts; and the DistributedState entry points.
+#include <accel/comm/collectives.hpp>
+
+#include <atomic>
+#include <future>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/fake_env.hpp"
+#include "support/thread_world.hpp"
+
+using namespace std::chrono_literals;
+using accel::Communicator;
+using accel_test::message;
+using accel_test::run_world;
+using accel_test::run_world_ok;
+
+namespace demo {
+struct Completion {
+  int prompt = 0;
+  std::string text;
+  std::vector<float> logprobs;
+  friend bool operator==(const Completion&, const Completion&) = default;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Completion, prompt, text, logprobs)
+
+struct Fragile {
+  int v = 0;
+};
+inline void to_json(nlohmann::json& j, const Fragile& f) {
+  if (f.v == 2) throw std::runtime_error("value 2 refuses to serialize");
+  j = f.v;
+}
+inline void from_json(const nlohmann::json& j, Fragile& f) { f.v = j.get<int>(); }
+
+// The same shape as Completion, declared for the binary field encoding.
+struct Scored {
+  int prompt = 0;
+  std::string text;
+  std::vector<float> logprobs;
+  friend bool operator==(const Scored&, const Scored&) = default;
+};
+ACCEL_DEFINE_FIELDS(Scored, prompt, text, logprobs)
+}  // namespace demo
+template <>
+struct accel::force_json_serialization<demo::Fragile> : std::true_type {};
+
+TEST_CASE("gather_object returns every rank's value in rank order", "[collectives]") {
+  for (int n : accel_test::world_sizes) {
+    run_world_ok(n, [n](Communicator& comm) {
+      const int r = comm.rank();
+      // Uneven sizes: rank r sends r*100 characters; a struct with a vector; a raw scalar.
+      auto texts = accel::gather_object(comm, std::string(static_cast<std::size_t>(r) * 100, static_cast<char>('a' + r)));
+      ACCEL_TEST_ENSURE(texts.size() == static_cast<std::size_t>(n));
+      for (int i = 0; i < n; ++i) ACCEL_TEST_ENSURE(texts[static_cast<std::size_t>(i)] == std::string(static_cast<std::size_t>(i) * 100, static_cast<char>('a' + i)));
+      auto structs = accel::gather_object(comm, demo::Completion{r, "r" + std::to_string(r), std::vector<float>(static_cast<std::size_t>(r), 0.5f)});
+      for (int i = 0; i < n; ++i) ACCEL_TEST_ENSURE(structs[static_cast<std::size_t>(i)].prompt == i);
+      ACCEL_TEST_ENSURE(accel::gather_object(comm, r * 10).back() == (n - 1) * 10);
+      ACCEL_TEST_ENSURE(comm.collectives_entered() == 3);
+    });
+  }
+}
+
+TEST_CASE("gather_object_flat concatenates per-rank vectors in rank order, as accelerate does", "[collectives]") {
+  for (int n : accel_test::world_sizes) {
+    run_world_ok(n, [n](Communicator& comm) {
+      // Rank r contributes r items (rank 0 none): {}, {1}, {2, 2}, ...
+      std::vector<int> mine(static_cast<std::size_t>(comm.rank()), comm.rank());
+      const auto all = accel::gather_object_flat(comm, mine);
+      std::vector<int> expected;
+      for (int i = 0; i < n; ++i) expected.insert(expected.end(), static_cast<std::size_t>(i), i);
+      ACCEL_TEST_ENSURE(all == expected);
+    });
+  }
+}
+
+TEST_CASE("gather_object with shards drops padding and restores the original order exactly", "[collectives]") {
+  for (int n : accel_test::world_sizes)
+    for (std::size_t length : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{9}, std::size_t{17}})
+      for (bool pad : {false, true}) {
+        std::vector<std::string> inputs;
+        for (std::size_t i = 0; i < length; ++i) inputs.push_back("prompt " + std::to_string(i));
+        run_world_ok(n, [&](Communicator& comm) {
+          auto mine = accel::split_between_processes(inputs, static_cast<std::size_t>(comm.rank()), static_cast<std::size_t>(n),
+                                                     {.apply_padding = pad});
+          std::vector<std::string> results;
+          for (const auto& p : mine) results.push_back(p + " done");
+          const auto all = accel::gather_object(comm, results, mine.shard());
+          ACCEL_TEST_ENSURE(all.size() == length);
+          for (std::size_t i = 0; i < length; ++i) ACCEL_TEST_ENSURE(all[i] == inputs[i] + " done");
+        });
+      }
+}
+
+TEST_CASE("gather_object with shards restores the order of declared structs (binary field encoding)", "[collectives]") {
+  for (int n : {2, 3, 7})
+    run_world_ok(n, [n](Communicator& comm) {
+      auto mine = accel::split_between_processes(std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, static_cast<std::size_t>(comm.rank()),
+                                                 static_cast<std::size_t>(n), {.apply_padding = true});
+      std::vector<demo::Scored> results;
+      for (int p : mine) results.push_back({p, std::string(static_cast<std::size_t>(p), 'x'), std::vector<float>(static_cast<std::size_t>(p), 0.5f)});
+      const auto all = accel::gather_object(comm, results, mine.shard());
+      ACCEL_TEST_ENSURE(all.size() == 11);
+      for (int i = 0; i < 11; ++i)
+        ACCEL_TEST_ENSURE(all[static_cast<std::size_t>(i)] ==
+                          (demo::Scored{i, std::string(static_cast<std::size_t>(i), 'x'), std::vector<float>(static_cast<std::size_t>(i), 0.5f)}));
+    });
+}
+
+TEST_CASE("gather_object with shards accepts results without the padding items", "[collectives]") {
+  run_world_ok(4, [](Communicator& comm) {
+    const auto shard = accel::shard_for(9, static_cast<std::size_t>(comm.rank()), 4, {.apply_padding = true});
+    std::vector<int> results;
+    for (std::size_t i = 0; i < shard.real_count; ++i) results.push_back(static_cast<int>(shard.first_index + i));
+    const auto all = accel::gather_object(comm, results, shard);
+    ACCEL_TEST_ENSURE(all == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8});
+  });
+}
+
+TEST_CASE("gather_object with shards rejects results that do not match the shard on every rank", "[collectives]") {
+  const auto errors = run_world(3, [](Communicator& comm) {
+    const auto shard = accel::shard_for(6, static_cast<std::size_t>(comm.rank()), 3);
+    std::vector<int> results(comm.rank() == 1 ? 5 : 2, 0);
+    accel::gather_object(comm, results, shard);
+  });
+  REQUIRE_THROWS_AS(std::rethrow_exception(errors[1]), accel::usage_error);
+  REQUIRE(message(errors[1]).find("rank 1 passed 5 results for a shard of 2 items") != std::string::npos);
+  for (int r : {0, 2}) {
+    REQUIRE_THROWS_AS(std::rethrow_exception(errors[static_cast<std::size_t>(r)]), accel::comm_error);
+    REQUIRE(message(errors[static_cast<std::size_t>(r)]).find("rank 1 failed before gather_object #1") != std::string::npos);
+  }
+}
+
+TEST_CASE("gather_object with shards of different inputs is a usage error on every rank", "[collectives]") {
+  const auto errors = run_world(2, [](Communicator& comm) {
+    const auto shard = accel::shard_for(comm.rank() == 0 ? 4 : 6, static_cast<std::size_t>(comm.rank()), 2);
+    accel::gather_object(comm, std::vector<int>(shard.real_count), shard);
+  });
+  for (const auto& e : errors) {
+    REQUIRE_THROWS_AS(std::rethrow_exception(e), accel::usage_error);
+    REQUIRE(message(e).find("rank 1 split an input of 6 items but rank 0 one of 4") != std::string::npos);
+  }
+}
+
+TEST_CASE("broadcast_object delivers the root's value to every rank", "[collectives]") {
+  for (int n : accel_test::world_sizes)
+    for (int root = 0; root < n; root += 3)
+      run_world_ok(n, [root](Communicator& comm) {
+        const demo::Completion mine{comm.rank(), "from " + std::to_string(comm.rank()), {1.f}};
+        const auto got = accel::broadcast_object(comm, mine, root);
+        ACCEL_TEST_ENSURE(got.prompt == root);
+        ACCEL_TEST_ENSURE(got.text == "from " + std::to_string(root));
+      });
+  const auto errors = run_world(2, [](Communicator& comm) { accel::broadcast_object(comm, 1, 2); });
+  ACCEL_TEST_ENSURE(message(errors[0]).find("broadcast: root 2 is not a rank of this 2-process job") != std::string::npos);
+}
+
+TEST_CASE("a rank whose value fails to serialize makes every rank throw, naming it", "[collectives]") {
+  for (int n : {3, 4, 7}) {
+    const auto errors = run_world(n, [](Communicator& comm) { accel::gather_object(comm, demo::Fragile{comm.rank()}); });
+    // Rank 2 rethrows its own error; every other rank gets the same comm_error naming rank 2.
+    REQUIRE_THROWS_AS(std::rethrow_exception(errors[2]), accel::serialization_error);
+    ACCEL_TEST_ENSURE(message(errors[2]) == "[accel.serialization] cannot encode a demo::Fragile on rank 2: value 2 refuses to serialize");
+    for (int r = 0; r < n; ++r) {
+      if (r == 2) continue;
+      REQUIRE_THROWS_AS(std::rethrow_exception(errors[static_cast<std::size_t>(r)]), accel::comm_error);
+      ACCEL_TEST_ENSURE(message(errors[static_cast<std::size_t>(r)]) ==
+              "[accel.comm] rank 2 failed before gather_object #1 and joined it with a failure marker, so no result can be "
+              "returned (rank 2: [accel.serialization] cannot encode a demo::Fragile on rank 2: value 2 refuses to serialize)");
+    }
+  }
+}
+
+TEST_CASE("values that decode as another type report the sending rank on every rank", "[collectives]") {
+  const auto errors = run_world(2, [](Communicator& comm) {
+    if (comm.rank() == 0) accel::gather_object(comm, std::string("text"));
+    else accel::gather_object(comm, 42);
+  });
+  REQUIRE_THROWS_AS(std::rethrow_exception(errors[0]), accel::serialization_error);
+  REQUIRE(message(errors[0]).find("value from rank 1 has format 1") != std::string::npos);
+  REQUIRE(message(errors[1]).find("value from rank 0 has format 2") != std::string::npos);
+}
+
+TEST_CASE("different collectives on different ranks are reported as a mismatch, not a hang", "[collectives]") {
+  const auto errors = run_world(3, [](Communicator& comm) {
+    if (comm.rank() == 0) accel::gather_object(comm, 1);
+    else accel::wait_for_everyone(comm);
+  });
+  for (const auto& e : errors) {
+    REQUIRE_THROWS_AS(std::rethrow_exception(e), accel::comm_error);
+    REQUIRE(message(e).find("collective mismatch at ") != std::string::npos);
+    REQUIRE(message(e).find("rank 0 called gather_object #1, rank 1 called wait_for_everyone #1, rank 2 called wait_for_everyone #1") !=
+            std::string::npos);
+    REQUIRE(message(e).find("inside if (state.is_main_process()) is the usual cause") != std::string::npos);
+  }
+}
+
+TEST_CASE("a collective called on only the main rank fails when the others finish, not after the timeout", "[collectives]") {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto errors = run_world(
+      3, [](Communicator& comm) {
+        if (comm.rank() == 0) accel::gather_object(comm, 1);  // the accelerate footgun
+      },
+      60s);
+  REQUIRE(std::chrono::steady_clock::now() - t0 < 30s);
+  REQUIRE_THROWS_AS(std::rethrow_exception(errors[0]), accel::comm_error);
+  REQUIRE(message(errors[0]).find("returned without joining gather_object #1") != std::string::npos);
+  REQUIRE_FALSE(errors[1]);
+}
+
+TEST_CASE("a rank that is late past the timeout gives a timeout naming it", "[collectives]") {
+  const auto errors = run_world(
+      3, [](Communicator& comm) {
+        if (comm.rank() == 2) std::this_thread::sleep_for(600ms);
+        else accel::wait_for_everyone(comm);
+      },
+      100ms);
+  REQUIRE_THROWS_AS(std::rethrow_exception(errors[0]), accel::timeout_error);
+  REQUIRE(message(errors[0]).find("timed out in wait_for_everyone #1: ranks 2 have not arrived") != std::string::npos);
+}
+
+TEST_CASE("main_process_first runs the body on rank 0 before every other rank", "[collectives]") {
+  for (int n : accel_test::world_sizes) {
+    std::atomic<int> order{0};
+    std::vector<int> when(static_cast<std::size_t>(n), -1);
+    run_world_ok(n, [&](Communicator& comm) {
+      const int got = accel::main_process_first(comm, [&] {
+        when[static_cast<std::size_t>(comm.rank())] = order++;
+        return comm.rank() + 100;
+      });
+      REQUIRE(got == comm.rank() + 100);
+    });
+    REQUIRE(when[0] == 0);
+    for (int r = 1; r < n; ++r) REQUIRE(when[static_cast<std::size_t>(r)] > 0);
+  }
+}
+
+TEST_CASE("main_process_first: a body that throws on rank 0 stops the others with an error naming rank 0", "[collectives]") {
+  std::atomic<int> ran{0};
+  const auto errors = run_world(3, [&](Communicator& comm) {
+    accel::main_process_first(comm, [&] {
+      ++ran;
+      if (comm.rank() == 0) throw std::runtime_error("download failed");
+    });
+  });
+  REQUIRE(ran == 1);
+  REQUIRE(message(errors[0]) == "download failed");
+  REQUIRE(message(errors[1]).find("rank 0 failed before main_process_first #1") != std::string::npos);
+  REQUIRE(message(errors[2]).find("(rank 0: download failed)") != std::string::npos);
+}
+
+TEST_CASE("choose_backend: explicit request, then ACCEL_COMM_BACKEND, then the device", "[collectives]") {
+  using accel::CommBackend;
+  REQUIRE(accel::choose_backend(CommBackend::automatic, std::nullopt, 1, true) == CommBackend::solo);
+  REQUIRE(accel::choose_backend(CommBackend::automatic, std::nullopt, 2, false) == CommBackend::cpu);
+  REQUIRE(accel::choose_backend(CommBackend::automatic, std::nullopt, 2, true) == (accel::nccl_enabled ? CommBackend::nccl : CommBackend::cpu));
+  REQUIRE(accel::choose_backend(CommBackend::automatic, std::string("cpu"), 2, true) == CommBackend::cpu);
+  REQUIRE(accel::choose_backend(CommBackend::cpu, std::string("nccl"), 2, true) == CommBackend::cpu);
+  REQUIRE_THROWS_WITH(accel::choose_backend(CommBackend::automatic, std::string("gloo"), 2, true),
+                      accel_test::contains("ACCEL_COMM_BACKEND='gloo' is not a backend; use cpu or nccl"));
+  if (!accel::nccl_enabled)
+    REQUIRE_THROWS_AS(accel::choose_backend(CommBackend::nccl, std::nullopt, 2, true), accel::unavailable_error);
+}
+
+TEST_CASE("a one-process DistributedState gathers and broadcasts without any store", "[collectives]") {
+  accel::DistributedState state(accel::map_env({}), accel::cpu_only_device_query());
+  REQUIRE(accel::gather_object(state, 5) == std::vector<int>{5});
+  REQUIRE(state.communicator()->backend() == "solo");
+  REQUIRE(accel::broadcast_object(state, std::string("x")) == "x");
+  accel::wait_for_everyone(state);
+  REQUIRE(accel::main_process_first(state, [] { return 3; }) == 3);
+  REQUIRE(accel::on_main_process(state, [] { return 4; }) == std::optional<int>(4));
+}
+
+TEST_CASE("DistributedState collectives create the CPU communicator from the launcher environment", "[collectives]") {
+  int port = 0;
+  {
+    accel::StoreServer probe("127.0.0.1", 0, "");
+    port = probe.port();
+  }
+  const int n = 3;
+  std::vector<std::future<std::vector<std::string>>> ranks;
+  for (int r = 0; r < n; ++r)
+    ranks.push_back(std::async(std::launch::async, [r, port] {
+      auto vars = accel_test::with(accel_test::torchrun_vars(r, n, n), {{"MASTER_PORT", std::to_string(port)}, {"ACCEL_TIMEOUT_S", "20"}});
+      accel::DistributedState state(accel::map_env(vars), accel::cpu_only_device_query());
+      const std::vector<std::string> prompts = {"a", "b", "c", "d", "e"};
+      auto mine = state.split_between_processes(prompts, {.apply_padding = true});
+      std::vector<std::string> out(mine.begin(), mine.end());
+      auto all = accel::gather_object(state, out, mine.shard());
+      ACCEL_TEST_ENSURE(state.communicator()->backend() == "cpu");
+      ACCEL_TEST_ENSURE(accel::broadcast_object(state, std::string("root says hi"), 0) == "root says hi");
+      accel::wait_for_everyone(state);
+      return all;
+    }));
+  for (auto& f : ranks) REQUIRE(f.get() == std::vector<std::string>{"a", "b", "c", "d", "e"});
+}

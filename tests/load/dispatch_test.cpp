@@ -1,0 +1,478 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// load_checkpoint_and_dispatch and DispatchedModel against host-simulated GPUs (capacity-limited,
+// copies deferred until synchronised), CPU memory and disk.
+#include <accel/load/dispatch.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "support/catch.hpp"
+#include "support/safetensors_writer.hpp"
+
+namespace fs = std::filesystem;
+using accel::DType;
+using accel::Placement;
+using accel::Storage;
+using accel_test::TensorSpec;
+
+namespace {
+
+// A small model over three shards: mixed dtypes, odd sizes, a scalar and an empty tensor.
+std::vector<std::vector<TensorSpec>> model_shards() {
+  return {
+      {{"model.embed.weight", DType::BF16, {37, 11}, {}}, {"model.layers.0.w", DType::F32, {13, 7}, {}},
+       {"model.layers.0.b", DType::F16, {13}, {}}, {"model.layers.0.ids", DType::I64, {5}, {}}},
+      {{"model.layers.1.w", DType::F32, {301}, {}}, {"model.layers.1.mask", DType::BOOL, {9}, {}},
+       {"model.layers.1.scale", DType::F32, {}, {}}, {"model.layers.2.w", DType::BF16, {17, 3}, {}},
+       {"model.layers.2.q", DType::U8, {33}, {}}},
+      {{"model.layers.3.w", DType::F16, {129}, {}}, {"model.layers.3.empty", DType::F32, {0, 4}, {}},
+       {"model.norm.weight", DType::F32, {11}, {}}, {"lm_head.bias", DType::F32, {37}, {}}},
+  };
+}
+
+accel::DeviceMap model_map() {
+  return accel::DeviceMap::from_json(R"({"model.embed": 0, "model.layers.0": 0, "model.layers.1": 1,
+    "model.layers.2": "cpu", "model.layers.3": "disk", "model.norm": 1, "lm_head": "cpu"})");
+}
+
+std::vector<std::byte> stored_bytes(const TensorSpec& t) { return accel_test::pattern_bytes(t.name, accel_test::spec_bytes(t)); }
+
+std::vector<std::byte> device_bytes(void* ptr, std::uint64_t n, const accel::DeviceMemoryPtr& dev) {
+  std::vector<std::byte> out(static_cast<std::size_t>(n));
+  accel::Stream s(dev);
+  dev->copy_to_host_async(out.data(), ptr, n, s.get());
+  dev->synchronize(s.get());
+  return out;
+}
+
+std::vector<std::byte> read_back(const accel::TensorHandle& h, const std::vector<accel::DeviceMemoryPtr>& devices) {
+  if (h.storage != Storage::device) return {h.host.begin(), h.host.end()};
+  if (h.size_bytes == 0) return {};
+  return device_bytes(h.device_ptr, h.size_bytes, devices.at(static_cast<std::size_t>(h.placement.index)));
+}
+
+std::vector<std::byte> converted(const TensorSpec& t, DType to) {
+  auto raw = stored_bytes(t);
+  if (t.dtype == to || !accel::is_floating(t.dtype)) return raw;
+  std::uint64_t n = 1;
+  for (auto d : t.shape) n *= static_cast<std::uint64_t>(d);
+  std::vector<std::byte> out(static_cast<std::size_t>(n * accel::element_size_bytes(to)));
+  accel::convert_elements(t.dtype, to, raw.data(), out.data(), n);
+  return out;
+}
+
+auto sim(std::uint64_t cap0, std::uint64_t cap1) { return accel::host_simulated_devices({cap0, cap1}); }
+
+accel::HostSimulatedDevice& fake(const accel::DeviceMemoryPtr& d) { return static_cast<accel::HostSimulatedDevice&>(*d); }
+
+accel::LoadOptions small_staging(std::vector<accel::DeviceMemoryPtr> devices) {
+  accel::LoadOptions o;
+  o.devices = std::move(devices);
+  o.staging_bytes = 96;  // tiny: forces chunking, coalesced runs and buffer reuse on every path
+  o.progress = false;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("a sharded mixed-dtype checkpoint lands byte for byte on two fake GPUs, CPU and disk", "[dispatch]") {
+  accel_test::TempDir dir;
+  const auto shards = model_shards();
+  accel_test::write_sharded(dir.path(), shards);
+  auto devices = sim(1 << 20, 1 << 20);
+  auto model = accel::load_checkpoint_and_dispatch(dir.path(), model_map(), small_staging(devices));
+  std::size_t count = 0;
+  for (const auto& shard : shards)
+    for (const auto& spec : shard) {
+      INFO(spec.name);
+      const auto& h = model.at(spec.name);
+      REQUIRE(h.dtype == spec.dtype);
+      REQUIRE(h.shape == spec.shape);
+      REQUIRE(read_back(h, devices) == stored_bytes(spec));
+      ++count;
+    }
+  REQUIRE(model.tensors().size() == count);
+  REQUIRE(model.at("model.layers.0.w").storage == Storage::device);
+  REQUIRE(model.at("model.layers.0.w").placement == Placement::gpu(0));
+  REQUIRE(model.at("model.layers.1.w").placement == Placement::gpu(1));
+  REQUIRE(model.at("model.layers.2.w").storage == Storage::host_pageable);
+  REQUIRE(model.at("model.layers.3.w").storage == Storage::mmap_view);  // disk + no conversion: a view, no copy
+  const auto& r = model.report();
+  REQUIRE(r.per_placement.at(Placement::gpu(0)).tensors == 4);
+  REQUIRE(r.per_placement.at(Placement::gpu(1)).bytes == 301 * 4 + 9 + 4 + 11 * 4);
+  REQUIRE(r.per_placement.at(Placement::disk()).tensors == 2);
+  REQUIRE(r.unexpected.empty());
+  REQUIRE(r.missing.empty());
+  REQUIRE(r.bytes_copied == r.bytes_loaded - 129 * 2);  // everything but the disk view was read
+  REQUIRE(model.execution_device() == 0);
+  REQUIRE(fake(devices[0]).bad_frees() == 0);
+}
+
+TEST_CASE("a target dtype converts floating tensors on every path and never touches integers", "[dispatch]") {
+  accel_test::TempDir dir, offload;
+  const auto shards = model_shards();
+  accel_test::write_sharded(dir.path(), shards);
+  auto devices = sim(1 << 20, 1 << 20);
+  auto opts = small_staging(devices);
+  opts.dtype = DType::F16;
+  opts.keep_in_fp32 = {"model.layers.1"};
+  opts.offload_folder = offload.path();
+  auto model = accel::load_checkpoint_and_dispatch(dir / "model.safetensors.index.json", model_map(), opts);
+  for (const auto& shard : shards)
+    for (const auto& spec : shard) {
+      INFO(spec.name);
+      const auto& h = model.at(spec.name);
+      const bool keep = spec.name.starts_with("model.layers.1.");
+      const DType want = !accel::is_floating(spec.dtype) ? spec.dtype : keep ? DType::F32 : DType::F16;
+      REQUIRE(h.dtype == want);
+      REQUIRE(read_back(h, devices) == converted(spec, want));
+    }
+  REQUIRE(model.at("model.layers.3.w").storage == Storage::mmap_view);      // already F16: still a view
+  REQUIRE(model.at("model.layers.3.empty").storage == Storage::offload_file);  // F32 -> F16 on disk
+  REQUIRE(fs::exists(offload / "model.layers.3.empty.dat"));
+  REQUIRE(model.report().offload_written == 1);
+  REQUIRE(accel::read_offload_index(offload.path()).at("model.layers.3.empty").dtype == DType::F16);
+}
+
+TEST_CASE("converted values are the correctly rounded ones, across staging-chunk boundaries", "[dispatch]") {
+  accel_test::TempDir dir;
+  std::vector<float> values(1001);
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = (static_cast<float>(i) - 500.0f) * 0.37f + 1e-3f;
+  values[7] = 65520.0f;   // rounds to +Inf in F16
+  values[8] = -1e-8f;     // rounds to -0 in F16
+  values[9] = std::numeric_limits<float>::quiet_NaN();
+  TensorSpec spec{"w", DType::F32, {1001}, {}};
+  spec.data.resize(values.size() * 4);
+  std::memcpy(spec.data.data(), values.data(), spec.data.size());
+  accel_test::write_safetensors(dir / "model.safetensors", {spec});
+  auto devices = sim(1 << 20, 1 << 20);
+  for (DType to : {DType::F16, DType::BF16}) {
+    for (const char* where : {R"({"": 0})", R"({"": "cpu"})"}) {
+      auto opts = small_staging(devices);
+      opts.dtype = to;
+      auto model = accel::load_checkpoint_and_dispatch(dir / "model.safetensors", accel::DeviceMap::from_json(where), opts);
+      const auto bytes = read_back(model.at("w"), devices);
+      REQUIRE(bytes.size() == values.size() * 2);
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        std::uint16_t b;
+        std::memcpy(&b, bytes.data() + 2 * i, 2);
+        const float back = to == DType::F16 ? accel::half_to_float(b) : accel::bf16_to_float(b);
+        if (i == 9) {
+          REQUIRE(std::isnan(back));
+          continue;
+        }
+        // correctly rounded: no representable value lies strictly closer
+        const double err = std::fabs(static_cast<double>(back) - values[i]);
+        if (std::isinf(back)) REQUIRE(i == 7);
+        else REQUIRE(err <= std::fabs(static_cast<double>(values[i])) * (to == DType::F16 ? 0x1p-11 : 0x1p-8) + 0x1p-25);
+      }
+      std::uint16_t neg_zero;
+      std::memcpy(&neg_zero, bytes.data() + 16, 2);
+      if (to == DType::F16) REQUIRE(neg_zero == 0x8000);
+    }
+  }
+}
+
+TEST_CASE("the offload folder is reused when still valid and rewritten when the checkpoint changed", "[dispatch][offload]") {
+  accel_test::TempDir dir, offload;
+  std::vector<TensorSpec> specs{{"a.w", DType::F32, {64}, {}}, {"b.w", DType::BF16, {40}, {}}};
+  accel_test::write_safetensors(dir / "model.safetensors", specs);
+  const auto map = accel::DeviceMap::from_json(R"({"a": "disk", "b": "disk"})");
+  accel::LoadOptions opts;
+  opts.devices = std::vector<accel::DeviceMemoryPtr>{};
+  opts.dtype = DType::F16;
+  opts.offload_folder = offload.path();
+  opts.progress = false;
+  {
+    auto m = accel::load_checkpoint_and_dispatch(dir.path(), map, opts);
+    REQUIRE(m.report().offload_written == 2);
+    REQUIRE(read_back(m.at("a.w"), {}) == converted(specs[0], DType::F16));
+  }
+  {
+    auto m = accel::load_checkpoint_and_dispatch(dir.path(), map, opts);
+    REQUIRE(m.report().offload_written == 0);
+    REQUIRE(m.report().offload_reused == 2);
+    REQUIRE(read_back(m.at("b.w"), {}) == converted(specs[1], DType::F16));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  specs[0].data = std::vector<std::byte>(256, std::byte{0x3c});  // same shape, new content
+  accel_test::write_safetensors(dir / "model.safetensors", specs);
+  auto m = accel::load_checkpoint_and_dispatch(dir.path(), map, opts);
+  REQUIRE(m.report().offload_written == 2);  // fingerprint changed: never trust a stale folder
+  auto expect = specs[0];
+  REQUIRE(read_back(m.at("a.w"), {}) == [&] {
+    std::vector<std::byte> out(128);
+    accel::convert_elements(DType::F32, DType::F16, expect.data.data(), out.data(), 64);
+    return out;
+  }());
+}
+
+TEST_CASE("disk tensors that change dtype without an offload folder are refused before loading", "[dispatch]") {
+  accel_test::TempDir dir;
+  accel_test::write_safetensors(dir / "model.safetensors", {{"a.w", DType::F32, {4}, {}}});
+  accel::LoadOptions opts;
+  opts.dtype = DType::F16;
+  opts.devices = std::vector<accel::DeviceMemoryPtr>{};
+  REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), accel::DeviceMap::from_json(R"({"": "disk"})"), opts),
+                      accel_test::contains("tensor 'a.w' is placed on disk and converted from F32 to F16, which needs an "
+                                           "offload folder"));
+}
+
+TEST_CASE("tied aliases resolve to their source and count as present", "[dispatch]") {
+  accel_test::TempDir dir;
+  accel_test::write_safetensors(dir / "model.safetensors", {{"model.embed.weight", DType::F16, {8, 4}, {}}});
+  auto devices = sim(1 << 20, 1 << 20);
+  auto opts = small_staging(devices);
+  opts.expected_tensors = {"model.embed.weight", "lm_head.weight"};
+  opts.tied = {{"lm_head.weight", "model.embed.weight"}};
+  opts.strict = true;
+  auto m = accel::load_checkpoint_and_dispatch(dir.path(), accel::DeviceMap::from_json(R"({"model": 0, "lm_head": 0})"), opts);
+  REQUIRE(m.find("lm_head.weight") == m.find("model.embed.weight"));
+  REQUIRE(m.find("lm_head.weight")->device_ptr != nullptr);
+  REQUIRE(m.report().missing.empty());
+}
+
+TEST_CASE("missing and unexpected tensors are reported, and strict mode refuses them by name", "[dispatch]") {
+  accel_test::TempDir dir;
+  accel_test::write_safetensors(dir / "model.safetensors",
+                                {{"model.a", DType::F32, {2}, {}}, {"model.b", DType::F32, {2}, {}}, {"extra.c", DType::F32, {2}, {}}});
+  auto devices = sim(1 << 20, 1 << 20);
+  auto opts = small_staging(devices);
+  opts.expected_tensors = {"model.a", "model.b", "model.norm"};
+  const auto map = accel::DeviceMap::from_json(R"({"model": 0, "unused.key": 1})");
+  {
+    auto m = accel::load_checkpoint_and_dispatch(dir.path(), map, opts);
+    REQUIRE(m.report().missing == std::vector<std::string>{"model.norm"});
+    REQUIRE(m.report().unexpected == std::vector<std::string>{"extra.c"});
+    REQUIRE(m.report().unused_keys == std::vector<std::string>{"unused.key"});
+    REQUIRE(m.find("extra.c") == nullptr);
+    REQUIRE_THROWS_WITH(m.at("extra.c"), accel_test::contains("no tensor 'extra.c' was loaded"));
+    REQUIRE(fake(devices[0]).live_bytes() > 0);
+  }
+  REQUIRE(fake(devices[0]).live_bytes() == 0);  // the model frees its arenas
+  opts.strict = true;
+  REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), map, opts),
+                      accel_test::contains("strict loading failed: 1 missing tensor(s) ('model.norm') and 1 unexpected "
+                                           "tensor(s) ('extra.c')"));
+}
+
+TEST_CASE("running out of GPU memory mid-load names the device and frees everything allocated", "[dispatch]") {
+  accel_test::TempDir dir;
+  accel_test::write_sharded(dir.path(), model_shards());
+  auto devices = sim(1 << 20, 1000);  // layers.1 needs 1204 bytes (+ norm) on GPU 1
+  auto opts = small_staging(devices);
+  opts.cpu_memory = accel::CpuMemory::pinned;  // so CPU arenas are counted by the fake too
+  try {
+    (void)accel::load_checkpoint_and_dispatch(dir.path(), model_map(), opts);
+    FAIL("expected an out-of-memory error");
+  } catch (const accel::cuda_error& e) {
+    REQUIRE(e.code() == accel::cuda_out_of_memory_code);
+    REQUIRE_THAT(e.what(), accel_test::contains("out of device memory on cuda:1 (host-simulated): requested 1540 bytes, "
+                                                "1000 free of 1000 capacity"));
+  }
+  for (const auto& d : devices) {
+    REQUIRE(fake(d).live_bytes() == 0);
+    REQUIRE(fake(d).live_pinned_bytes() == 0);
+    REQUIRE(fake(d).bad_frees() == 0);
+  }
+  REQUIRE(fake(devices[0]).allocations() > 0);  // GPU 0's arenas were made, then freed
+}
+
+TEST_CASE("a device map naming an absent GPU is refused before any allocation", "[dispatch]") {
+  accel_test::TempDir dir;
+  accel_test::write_safetensors(dir / "model.safetensors", {{"a.w", DType::F32, {4}, {}}});
+  auto devices = sim(1 << 20, 1 << 20);
+  REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), accel::DeviceMap::from_json(R"({"a": 2})"), small_staging(devices)),
+                      accel_test::contains("the device map places 'a' on GPU 2 but only 2 GPU(s) are visible"));
+  REQUIRE_THROWS_AS(accel::load_checkpoint_and_dispatch(dir.path(), accel::DeviceMap::from_json(R"({"a": 0})"),
+                                                        small_staging({})),
+                    accel::unavailable_error);
+  REQUIRE(fake(devices[0]).allocations() == 0);
+}
+
+TEST_CASE("truncated, overlapping and badly indexed checkpoints fail before any allocation, naming file and rule", "[dispatch]") {
+  accel_test::TempDir dir;
+  auto devices = sim(1 << 20, 1 << 20);
+  const auto map = accel::DeviceMap::from_json(R"({"": 0})");
+  SECTION("a shard truncated after its header") {
+    auto bytes = accel_test::safetensors_bytes({{"a", DType::F32, {16}, {}}});
+    bytes.resize(bytes.size() - 5);
+    accel_test::write_bytes(dir / "model.safetensors", bytes);
+    REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), map, small_staging(devices)),
+                        accel_test::contains("model.safetensors") && accel_test::contains("truncated data"));
+  }
+  SECTION("two tensors overlapping") {
+    accel_test::write_bytes(dir / "model.safetensors",
+                            accel_test::raw_safetensors(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                                        R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                                                        std::vector<std::byte>(12)));
+    REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), map, small_staging(devices)),
+                        accel_test::contains("tensor 'b'") && accel_test::contains("overlap"));
+  }
+  SECTION("an index naming a shard that does not exist") {
+    accel_test::write_sharded(dir.path(), model_shards());
+    fs::remove(dir / "model-00002-of-00003.safetensors");
+    REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), map, small_staging(devices)),
+                        accel_test::contains("names shard 'model-00002-of-00003.safetensors', which does not exist"));
+  }
+  SECTION("a header that is not JSON") {
+    accel_test::write_bytes(dir / "model.safetensors", accel_test::raw_safetensors("{\"a\": [", {}));
+    REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), map, small_staging(devices)),
+                        accel_test::contains("header is not valid JSON"));
+  }
+  REQUIRE(fake(devices[0]).allocations() == 0);
+}
+
+TEST_CASE("zero-copy CPU placement gives views into the mapped shard", "[dispatch]") {
+  accel_test::TempDir dir;
+  std::vector<TensorSpec> specs{{"a.w", DType::F32, {100}, {}}, {"a.b", DType::BF16, {3}, {}}};
+  accel_test::write_safetensors(dir / "model.safetensors", specs);
+  accel::LoadOptions opts;
+  opts.devices = std::vector<accel::DeviceMemoryPtr>{};
+  opts.cpu_memory = accel::CpuMemory::zero_copy;
+  opts.progress = false;
+  auto m = accel::load_checkpoint_and_dispatch(dir.path(), accel::DeviceMap::from_json(R"({"": "cpu"})"), opts);
+  REQUIRE(m.at("a.w").storage == Storage::mmap_view);
+  REQUIRE(read_back(m.at("a.w"), {}) == stored_bytes(specs[0]));
+  REQUIRE(m.report().bytes_copied == 0);
+  opts.dtype = DType::F32;  // a conversion forces a copy for that tensor only
+  auto c = accel::load_checkpoint_and_dispatch(dir.path(), accel::DeviceMap::from_json(R"({"": "cpu"})"), opts);
+  REQUIRE(c.at("a.w").storage == Storage::mmap_view);
+  REQUIRE(c.at("a.b").storage == Storage::host_pageable);
+  REQUIRE(read_back(c.at("a.b"), {}) == converted(specs[1], DType::F32));
+}
+
+TEST_CASE("fetch brings an offloaded block into a fetch buffer and prefetch fills the other one", "[dispatch][fetch]") {
+  accel_test::TempDir dir;
+  const auto shards = model_shards();
+  accel_test::write_sharded(dir.path(), shards);
+  auto devices = sim(1 << 20, 1 << 20);
+  auto opts = small_staging(devices);
+  opts.cpu_memory = accel::CpuMemory::pinned;
+  auto model = accel::load_checkpoint_and_dispatch(dir.path(), model_map(), opts);
+  // largest offloaded layer: layers.2 (102 bytes BF16 + 33 U8, aligned) vs layers.3 (258 + 0) vs lm_head (148)
+  REQUIRE(model.fetch_buffer_bytes() == accel::arena_layout({17 * 3 * 2, 33}).total);
+  auto& dev = fake(devices[0]);
+  accel::Stream compute(devices[0]);
+  {
+    auto l2 = model.fetch("model.layers.2", compute.get());
+    REQUIRE(l2.tensors().size() == 2);
+    const auto* w = l2.find("model.layers.2.w");
+    REQUIRE(w != nullptr);
+    REQUIRE(device_bytes(w->data, w->handle->size_bytes, devices[0]) == stored_bytes(shards[1][3]));
+    const auto copies_before = dev.copies();
+    model.prefetch("model.layers.3");  // disk (mmap) source: staged through pinned buffers
+    REQUIRE(dev.copies() > copies_before);
+    const auto copies_after_prefetch = dev.copies();
+    auto l3 = model.fetch("model.layers.3", compute.get());
+    REQUIRE(dev.copies() == copies_after_prefetch);  // found in the prefetched buffer: no new copy
+    const auto* w3 = l3.find("model.layers.3.w");
+    REQUIRE(device_bytes(w3->data, w3->handle->size_bytes, devices[0]) == stored_bytes(shards[2][0]));
+    REQUIRE_THROWS_WITH(model.prefetch("lm_head"), accel_test::contains("all 2 fetch buffers are held"));
+  }
+  {
+    auto head = model.fetch("lm_head");  // both buffers free again; host waits (no stream)
+    REQUIRE(device_bytes(head.tensors()[0].data, 37 * 4, devices[0]) == stored_bytes(shards[2][3]));
+    auto gpu = model.fetch("model.layers.0");  // GPU-resident: returned in place
+    REQUIRE(gpu.find("model.layers.0.w")->data == model.at("model.layers.0.w").device_ptr);
+  }
+  REQUIRE_THROWS_WITH(model.fetch("model"), accel_test::contains("each fetch buffer holds"));
+  REQUIRE_THROWS_WITH(model.fetch("nothing.here"), accel_test::contains("no loaded tensor is named 'nothing.here'"));
+}
+
+TEST_CASE("a GPU with room for fewer fetch buffers than asked loads with what fits and says so", "[dispatch][fetch]") {
+  accel_test::TempDir dir;
+  const auto shards = model_shards();
+  accel_test::write_sharded(dir.path(), shards);
+  std::uint64_t full = 0, slot = 0;
+  {
+    auto devices = sim(1 << 20, 1 << 20);
+    auto model = accel::load_checkpoint_and_dispatch(dir.path(), model_map(), small_staging(devices));
+    REQUIRE(model.fetch_buffer_count() == 2);
+    REQUIRE(model.report().warnings.empty());
+    full = fake(devices[0]).live_bytes();  // arenas + two fetch buffers
+    slot = model.fetch_buffer_bytes();
+  }
+  // Room for the arenas and one and a half buffers: one buffer, a warning that says how to get two.
+  auto devices = sim(full - slot / 2, 1 << 20);
+  auto model = accel::load_checkpoint_and_dispatch(dir.path(), model_map(), small_staging(devices));
+  REQUIRE(model.fetch_buffer_count() == 1);
+  REQUIRE(model.report().warnings.size() == 1);
+  CHECK_THAT(model.report().warnings[0], accel_test::contains("has room for 1 of the 2 fetch buffers"));
+  CHECK_THAT(model.report().warnings[0], accel_test::contains("gpu_reserve_layers = 2"));
+  auto l2 = model.fetch("model.layers.2");
+  REQUIRE(device_bytes(l2.find("model.layers.2.w")->data, l2.find("model.layers.2.w")->handle->size_bytes, devices[0]) ==
+          stored_bytes(shards[1][3]));
+  // Without room for even one buffer, loading fails naming the device, and frees everything.
+  auto tiny = sim(full - slot - slot / 2, 1 << 20);
+  REQUIRE_THROWS_AS(accel::load_checkpoint_and_dispatch(dir.path(), model_map(), small_staging(tiny)), accel::cuda_error);
+  REQUIRE(fake(tiny[0]).live_bytes() == 0);
+}
+
+TEST_CASE("without a GPU, fetch returns host views and prefetch does nothing", "[dispatch][fetch]") {
+  accel_test::TempDir dir;
+  accel_test::write_safetensors(dir / "model.safetensors", {{"a.w", DType::F32, {8}, {}}, {"b.w", DType::F16, {8}, {}}});
+  accel::LoadOptions opts;
+  opts.devices = std::vector<accel::DeviceMemoryPtr>{};
+  opts.progress = false;
+  auto m = accel::load_checkpoint_and_dispatch(dir.path(), accel::DeviceMap::from_json(R"({"a": "cpu", "b": "disk"})"), opts);
+  REQUIRE_FALSE(m.execution_device().has_value());
+  m.prefetch("b");
+  auto b = m.fetch("b");
+  REQUIRE(b.tensors()[0].data == m.at("b.w").host.data());
+}
+
+TEST_CASE("progress is reported up to the total of copied bytes", "[dispatch]") {
+  accel_test::TempDir dir;
+  accel_test::write_sharded(dir.path(), model_shards());
+  auto devices = sim(1 << 20, 1 << 20);
+  auto opts = small_staging(devices);
+  std::uint64_t last = 0, total = 0;
+  int calls = 0;
+  opts.on_progress = [&](std::uint64_t d, std::uint64_t t) {
+    REQUIRE(d >= last);
+    last = d;
+    total = t;
+    ++calls;
+  };
+  auto m = accel::load_checkpoint_and_dispatch(dir.path(), model_map(), opts);
+  REQUIRE(calls > 3);
+  REQUIRE(last == total);
+  REQUIRE(total == m.report().bytes_copied);
+}
+
+TEST_CASE("the progress line shows bytes, rate and ETA", "[dispatch]") {
+  const auto line = accel::detail::format_progress(512ull << 20, 2048ull << 20, 2.0, 8);
+  REQUIRE(line == "loading [##......]  25%  512 MiB / 2.00 GiB  256 MiB/s  ETA 6s");
+  REQUIRE(accel::detail::format_progress(10, 10, 1.0, 4) == "loading [####] 100%  10 B / 10 B  10 B/s  ETA 0s");
+}
+
+TEST_CASE("plan_load puts each block in one arena with aligned offsets and finds the execution GPU", "[dispatch]") {
+  accel_test::TempDir dir;
+  accel_test::write_sharded(dir.path(), model_shards());
+  const auto ckpt = accel::resolve_checkpoint(dir.path());
+  accel::LoadOptions opts;
+  const auto plan = accel::plan_load(ckpt, model_map(), opts, 2);
+  REQUIRE(plan.execution_gpu == 0);
+  std::map<std::string, std::size_t> arena_of;
+  for (const auto& t : plan.tensors) {
+    if (t.arena == static_cast<std::size_t>(-1) || t.bytes == 0) continue;
+    REQUIRE(t.arena_offset % 256 == 0);
+    auto [it, fresh] = arena_of.emplace(t.block, t.arena);
+    REQUIRE(it->second == t.arena);  // one arena per block
+  }
+  REQUIRE(plan.arenas.size() == 6);  // embed, layers.0, layers.1, layers.2 (cpu), norm, lm_head (cpu); disk has none
+}
+
+TEST_CASE("fetch buffers are sized per layer, even where the map merged layers into one key", "[dispatch][fetch]") {
+  using accel::detail::fetch_unit;
+  CHECK(fetch_unit("model.layers.3.mlp.up.weight", "model.layers") == "model.layers.3");
+  CHECK(fetch_unit("model.layers.3.experts.17.w1", "") == "model.layers.3");
+  CHECK(fetch_unit("lm_head.weight", "") == "lm_head");
+  CHECK(fetch_unit("model.norm.weight", "model") == "model.norm");
+  CHECK(fetch_unit("bias", "") == "");
+  CHECK(fetch_unit("model.layers.3.mlp.up.weight", "model.layers.3.mlp") == "model.layers.3.mlp");  // a deeper key wins
+  CHECK(fetch_unit("h.10.attn.weight", "h.10.attn.weight") == "h.10.attn.weight");
+}

@@ -1,0 +1,279 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+#include <accel/model/safetensors.hpp>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/safetensors_writer.hpp"
+
+using accel::DType;
+using accel_test::TensorSpec;
+
+namespace {
+accel::SafetensorsHeader parse_bytes(const std::vector<std::byte>& b) {
+  return accel::parse_safetensors_header(b, b.size(), "x.safetensors");
+}
+accel::SafetensorsHeader parse_header(const std::string& header, std::size_t data_bytes = 0) {
+  return parse_bytes(accel_test::raw_safetensors(header, std::vector<std::byte>(data_bytes)));
+}
+const std::vector<TensorSpec> two = {{"b.weight", DType::F16, {2, 3}, {}}, {"a.bias", DType::I64, {4}, {}}};
+}  // namespace
+
+TEST_CASE("a valid file parses with tensors in offset order and a name lookup", "[safetensors]") {
+  auto bytes = accel_test::safetensors_bytes(two, {{"format", "pt"}});
+  auto h = parse_bytes(bytes);
+  REQUIRE(h.tensors.size() == 2);
+  CHECK(h.tensors[0].name == "b.weight");
+  CHECK(h.tensors[0].dtype == DType::F16);
+  CHECK(h.tensors[0].shape == std::vector<std::int64_t>{2, 3});
+  CHECK(h.tensors[0].begin == 0);
+  CHECK(h.tensors[0].end == 12);
+  CHECK(h.tensors[1].begin == 12);
+  CHECK(h.tensors[1].size_bytes() == 32);
+  CHECK(h.metadata.at("format") == "pt");
+  CHECK(h.data_offset == 8 + h.header_size);
+  CHECK(h.header_size % 8 == 0);
+  CHECK(h.file_size == bytes.size());
+  REQUIRE(h.find("a.bias") != nullptr);
+  CHECK(h.find("a.bias")->numel() == 4);
+  CHECK(h.find("missing") == nullptr);
+  CHECK(h.file_offset(h.tensors[1]) == h.data_offset + 12);
+}
+
+TEST_CASE("the empty file, scalars, empty tensors and whitespace padding are accepted", "[safetensors]") {
+  CHECK(parse_header("{}      ").tensors.empty());
+  auto h = parse_header(R"(  {"s":{"dtype":"F32","shape":[],"data_offsets":[0,4]},)"
+                        R"("e":{"dtype":"BF16","shape":[0,7],"data_offsets":[4,4]},"__metadata__":null} )",
+                        4);
+  REQUIRE(h.tensors.size() == 2);
+  CHECK(h.find("s")->shape.empty());
+  CHECK(h.find("e")->size_bytes() == 0);
+  auto f4 = parse_header(R"({"q":{"dtype":"F4","shape":[6],"data_offsets":[0,3]}})", 3);
+  CHECK(f4.tensors[0].dtype == DType::F4);
+}
+
+TEST_CASE("each safetensors rule violation names the file, the tensor and the rule", "[safetensors]") {
+  using accel_test::contains;
+  SECTION("a file shorter than the length field") {
+    std::vector<std::byte> b(5);
+    REQUIRE_THROWS_WITH(parse_bytes(b), contains("'x.safetensors': file is 5 bytes, shorter than the 8-byte header length"));
+  }
+  SECTION("a header longer than 100 MB") {
+    auto b = accel_test::raw_safetensors("{}");
+    b[3] = std::byte{0x10};  // length 0x10000002
+    REQUIRE_THROWS_WITH(parse_bytes(b), contains("exceeds the limit of 100000000 bytes"));
+  }
+  SECTION("a header longer than the file") {
+    auto b = accel_test::raw_safetensors("{}");
+    b[0] = std::byte{9};
+    REQUIRE_THROWS_WITH(parse_bytes(b), contains("header length 9 exceeds the 2 bytes after the length field"));
+  }
+  SECTION("a header that is not UTF-8") {
+    REQUIRE_THROWS_WITH(parse_header("{\"\xff\":1}"), contains("header is not valid JSON"));
+  }
+  SECTION("a header that is not JSON") {
+    REQUIRE_THROWS_WITH(parse_header("{not json"), contains("header is not valid JSON"));
+  }
+  SECTION("a header that is not an object") {
+    REQUIRE_THROWS_WITH(parse_header("[1,2]"), contains("header is a JSON array, not an object"));
+  }
+  SECTION("duplicate tensor names") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
+                                     R"("a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}})",
+                                     2),
+                        contains("duplicate key 'a'"));
+  }
+  SECTION("an unknown dtype") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"w":{"dtype":"F17","shape":[1],"data_offsets":[0,2]}})", 2),
+                        contains("tensor 'w': unknown dtype 'F17'"));
+  }
+  SECTION("torch spelling is not a safetensors dtype") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"w":{"dtype":"float16","shape":[1],"data_offsets":[0,2]}})", 2),
+                        contains("unknown dtype 'float16'"));
+  }
+  SECTION("a missing dtype") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"w":{"shape":[1],"data_offsets":[0,2]}})", 2),
+                        contains("tensor 'w': missing or non-string 'dtype'"));
+  }
+  SECTION("a negative dimension") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"w":{"dtype":"U8","shape":[-1],"data_offsets":[0,0]}})"),
+                        contains("shape entry -1 is not a non-negative integer"));
+  }
+  SECTION("a fractional dimension") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"w":{"dtype":"U8","shape":[1.5],"data_offsets":[0,0]}})"),
+                        contains("shape entry 1.5 is not a non-negative integer"));
+  }
+  SECTION("a missing shape") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"w":{"dtype":"U8","data_offsets":[0,0]}})"),
+                        contains("missing or non-array 'shape'"));
+  }
+  SECTION("malformed data_offsets") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"w":{"dtype":"U8","shape":[1],"data_offsets":[0]}})"),
+                        contains("'data_offsets' must be two non-negative integers"));
+  }
+  SECTION("end before begin") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"w":{"dtype":"U8","shape":[0],"data_offsets":[3,1]}})"),
+                        contains("end before begin"));
+  }
+  SECTION("a byte count that does not match the shape") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"w":{"dtype":"I32","shape":[2,2],"data_offsets":[0,4]}})", 4),
+                        contains("tensor 'w': data_offsets [0, 4] span 4 bytes but shape [2, 2] of I32 needs 16"));
+  }
+  SECTION("a shape whose size overflows") {
+    REQUIRE_THROWS_WITH(
+        parse_header(R"({"w":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,0]}})"),
+        contains("overflows 64 bits"));
+  }
+  SECTION("sub-byte tensors that do not fill whole bytes") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"w":{"dtype":"F4","shape":[3],"data_offsets":[0,1]}})", 1),
+                        contains("is 12 bits, not a whole number of bytes"));
+  }
+  SECTION("overlapping tensors") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                                     R"("b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}})",
+                                     6),
+                        contains("tensor 'b': data_offsets [2, 6] overlap the previous tensor ending at 4"));
+  }
+  SECTION("a gap between tensors") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},)"
+                                     R"("b":{"dtype":"U8","shape":[2],"data_offsets":[6,8]}})",
+                                     8),
+                        contains("tensor 'b': data_offsets [6, 8] leave a gap after the previous tensor ending at 4"));
+  }
+  SECTION("a first tensor that does not start at 0") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}})", 6),
+                        contains("leave a gap after the previous tensor ending at 0"));
+  }
+  SECTION("trailing bytes after the data") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", 5),
+                        contains("tensors cover 4 data bytes but the data section is 5 bytes (trailing bytes"));
+  }
+  SECTION("truncated data") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]}})", 3),
+                        contains("(truncated data"));
+  }
+  SECTION("metadata with a non-string value") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"__metadata__":{"n":1}})"),
+                        contains("'__metadata__' value for 'n' is number, not a string"));
+  }
+  SECTION("metadata that is not an object") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"__metadata__":"x"})"), contains("'__metadata__' is not an object"));
+  }
+  SECTION("a tensor entry that is not an object") {
+    REQUIRE_THROWS_WITH(parse_header(R"({"w":3})"), contains("tensor 'w': entry is number"));
+  }
+  SECTION("errors are checkpoint errors with the fix") {
+    REQUIRE_THROWS_AS(parse_header("[]"), accel::checkpoint_error);
+    REQUIRE_THROWS_WITH(parse_header("[]"), contains("[accel.checkpoint] invalid safetensors file 'x.safetensors'"));
+    REQUIRE_THROWS_WITH(parse_header("[]"), contains("re-download or re-save it"));
+  }
+}
+
+TEST_CASE("reading a header from a file reads only the header and names the path on errors", "[safetensors]") {
+  accel_test::TempDir dir;
+  accel_test::write_safetensors(dir / "m.safetensors", two);
+  auto h = accel::read_safetensors_header(dir / "m.safetensors");
+  CHECK(h.tensors.size() == 2);
+  CHECK(h.file_size == std::filesystem::file_size(dir / "m.safetensors"));
+  REQUIRE_THROWS_WITH(accel::read_safetensors_header(dir / "none.safetensors"),
+                      accel_test::contains("cannot read safetensors file '" + (dir / "none.safetensors").string()));
+  // Truncate the data: the header still parses, the coverage rule fails.
+  auto bytes = accel_test::safetensors_bytes(two);
+  bytes.resize(bytes.size() - 3);
+  accel_test::write_bytes(dir / "t.safetensors", bytes);
+  REQUIRE_THROWS_WITH(accel::read_safetensors_header(dir / "t.safetensors"),
+                      accel_test::contains((dir / "t.safetensors").string() + "': tensors cover 44 data bytes"));
+  accel_test::write_bytes(dir / "s.safetensors", std::vector<std::byte>(3));
+  REQUIRE_THROWS_WITH(accel::read_safetensors_header(dir / "s.safetensors"), accel_test::contains("file is 3 bytes"));
+}
+
+TEST_CASE("sharded checkpoints resolve through the index, a folder or a single file", "[safetensors]") {
+  accel_test::TempDir dir;
+  auto index = accel_test::write_sharded(
+      dir.path(), {{{"model.embed.weight", DType::BF16, {8, 4}, {}}, {"model.layers.0.w", DType::BF16, {4, 4}, {}}},
+                   {{"model.layers.1.w", DType::BF16, {4, 4}, {}}, {"lm_head.weight", DType::F32, {8, 4}, {}}}});
+  accel_test::write_text(dir / "config.json", "{}");
+  for (const auto& p : {index, dir.path()}) {
+    auto c = accel::resolve_checkpoint(p);
+    REQUIRE(c.shard_files.size() == 2);
+    CHECK(c.index_file == index);
+    CHECK(c.config_file == dir / "config.json");
+    CHECK(c.tensor_names == std::vector<std::string>{"model.embed.weight", "model.layers.0.w", "model.layers.1.w", "lm_head.weight"});
+    REQUIRE(c.find("lm_head.weight") != nullptr);
+    CHECK(c.find("lm_head.weight")->shard == 1);
+    CHECK(c.entry(*c.find("lm_head.weight")).dtype == DType::F32);
+    CHECK(c.total_bytes() == 64 + 32 + 32 + 128);
+  }
+  auto single = accel::resolve_checkpoint(dir / "model-00001-of-00002.safetensors");
+  CHECK(single.shard_files.size() == 1);
+  CHECK_FALSE(single.index_file.has_value());
+}
+
+TEST_CASE("a folder without an index uses every safetensors file in name order", "[safetensors]") {
+  accel_test::TempDir dir;
+  accel_test::write_safetensors(dir / "b.safetensors", {{"y", DType::U8, {1}, {}}});
+  accel_test::write_safetensors(dir / "a.safetensors", {{"x", DType::U8, {1}, {}}});
+  auto c = accel::resolve_checkpoint(dir.path());
+  CHECK(c.tensor_names == std::vector<std::string>{"x", "y"});
+  CHECK_FALSE(c.config_file.has_value());
+  accel_test::write_safetensors(dir / "c.safetensors", {{"x", DType::U8, {1}, {}}});
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(dir.path()), accel_test::contains("tensor 'x' is stored twice"));
+}
+
+TEST_CASE("bad checkpoint paths and stale or malformed indexes are checkpoint errors", "[safetensors]") {
+  using accel_test::contains;
+  accel_test::TempDir dir;
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(dir / "nope"), contains("does not exist"));
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(dir.path()), contains("holds no .safetensors file"));
+  accel_test::write_safetensors(dir / "s1.safetensors", {{"x", DType::U8, {1}, {}}});
+  auto idx = dir / "model.safetensors.index.json";
+  accel_test::write_text(idx, R"({"weight_map": {"x": "s1.safetensors", "y": "s2.safetensors"}})");
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(dir.path()), contains("names shard 's2.safetensors', which does not exist"));
+  accel_test::write_text(idx, R"({"weight_map": {"x": "s1.safetensors", "y": "s1.safetensors"}})");
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(dir.path()), contains("places tensor 'y' in 's1.safetensors', which does not hold it"));
+  accel_test::write_safetensors(dir / "s1.safetensors", {{"x", DType::U8, {1}, {}}, {"z", DType::U8, {1}, {}}});
+  accel_test::write_text(idx, R"({"weight_map": {"x": "s1.safetensors"}})");
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(idx), contains("shard 's1.safetensors' holds tensor 'z', which checkpoint index"));
+  accel_test::write_text(idx, R"({"weight_map": {"x": "../s1.safetensors"}})");
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(idx), contains("which is not a file name relative to the index's folder"));
+  accel_test::write_text(idx, R"({"metadata": {"total_size": "big"}, "weight_map": {}})");
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(idx), contains("'metadata.total_size' is \"big\""));
+  accel_test::write_text(idx, R"({"weight": {}})");
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(idx), contains("missing or non-object 'weight_map'"));
+  accel_test::write_text(idx, R"({"weight_map": {"x": 3}})");
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(idx), contains("weight_map entry 'x' is number"));
+  accel_test::write_text(idx, "{");
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(idx), contains("invalid checkpoint index"));
+  accel_test::write_text(dir / "other.safetensors.index.json", "{}");
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(dir.path()), contains("holds 2 checkpoint indexes"));
+  REQUIRE_THROWS_AS(accel::resolve_checkpoint(dir.path()), accel::checkpoint_error);
+}
+
+TEST_CASE("property: corrupted headers either parse or throw checkpoint_error, never anything else", "[safetensors][property]") {
+  const auto good = accel_test::safetensors_bytes(
+      {{"a.weight", DType::F16, {3, 5}, {}}, {"b", DType::I64, {2}, {}}, {"c", DType::BOOL, {7}, {}}}, {{"format", "pt"}});
+  std::mt19937 rng(99);
+  int rejected = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    auto bytes = good;
+    const int edits = std::uniform_int_distribution<int>(1, 4)(rng);
+    for (int e = 0; e < edits; ++e) {
+      const auto pos = std::uniform_int_distribution<std::size_t>(0, std::min<std::size_t>(bytes.size() - 1, 200))(rng);
+      bytes[pos] = static_cast<std::byte>(std::uniform_int_distribution<int>(0, 255)(rng));
+    }
+    if (iter % 10 == 0) bytes.resize(std::uniform_int_distribution<std::size_t>(0, bytes.size())(rng));
+    try {
+      auto h = accel::parse_safetensors_header(bytes, bytes.size(), "fuzz");
+      std::uint64_t end = 0;
+      for (const auto& t : h.tensors) end = std::max(end, t.end);
+      REQUIRE(h.data_offset + end == bytes.size());
+    } catch (const accel::checkpoint_error&) {
+      ++rejected;
+    }
+  }
+  CHECK(rejected > 0);
+}

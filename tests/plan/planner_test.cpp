@@ -1,0 +1,363 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+#include <accel/plan/planner.hpp>
+#include <accel/plan/plan_report.hpp>
+#include <accel/model/skeleton.hpp>
+
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/models.hpp"
+
+using accel::DType;
+using accel::Placement;
+
+namespace {
+using accel_test::model_for_test;
+
+accel::PlanOptions budgets(const char* text) {
+  accel::PlanOptions o;
+  o.max_memory = accel::parse_max_memory(text);
+  return o;
+}
+
+std::string json(const accel::DeviceMap& m) { return m.to_json_string(); }
+
+void add_linear(accel::ModuleTree& t, const std::string& name, std::int64_t in, std::int64_t out) {
+  t.add_parameter(name + ".weight", DType::F32, {out, in});
+  t.add_parameter(name + ".bias", DType::F32, {out});
+}
+}  // namespace
+
+TEST_CASE("the largest-layer reserve keeps only linear1 on the first GPU (accelerate's worked case)", "[planner]") {
+  auto t = model_for_test();
+  CHECK(json(accel::infer_auto_device_map(t, budgets("0=200,1=200"))) == R"({"linear1":0,"batchnorm":1,"linear2":1})");
+  // Device 1 is not a main device: no reserve, and a module that exactly fills it fits (<=).
+  CHECK(json(accel::infer_auto_device_map(t, budgets("0=200,1=172,2=200"))) == R"({"linear1":0,"batchnorm":1,"linear2":1})");
+  CHECK(json(accel::infer_auto_device_map(t, budgets("0=1000"))) == R"({"":0})");
+}
+
+TEST_CASE("gpu_reserve_layers keeps room on the first GPU for that many largest layers", "[planner]") {
+  auto t = model_for_test();  // linear1 64 bytes, batchnorm 72 (with buffers), linear2 100
+  auto o = budgets("0=300,1=300");
+  CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"":0})");
+  // Room for two copies of linear2 (what double-buffered fetch needs): only linear1 stays on GPU 0.
+  o.gpu_reserve_layers = 2;
+  CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"linear1":0,"batchnorm":1,"linear2":1})");
+  const auto plan = accel::plan_device_map(t, o);
+  REQUIRE(plan.devices.front().reserve == 200);
+  // The cpu's reserve stays one layer: fetch buffers live on the GPU.
+  auto c = budgets("0=0,cpu=300");
+  c.gpu_reserve_layers = 3;
+  CHECK(json(accel::infer_auto_device_map(t, c)) == R"({"":"cpu"})");
+}
+
+TEST_CASE("without a cpu budget the overflow goes straight to disk; with one it goes to cpu", "[planner]") {
+  auto t = model_for_test();
+  CHECK(json(accel::infer_auto_device_map(t, budgets("0=170"))) == R"({"linear1":0,"batchnorm":"disk","linear2":"disk"})");
+  CHECK(json(accel::infer_auto_device_map(t, budgets("0=170,cpu=1000"))) == R"({"linear1":0,"batchnorm":"cpu","linear2":"cpu"})");
+}
+
+TEST_CASE("tied tensors are placed together and counted once", "[planner]") {
+  accel::ModuleTree t;
+  add_linear(t, "linear1", 4, 5);  // 80 + 20
+  t.add_parameter("batchnorm.weight", DType::F32, {18});  // 72
+  t.add_alias("linear2.weight", "linear1.weight");
+  t.add_parameter("linear2.bias", DType::F32, {5});  // 20
+  CHECK(accel::compute_module_sizes(t).total() == 192);
+  // linear1 (100) + its partner linear2 (20) fit under 200 - reserve 72; then batchnorm fits.
+  CHECK(json(accel::infer_auto_device_map(t, budgets("0=200,1=200"))) == R"({"":0})");
+  // GPU 0 cannot hold linear1 with its partner: both go to GPU 1 and GPU 0 stays empty (noted).
+  auto plan = accel::plan_device_map(t, budgets("0=150,1=200"));
+  CHECK(json(plan.device_map) == R"({"":1})");
+  REQUIRE(plan.info.size() == 1);
+  CHECK(plan.info[0].find("- 0: 192 bytes required") != std::string::npos);
+}
+
+TEST_CASE("a module that fits alone but not with its tied partner splits the partner first", "[planner]") {
+  accel::ModuleTree t;
+  t.add_parameter("emb.weight", DType::F32, {10, 4});  // 160
+  add_linear(t, "head.proj", 4, 4);                    // 80
+  t.add_alias("head.out.weight", "emb.weight");        // 0
+  t.add_parameter("head.out.bias", DType::F32, {10});  // 40
+  add_linear(t, "tail", 10, 10);                       // 440
+  std::ostringstream trace;
+  auto o = budgets("0=650,1=1000");  // reserve 440 (tail) leaves 210: emb + head (280) too big, emb + head.out (200) fits
+  o.verbose = &trace;
+  auto plan = accel::plan_device_map(t, o);
+  CHECK(json(plan.device_map) == R"({"emb":0,"head.proj":1,"head.out":0,"tail":1})");
+  CHECK(trace.str().find("Splitting head.") != std::string::npos);
+  CHECK(accel::check_device_map(t, plan.device_map).warnings.empty());
+}
+
+TEST_CASE("twelve modules with all weights tied plan without the substring defect", "[planner]") {
+  accel::ModuleTree t;
+  for (int i = 0; i < 12; ++i) t.add_parameter(std::to_string(i) + ".weight", DType::F32, {10, 10});
+  for (int i = 1; i < 12; ++i) t.add_alias(std::to_string(i) + ".weight", "0.weight");
+  for (int i = 0; i < 12; ++i) t.add_parameter(std::to_string(i) + ".bias", DType::F32, {10});
+  CHECK(json(accel::infer_auto_device_map(t, budgets("0=100000"))) == R"({"":0})");
+  auto split = accel::infer_auto_device_map(t, budgets("0=600,cpu=100000"));
+  CHECK(split.placement_of("10.weight") == split.placement_of("0.weight"));
+  CHECK(accel::check_device_map(t, split).warnings.empty());
+}
+
+TEST_CASE("splitting a module keeps its direct parameters and buffers in the map", "[planner]") {
+  accel::ModuleTree t;
+  t.add_module("layer", "Block");
+  t.add_parameter("layer.layer_scalar", DType::F32, {1});
+  add_linear(t, "layer.a", 10, 10);  // 440
+  add_linear(t, "layer.b", 10, 10);  // 440
+  t.add_buffer("layer.inv_freq", DType::F32, {2});
+  auto map = accel::infer_auto_device_map(t, budgets("0=500,cpu=10000"));
+  CHECK(map.find("layer.layer_scalar") != nullptr);
+  CHECK(map.placement_of("layer.inv_freq").has_value());
+  CHECK_NOTHROW(accel::check_device_map(t, map));
+  // Named as a no-split class, the layer moves whole.
+  auto o = budgets("0=500,cpu=10000");
+  o.no_split = {"Block"};
+  CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"layer":"cpu"})");
+}
+
+TEST_CASE("fallback allocation finds a smaller module for an otherwise empty first GPU", "[planner]") {
+  accel::ModuleTree t;
+  add_linear(t, "module.linear1", 10, 4);  // 176
+  add_linear(t, "module.linear2", 4, 4);   // 80
+  add_linear(t, "module.linear3", 4, 8);   // 160
+  auto plain = accel::plan_device_map(t, budgets("0=256"));
+  CHECK(json(plain.device_map) == R"({"":"disk"})");
+  REQUIRE(plain.info.size() == 1);
+  auto o = budgets("0=256");
+  o.fallback_allocation = true;
+  CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"module.linear1":"disk","module.linear2":0,"module.linear3":"disk"})");
+}
+
+TEST_CASE("without cleaning every placed entry is listed in model order", "[planner]") {
+  auto t = model_for_test();
+  auto o = budgets("0=1000");
+  o.clean_result = false;
+  CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"linear1":0,"batchnorm":0,"linear2":0})");
+}
+
+TEST_CASE("infeasible budgets are planning errors with bytes needed vs available per device", "[planner]") {
+  auto t = model_for_test();
+  REQUIRE_THROWS_AS(accel::plan_device_map(t, budgets("0=100,cpu=50,disk=0")), accel::planning_error);
+  REQUIRE_THROWS_WITH(accel::plan_device_map(t, budgets("0=100,cpu=50,disk=0")),
+                      accel_test::contains("cannot place 'linear1' (64 bytes"));
+  REQUIRE_THROWS_WITH(accel::plan_device_map(t, budgets("0=100,cpu=50,disk=0")),
+                      accel_test::contains("disk: forbidden (disk=0)"));
+  REQUIRE_THROWS_WITH(accel::plan_device_map(t, budgets("0=100,cpu=50,disk=0")),
+                      accel_test::contains("cpu: needs 64 bytes (64 B), available 50 of budget 50 (50 B)\n"));
+  REQUIRE_THROWS_WITH(accel::plan_device_map(t, budgets("0=100,disk=10")), accel_test::contains("disk: needs"));
+  accel::PlanOptions none;
+  REQUIRE_THROWS_WITH(accel::plan_device_map(t, none), accel_test::contains("no memory budgets given"));
+}
+
+TEST_CASE("the verbose trace follows accelerate's wording", "[planner]") {
+  auto t = model_for_test();
+  std::ostringstream trace;
+  auto o = budgets("0=200,1=200");
+  o.verbose = &trace;
+  (void)accel::infer_auto_device_map(t, o);
+  const auto s = trace.str();
+  CHECK(s.find("Treating module linear1.") != std::string::npos);
+  CHECK(s.find("Putting linear1 (size=64) (available=100) on 0.") != std::string::npos);
+  CHECK(s.find("Not enough space on 0 to put batchnorm (space available 36, module size 72).") != std::string::npos);
+  CHECK(s.find("This module cannot be split, going to the next device.") != std::string::npos);
+}
+
+TEST_CASE("balanced budgets match accelerate's worked values", "[planner]") {
+  auto t = model_for_test();
+  auto bal = [&](const char* text, bool low_zero = false) {
+    return accel::get_balanced_memory(t, accel::parse_max_memory(text), {}, low_zero).to_string();
+  };
+  CHECK(bal("0=300,1=300") == "0=215 B, 1=300 B");
+  CHECK(bal("0=300,1=500") == "0=215 B, 1=500 B");
+  CHECK(bal("0=200,1=200") == "0=200 B, 1=200 B");
+  CHECK(bal("0=200,2=200") == "0=200 B, 2=200 B");
+  CHECK(bal("0=300,cpu=1000") == "0=300 B, cpu=1000 B");
+  CHECK(bal("0=0,1=300,2=300") == "0=0 B, 1=215 B, 2=300 B");
+  CHECK(bal("0=0,cpu=100") == "0=0 B, cpu=100 B");
+  CHECK(bal("0=300,1=300,2=300", true) == "0=0 B, 1=215 B, 2=300 B");
+  CHECK(bal("1=300,2=300,3=300", true) == "1=0 B, 2=215 B, 3=300 B");  // ids need not start at 0
+  CHECK(accel::get_balanced_memory(t, accel::parse_max_memory("0=1000"), {}, false, true).to_string() == "0=900 B");
+}
+
+TEST_CASE("modes balance or keep the budgets", "[planner]") {
+  accel::ModuleTree t;
+  for (int i = 0; i < 8; ++i) add_linear(t, "layers." + std::to_string(i), 10, 10);  // 440 each
+  const auto o = budgets("0=100000,1=100000");
+  auto seq = accel::plan_device_map(t, accel::DeviceMapMode::sequential, o);
+  CHECK(json(seq.device_map) == R"({"layers":0})");
+  auto bal = accel::plan_device_map(t, accel::DeviceMapMode::automatic, o);
+  CHECK(bal.device_map.find("layers.0")->index == 0);
+  CHECK(bal.device_map.placement_of("layers.7")->index == 1);
+  auto low = accel::plan_device_map(t, accel::DeviceMapMode::balanced_low_0, budgets("0=100000,1=100000,2=100000"));
+  CHECK_FALSE(low.device_map.placement_of("layers.0")->index == 0);
+  CHECK(accel::parse_device_map_mode("balanced_low_0") == accel::DeviceMapMode::balanced_low_0);
+  REQUIRE_THROWS_WITH(accel::parse_device_map_mode("fast"), accel_test::contains("unknown device map mode 'fast'"));
+}
+
+TEST_CASE("clean_device_map merges uniform prefixes and keeps input order", "[planner]") {
+  auto clean = [](const char* text) { return json(accel::clean_device_map(accel::DeviceMap::from_json(text))); };
+  CHECK(clean(R"({"a":0,"b":0,"c":0})") == R"({"":0})");
+  CHECK(clean(R"({"a.x":0,"a.y":0,"b.x":1,"b.y":1,"c":1})") == R"({"a":0,"b":1,"c":1})");
+  CHECK(clean(R"({"a.x":0,"a.y":0,"b.x.0":1,"b.x.1":1,"b.y.0":2,"b.y.1":2,"c":2})") == R"({"a":0,"b.x":1,"b.y":2,"c":2})");
+  CHECK(clean(R"({"z.a":"cpu","a.b.c":0})") == R"({"z.a":"cpu","a.b.c":0})");
+}
+
+TEST_CASE("device map JSON round-trips and rejects bad values", "[planner]") {
+  auto m = accel::DeviceMap::from_json(R"({"model.layers.0": 0, "model.layers.1": "cuda:1", "lm_head": "cpu", "x": "disk"})");
+  CHECK(json(m) == R"({"model.layers.0":0,"model.layers.1":1,"lm_head":"cpu","x":"disk"})");
+  CHECK(m.placement_of("model.layers.1.mlp.w") == Placement::gpu(1));
+  CHECK_FALSE(m.placement_of("model.norm.weight").has_value());
+  CHECK(m.devices() == std::vector<Placement>{Placement::gpu(0), Placement::gpu(1), Placement::cpu(), Placement::disk()});
+  REQUIRE_THROWS_WITH(accel::DeviceMap::from_json(R"({"a": "meta"})"), accel_test::contains("device map value for 'a' is \"meta\""));
+  REQUIRE_THROWS_WITH(accel::DeviceMap::from_json(R"({"a": -1})"), accel_test::contains("device map value for 'a' is -1"));
+  REQUIRE_THROWS_WITH(accel::DeviceMap::from_json(R"([1])"), accel_test::contains("not an object"));
+  REQUIRE_THROWS_WITH(accel::DeviceMap::from_json(R"({"a": 0, "a": 1})"), accel_test::contains("duplicate key 'a'"));
+}
+
+TEST_CASE("check_device_map rejects uncovered, doubly covered and unknown names", "[planner]") {
+  auto t = model_for_test();
+  using accel_test::contains;
+  CHECK_NOTHROW(accel::check_device_map(t, accel::DeviceMap::from_json(R"({"":0})")));
+  REQUIRE_THROWS_WITH(accel::check_device_map(t, accel::DeviceMap::from_json(R"({"linear1":0,"batchnorm":0})")),
+                      contains("does not give a device for 2 tensor(s): linear2.weight, linear2.bias"));
+  REQUIRE_THROWS_WITH(accel::check_device_map(t, accel::DeviceMap::from_json(R"({"":0,"linear1":1})")),
+                      contains("places 2 tensor(s) twice"));
+  REQUIRE_THROWS_WITH(accel::check_device_map(t, accel::DeviceMap::from_json(R"({"":0,"linear9":1})")),
+                      contains("neither modules nor tensors of the model: linear9"));
+  REQUIRE_THROWS_AS(accel::check_device_map(t, accel::DeviceMap::from_json(R"({})")), accel::planning_error);
+  accel::ModuleTree tied;
+  tied.add_parameter("a.w", DType::F32, {2});
+  tied.add_alias("b.w", "a.w");
+  auto check = accel::check_device_map(tied, accel::DeviceMap::from_json(R"({"a":0,"b":"cpu"})"));
+  REQUIRE(check.warnings.size() == 1);
+  CHECK(check.warnings[0].find("a.w on 0, b.w on cpu") != std::string::npos);
+}
+
+TEST_CASE("the plan report counts bytes streamed per forward pass from cpu and disk", "[planner]") {
+  accel::ModuleTree t;
+  t.add_parameter("a.w", DType::F32, {25});  // 100
+  t.add_parameter("b.w", DType::F32, {15});  // 60 ...
+  t.add_buffer("b.stat", DType::F32, {10});  // ... + 40 of buffers
+  t.add_parameter("c.w", DType::F32, {25});  // 100
+  t.add_parameter("d.w", DType::F32, {25});  // 100
+  auto plan = accel::plan_device_map(t, budgets("0=200,cpu=200"));
+  CHECK(json(plan.device_map) == R"({"a":0,"b":"cpu","c":"disk","d":"disk"})");
+  auto report = accel::make_plan_report(plan, {.host_to_device = 100, .disk_read = 10});
+  CHECK(report.execution_device == Placement::gpu(0));
+  CHECK(report.streamed_from_cpu == 60);  // b's buffers stay on the GPU
+  CHECK(report.streamed_from_disk == 200);
+  CHECK(report.seconds_cpu == accel_test::Approx(0.6));
+  CHECK(report.seconds_disk == accel_test::Approx(20.0 + 2.0));
+  const auto table = accel::format_plan_table(plan, report);
+  CHECK(table.find("cpu     200 B        100 B") != std::string::npos);
+  CHECK(table.find("260 B stream to GPU 0: 60 B from CPU (600.0 ms at 0.0 GB/s), 200 B from disk") != std::string::npos);
+  CHECK(accel::summarize_keys({"a.0", "a.1", "a.2", "a.3", "b"}) == "a.0-3, b");
+}
+
+TEST_CASE("offloaded buffers that fit no GPU produce accelerate's warning", "[planner]") {
+  auto t = model_for_test();
+  auto plan = accel::plan_device_map(t, budgets("0=100,cpu=1000"));
+  REQUIRE(plan.warnings.size() == 1);
+  CHECK(plan.warnings[0].find("40 bytes of buffers") != std::string::npos);
+  auto o = budgets("0=100,cpu=1000");
+  o.offload_buffers = true;
+  CHECK(accel::plan_device_map(t, o).warnings.empty());
+}
+
+namespace {
+// A random tree: nested modules, tensors of random dtypes and shapes, some ties, some buffers.
+accel::ModuleTree random_tree(std::mt19937& rng) {
+  accel::ModuleTree t;
+  std::vector<std::string> mods{""};
+  std::vector<std::string> params;
+  std::uniform_int_distribution<int> small(0, 3);
+  const int count = std::uniform_int_distribution<int>(1, 40)(rng);
+  for (int i = 0; i < count; ++i) {
+    const auto& parent = mods[std::uniform_int_distribution<std::size_t>(0, mods.size() - 1)(rng)];
+    const std::string local = small(rng) == 0 ? "blk" + std::to_string(i) : std::to_string(i);
+    mods.push_back(parent.empty() ? local : parent + "." + local);
+    t.add_module(mods.back(), small(rng) == 0 ? "Block" : "");
+  }
+  const int tensors = std::uniform_int_distribution<int>(1, 60)(rng);
+  const DType dtypes[] = {DType::F32, DType::F16, DType::BF16, DType::I64, DType::BOOL};
+  for (int i = 0; i < tensors; ++i) {
+    const auto& m = mods[std::uniform_int_distribution<std::size_t>(0, mods.size() - 1)(rng)];
+    const std::string name = (m.empty() ? "" : m + ".") + "t" + std::to_string(i);
+    const std::int64_t d0 = std::uniform_int_distribution<int>(1, 64)(rng);
+    if (!params.empty() && small(rng) == 0) {
+      t.add_alias(name, params[std::uniform_int_distribution<std::size_t>(0, params.size() - 1)(rng)]);
+    } else if (small(rng) == 1) {
+      t.add_buffer(name, dtypes[small(rng)], {d0}, small(rng) != 0);
+    } else {
+      t.add_parameter(name, dtypes[std::uniform_int_distribution<int>(0, 4)(rng)], {d0, 4});
+      params.push_back(name);
+    }
+  }
+  return t;
+}
+}  // namespace
+
+TEST_CASE("property: random trees are covered once, within budget, ties together, deterministic", "[planner][property]") {
+  std::mt19937 rng(20261202);
+  for (int iter = 0; iter < 400; ++iter) {
+    auto t = random_tree(rng);
+    INFO("iteration " << iter);
+    const auto total = accel::compute_module_sizes(t).total();
+    accel::PlanOptions o;
+    std::uniform_int_distribution<std::uint64_t> frac(0, total + 8);
+    o.max_memory.gpus[0] = frac(rng);
+    o.max_memory.gpus[1] = frac(rng);
+    if (iter % 3) o.max_memory.cpu = frac(rng);
+    if (iter % 5 == 0) o.no_split = {"Block"};
+    if (iter % 7 == 0) o.fallback_allocation = true;
+    if (iter % 11 == 0) o.dtype = DType::F16;
+    if (iter % 2) o.clean_result = false;
+    INFO(accel::to_skeleton_json(t) << " budgets " << o.max_memory.to_string());
+    auto plan = accel::plan_device_map(t, o);
+    auto again = accel::plan_device_map(t, o);
+    REQUIRE(plan.device_map.to_json_string() == again.device_map.to_json_string());
+    auto check = accel::check_device_map(t, plan.device_map);
+    REQUIRE(check.warnings.empty());  // tied tensors never split
+    // Sum the bytes each device holds, every shared tensor once.
+    const auto ix = accel::index_tree(t);
+    const auto sizes = accel::compute_module_sizes(t, ix, accel::SizeOptions{o.dtype, {}, {}});
+    std::map<Placement, std::uint64_t> held;
+    for (std::size_t i = 0; i < t.tensors().size(); ++i) held[*plan.device_map.placement_of(t.tensors()[i].name)] += sizes.tensor[i];
+    for (const auto& [where, bytes] : held) {
+      if (where.is_gpu()) REQUIRE(bytes <= o.max_memory.gpus.at(where.index));
+      if (where.is_cpu()) REQUIRE(bytes <= *o.max_memory.cpu);
+    }
+    if (!o.max_memory.cpu) REQUIRE(held.count(Placement::cpu()) == 0);
+  }
+}
+
+TEST_CASE("property: capped disk either plans within every budget or says why", "[planner][property]") {
+  std::mt19937 rng(7);
+  int errors = 0, plans = 0;
+  for (int iter = 0; iter < 200; ++iter) {
+    auto t = random_tree(rng);
+    const auto total = accel::compute_module_sizes(t).total();
+    accel::PlanOptions o;
+    o.max_memory.gpus[0] = total / 2;
+    o.max_memory.cpu = total / 4;
+    o.max_memory.disk = std::uniform_int_distribution<std::uint64_t>(0, total)(rng);
+    try {
+      auto plan = accel::plan_device_map(t, o);
+      ++plans;
+      for (const auto& d : plan.devices)
+        if (d.budget) REQUIRE(d.placed <= *d.budget);
+    } catch (const accel::planning_error& e) {
+      ++errors;
+      REQUIRE(std::string(e.what()).find("on any device") != std::string::npos);
+    }
+  }
+  CHECK(errors > 0);
+  CHECK(plans > 0);
+}
