@@ -242,6 +242,16 @@ TEST_CASE("bad checkpoint paths and stale or malformed indexes are checkpoint er
   REQUIRE_THROWS_WITH(accel::resolve_checkpoint(idx), contains("which is not a file name relative to the index's folder"));
   accel_test::write_text(idx, R"({"metadata": {"total_size": "big"}, "weight_map": {}})");
   REQUIRE_THROWS_WITH(accel::resolve_checkpoint(idx), contains("'metadata.total_size' is \"big\""));
+  // An out-of-range float used to be cast (undefined behaviour) instead of refused.
+  for (const char* size : {"1e30", "-1", "1.5", "18446744073709551616"}) {
+    accel_test::write_text(idx, std::string(R"({"metadata": {"total_size": )") + size + R"(}, "weight_map": {"x": "s1.safetensors"}})");
+    INFO(size);
+    REQUIRE_THROWS_WITH(accel::resolve_checkpoint(idx), contains("'metadata.total_size' is"));
+  }
+  accel_test::write_text(idx, R"({"metadata": {"total_size": 1e3}, "weight_map": {"x": "s1.safetensors", "z": "s1.safetensors"}})");
+  CHECK(accel::read_safetensors_index(idx).total_size == 1000u);
+  accel_test::write_text(idx, "{\"weight_map\": " + std::string(100'000, '[') + std::string(100'000, ']') + "}");
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(idx), contains("nested deeper than 256 levels"));
   accel_test::write_text(idx, R"({"weight": {}})");
   REQUIRE_THROWS_WITH(accel::resolve_checkpoint(idx), contains("missing or non-object 'weight_map'"));
   accel_test::write_text(idx, R"({"weight_map": {"x": 3}})");

@@ -2,6 +2,7 @@
 // SPDX-FileCopyrightText: accel contributors
 #include <accel/plan/max_memory.hpp>
 
+#include <string>
 #include <vector>
 
 #include "support/catch.hpp"
@@ -67,6 +68,34 @@ TEST_CASE("bad max_memory keys and values are config errors naming them", "[memo
   REQUIRE_THROWS_WITH(accel::parse_max_memory(R"({"mps": 5})"), contains("unknown max_memory key 'mps'"));
   REQUIRE_THROWS_WITH(accel::parse_max_memory("{"), contains("is not valid JSON"));
   REQUIRE_THROWS_AS(accel::parse_max_memory("x=1"), accel::config_error);
+}
+
+TEST_CASE("budgets are whole byte counts: JSON floats, huge numbers and fractional bytes are refused", "[memory]") {
+  using accel_test::contains;
+  // Each of these used to become a budget of 0 or 1 byte (an out-of-range or truncating cast).
+  REQUIRE_THROWS_WITH(accel::parse_max_memory(R"({"cpu": 1e30})"), contains("max_memory value for 'cpu' is 1e+30; use a whole byte count"));
+  REQUIRE_THROWS_WITH(accel::parse_max_memory(R"({"0": 1e30})"), contains("max_memory value for '0' is 1e+30"));
+  REQUIRE_THROWS_WITH(accel::parse_max_memory(R"({"cpu": 18446744073709551616})"), contains("max_memory value for 'cpu' is"));
+  REQUIRE_THROWS_WITH(accel::parse_max_memory(R"({"cpu": 1.5})"), contains("max_memory value for 'cpu' is 1.5"));
+  REQUIRE_THROWS_WITH(accel::parse_max_memory("cpu=1.5"), contains("invalid memory size '1.5' (a byte count must be a whole number)"));
+  REQUIRE_THROWS_WITH(accel::parse_max_memory("cpu=18446744073709551616"), contains("larger than 2^64 bytes"));
+  REQUIRE_THROWS_WITH(accel::parse_max_memory("{}"), contains("names no device"));
+  CHECK(accel::parse_max_memory(R"({"cpu": 18446744073709551615})").cpu == std::optional<std::uint64_t>(UINT64_MAX));
+  CHECK(accel::parse_max_memory("cpu=1.5KiB").cpu == std::optional<std::uint64_t>(1536));
+}
+
+TEST_CASE("hostile max_memory text gives a short error, never a crash", "[memory]") {
+  using accel_test::contains;
+  const std::string deep = "{\"cpu\":" + std::string(100'000, '[') + std::string(100'000, ']') + "}";
+  std::string message;
+  try {
+    (void)accel::parse_max_memory(deep);
+  } catch (const accel::config_error& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, contains("nested deeper than 256 levels"));
+  CHECK(message.size() < 400);  // the input is quoted as an excerpt, not whole
+  REQUIRE_THROWS_WITH(accel::parse_max_memory(std::string(10'000, 'x') + "=1"), contains("characters)"));
 }
 
 TEST_CASE("default budgets hold back the stated reserve per GPU and of RAM", "[memory]") {

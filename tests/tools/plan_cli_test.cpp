@@ -147,3 +147,21 @@ TEST_CASE("accel estimate-memory prints total and largest layer per dtype", "[cl
   CHECK(bad.status == 2);
   CHECK(bad.output.find("unknown dtype 'float7'") != std::string::npos);
 }
+
+TEST_CASE("accel plan on hostile JSON exits 3 with a short message, never a signal", "[cli][plan]") {
+  accel_test::TempDir dir;
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  // A shape nested 100k deep used to crash the error message's recursive dump() with SIGSEGV.
+  accel_test::write_text(dir / "deep.json", R"({"parameters": [{"name": "w", "dtype": "F16", "shape": [)" + deep + "]}]}");
+  auto r = accel_test::run_command(accel_test::accel_cli("plan --skeleton " + quoted(dir / "deep.json") + " --max-memory 0=1GiB 2>&1"));
+  CHECK(r.status == 3);
+  CHECK_THAT(r.output, accel_test::contains("nested deeper than 256 levels"));
+  CHECK(r.output.size() < 1000);
+  accel_test::write_text(dir / "m.json", skeleton);
+  for (const char* budgets : {R"('{"cpu":1e30}')", R"('{"cpu":1.5}')", R"('{"0":1e30}')", R"('{"cpu":18446744073709551616}')"}) {
+    auto b = accel_test::run_command(accel_test::accel_cli("plan --skeleton " + quoted(dir / "m.json") + " --max-memory " + budgets + " 2>&1"));
+    INFO(budgets << ": " << b.output);
+    CHECK(b.status == 3);  // used to plan with a budget of 0 or 1 byte and exit 0
+    CHECK_THAT(b.output, accel_test::contains("use a whole byte count"));
+  }
+}

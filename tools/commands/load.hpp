@@ -164,16 +164,16 @@ inline int run_load(std::span<char*> argv) {
     return 0;
   }
   std::printf("accel load: %s (%zu tensors, %s), device map %s\n\n", path->c_str(), model.tensors().size(),
-              accel::text::format_bytes(static_cast<double>(r.bytes_loaded), accel::text::ByteStyle::significant3).c_str(), map_source.c_str());
+              accel::text::format_bytes(r.bytes_loaded, accel::text::ByteStyle::significant3).c_str(), map_source.c_str());
   std::printf("%-10s %8s %12s  %s\n", "device", "tensors", "bytes", "held as");
   for (const auto& [p, tot] : r.per_placement) {
     std::string held;
     for (const auto& [k, n] : storage[p]) held += (held.empty() ? "" : ", ") + std::to_string(n) + " " + k;
     std::printf("%-10s %8zu %12s  %s\n", detail_load::placement_label(p).c_str(), tot.tensors,
-                accel::text::format_bytes(static_cast<double>(tot.bytes), accel::text::ByteStyle::significant3).c_str(), held.c_str());
+                accel::text::format_bytes(tot.bytes, accel::text::ByteStyle::significant3).c_str(), held.c_str());
   }
   std::printf("\nloaded in %.3f s: %s copied at %s/s", r.seconds,
-              accel::text::format_bytes(static_cast<double>(r.bytes_copied), accel::text::ByteStyle::significant3).c_str(),
+              accel::text::format_bytes(r.bytes_copied, accel::text::ByteStyle::significant3).c_str(),
               accel::text::format_bytes(r.copy_rate(), accel::text::ByteStyle::significant3).c_str());
   if (r.offload_written + r.offload_reused) std::printf("; offload folder: %zu written, %zu reused", r.offload_written, r.offload_reused);
   std::printf("\n");
@@ -185,7 +185,7 @@ inline int run_load(std::span<char*> argv) {
                 accel::text::quoted_list(r.unused_keys).c_str());
   if (model.fetch_buffer_bytes())
     std::printf("fetch buffers on cuda:%d: %zu x %s (largest offloaded layer)\n", model.execution_device().value_or(0),
-                model.fetch_buffer_count(), accel::text::format_bytes(static_cast<double>(model.fetch_buffer_bytes()), accel::text::ByteStyle::significant3).c_str());
+                model.fetch_buffer_count(), accel::text::format_bytes(model.fetch_buffer_bytes(), accel::text::ByteStyle::significant3).c_str());
   for (const auto& w : r.warnings) std::printf("warning: %s\n", w.c_str());
   return 0;
 }

@@ -80,7 +80,7 @@ inline std::optional<bool> config_ties_embeddings(const Checkpoint& ckpt) {
   auto it = parsed.value.find("tie_word_embeddings");
   if (it == parsed.value.end() || it->is_null()) return true;
   if (!it->is_boolean())
-    throw_error<checkpoint_error>("model config '", ckpt.config_file->string(), "': tie_word_embeddings is ", it->dump(),
+    throw_error<checkpoint_error>("model config '", ckpt.config_file->string(), "': tie_word_embeddings is ", json_excerpt(*it),
                                   ", not true or false");
   return it->get<bool>();
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,11 @@
 #include <accel/runtime/error.hpp>
 
 ACCEL_NAMESPACE_BEGIN
+
+/// @brief The deepest nesting parse_json_strict accepts. Checkpoint headers, indexes, skeletons,
+///        device maps and budgets nest a few levels; a limit keeps hostile files from exhausting
+///        the stack of anything that walks the value recursively.
+inline constexpr std::size_t json_max_depth = 256;
 
 /// @brief Outcome of parse_json_strict: the value, or what went wrong.
 struct StrictJsonResult {
@@ -43,6 +49,7 @@ class StrictJsonSax : public nlohmann::detail::json_sax_dom_parser<nlohmann::jso
  public:
   explicit StrictJsonSax(nlohmann::json& result) : base(result, true) {}
   bool start_object(std::size_t n) {
+    if (!enter()) return false;
     if (depth_ == open_.size()) open_.emplace_back();
     auto& level = open_[depth_++];
     level.few.clear();
@@ -51,7 +58,13 @@ class StrictJsonSax : public nlohmann::detail::json_sax_dom_parser<nlohmann::jso
   }
   bool end_object() {
     --depth_;
+    --nesting_;
     return base::end_object();
+  }
+  bool start_array(std::size_t n) { return enter() && base::start_array(n); }
+  bool end_array() {
+    --nesting_;
+    return base::end_array();
   }
   bool key(string_t& k) {
     if (!duplicate_ && depth_ > 0) {
@@ -74,28 +87,86 @@ class StrictJsonSax : public nlohmann::detail::json_sax_dom_parser<nlohmann::jso
     return base::key(k);
   }
   [[nodiscard]] const std::optional<std::string>& duplicate() const noexcept { return duplicate_; }
+  /// @brief True when parsing stopped at a value nested deeper than json_max_depth.
+  [[nodiscard]] bool too_deep() const noexcept { return too_deep_; }
 
  private:
+  // Returning false stops nlohmann's (iterative) parser before it builds anything deeper.
+  bool enter() {
+    too_deep_ = ++nesting_ > json_max_depth;
+    return !too_deep_;
+  }
   std::vector<Level> open_;
-  std::size_t depth_ = 0;
+  std::size_t depth_ = 0;    // open objects (their key sets)
+  std::size_t nesting_ = 0;  // open objects and arrays
+  bool too_deep_ = false;
   std::optional<std::string> duplicate_;
 };
 
 }  // namespace detail
 
-/// @brief Parses `text` as JSON, rejecting invalid UTF-8, trailing garbage and duplicate keys in
-///        any object.
+/// @brief Parses `text` as JSON, rejecting invalid UTF-8, trailing garbage, duplicate keys in any
+///        object, and nesting deeper than json_max_depth (an error, never a deep recursion).
 inline StrictJsonResult parse_json_strict(std::string_view text) {
   StrictJsonResult out;
   try {
     detail::StrictJsonSax sax(out.value);
     nlohmann::json::sax_parse(text.begin(), text.end(), &sax);
-    if (sax.duplicate()) out.error = "duplicate key '" + *sax.duplicate() + "'";
+    if (sax.too_deep()) {
+      out.error = detail::concat("nested deeper than ", json_max_depth, " levels");
+      out.value = nullptr;
+    } else if (sax.duplicate()) {
+      out.error = "duplicate key '" + *sax.duplicate() + "'";
+    }
   } catch (const nlohmann::json::exception& e) {
     out.error = e.what();
     out.value = nullptr;
   }
   return out;
+}
+
+/// @brief A JSON value for an error message, at most about `limit` characters: scalars as JSON,
+///        containers shortened with "..." (nested ones past a few levels as `[...]` / `{...}`).
+inline std::string json_excerpt(const nlohmann::json& value, std::size_t limit = 80) {
+  std::string out;
+  // Depth-capped, so a value from any source prints in bounded time and stack.
+  auto put = [&](auto&& self, const nlohmann::json& v, int depth) -> void {
+    if (out.size() > limit) return;
+    if (v.is_array() || v.is_object()) {
+      const bool array = v.is_array();
+      if (depth >= 3 && !v.empty()) {
+        out += array ? "[...]" : "{...}";
+        return;
+      }
+      out += array ? '[' : '{';
+      bool first = true;
+      for (auto it = v.begin(); it != v.end(); ++it) {
+        if (out.size() > limit) break;
+        if (!first) out += ", ";
+        first = false;
+        if (!array) out += nlohmann::json(it.key()).dump() + ": ";
+        self(self, *it, depth + 1);
+      }
+      out += array ? ']' : '}';
+      return;
+    }
+    out += v.dump();
+  };
+  put(put, value, 0);
+  if (out.size() > limit) out = out.substr(0, limit) + "...";
+  return out;
+}
+
+/// @brief A JSON number as a whole count of bytes or elements: an unsigned integer, or a float
+///        with no fraction below 2^64 (some tools write `1e9`); nullopt for anything else
+///        (negative, fractional, too large, not a number), never an out-of-range cast.
+inline std::optional<std::uint64_t> json_whole_number(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  if (!v.is_number_float()) return std::nullopt;
+  const double d = v.get<double>();
+  if (!(d >= 0.0 && d < 18446744073709551616.0) || d != static_cast<double>(static_cast<std::uint64_t>(d)))
+    return std::nullopt;
+  return static_cast<std::uint64_t>(d);
 }
 
 /// @brief Reads a whole file as text.

@@ -124,7 +124,7 @@ inline TensorEntry parse_tensor_entry(const std::string& name, const nlohmann::j
   t.shape.reserve(sh->size());
   for (const auto& d : *sh) {
     if (!d.is_number_unsigned() || d.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
-      bad(concat("shape entry ", d.dump(), " is not a non-negative integer (rule: shape holds non-negative integers)"));
+      bad(concat("shape entry ", json_excerpt(d), " is not a non-negative integer (rule: shape holds non-negative integers)"));
     t.shape.push_back(static_cast<std::int64_t>(d.get<std::uint64_t>()));
   }
   auto off = v.find("data_offsets");
@@ -290,10 +290,8 @@ struct SafetensorsIndex {
     if (!md->is_object()) fail("'metadata' is not an object");
     if (auto ts = md->find("total_size"); ts != md->end()) {
       // transformers writes an int; some tools write a float with no fraction.
-      if (ts->is_number_unsigned()) idx.total_size = ts->get<std::uint64_t>();
-      else if (ts->is_number_float() && ts->get<double>() >= 0 && ts->get<double>() == static_cast<double>(static_cast<std::uint64_t>(ts->get<double>())))
-        idx.total_size = static_cast<std::uint64_t>(ts->get<double>());
-      else fail(detail::concat("'metadata.total_size' is ", ts->dump(), ", not a non-negative integer"));
+      if (auto n = json_whole_number(*ts)) idx.total_size = *n;
+      else fail(detail::concat("'metadata.total_size' is ", json_excerpt(*ts), ", not a non-negative integer"));
     }
   }
   auto wm = j.find("weight_map");

@@ -66,13 +66,13 @@ struct SkeletonReader {
         for (std::size_t d = 0; d < sh->size(); ++d) {
           const auto& v = (*sh)[d];
           if (!v.is_number_unsigned() || v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
-            fail(concat(where, ".shape[", d, "]"), concat("is ", v.dump(), ", not a non-negative integer"));
+            fail(concat(where, ".shape[", d, "]"), concat("is ", json_excerpt(v), ", not a non-negative integer"));
           shape.push_back(static_cast<std::int64_t>(v.get<std::uint64_t>()));
         }
       }
       bool persistent = true;
       if (auto p = e.find("persistent"); p != e.end() && !p->is_null()) {
-        if (!p->is_boolean()) fail(where + ".persistent", concat("is ", p->dump(), ", not true or false"));
+        if (!p->is_boolean()) fail(where + ".persistent", concat("is ", json_excerpt(*p), ", not true or false"));
         persistent = p->get<bool>();
       }
       if (!alias.empty()) {
@@ -138,7 +138,7 @@ struct SkeletonReader {
         if (!g.is_array()) fail(where, concat("is a JSON ", g.type_name(), ", not an array of tensor names"));
         std::vector<std::string> names;
         for (const auto& n : g) {
-          if (!n.is_string()) fail(where, concat("holds ", n.dump(), ", not a tensor name"));
+          if (!n.is_string()) fail(where, concat("holds ", json_excerpt(n), ", not a tensor name"));
           names.push_back(n.get<std::string>());
         }
         try {

@@ -22,6 +22,7 @@
 #include <accel/runtime/config.hpp>
 #include <accel/model/json.hpp>
 #include <accel/runtime/error.hpp>
+#include <accel/runtime/text.hpp>
 #include <accel/model/module_tree.hpp>
 
 ACCEL_NAMESPACE_BEGIN
@@ -68,12 +69,10 @@ struct Placement {
     std::string_view s = value.get_ref<const std::string&>();
     if (s == "cpu") return Placement::cpu();
     if (s == "disk") return Placement::disk();
-    std::string_view digits = s.starts_with("cuda:") ? s.substr(5) : s;
-    bool ok = !digits.empty() && digits.size() < 7;
-    for (char c : digits) ok = ok && c >= '0' && c <= '9';
-    if (ok) return Placement::gpu(std::stoi(std::string(digits)));
+    if (auto index = text::parse_integer<int>(s.starts_with("cuda:") ? s.substr(5) : s); index && *index < 1 << 20)
+      if (*index >= 0) return Placement::gpu(*index);
   }
-  detail::throw_error<config_error>("device map value for '", key, "' is ", value.dump(),
+  detail::throw_error<config_error>("device map value for '", key, "' is ", json_excerpt(value),
                                     "; use a GPU index (0, 1, ...), \"cpu\" or \"disk\"");
 }
 

@@ -31,12 +31,6 @@
 ACCEL_NAMESPACE_BEGIN
 
 namespace detail {
-inline std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
 inline bool iends_with(std::string_view s, std::string_view suffix) {
   if (s.size() < suffix.size()) return false;
   for (std::size_t i = 0; i < suffix.size(); ++i)
@@ -46,7 +40,7 @@ inline bool iends_with(std::string_view s, std::string_view suffix) {
 
 // Parses a finite non-negative decimal number (what Python's float() accepts, minus nan/inf).
 inline std::optional<double> parse_number(std::string_view s) {
-  s = trim(s);
+  s = text::trim(s);
   if (s.empty()) return std::nullopt;
   for (char c : s)
     if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '.' || c == 'e' || c == 'E' || c == '+' || c == '-'))
@@ -59,7 +53,7 @@ inline std::optional<double> parse_number(std::string_view s) {
 }
 
 [[noreturn]] inline void bad_size(std::string_view text, std::string_view why) {
-  throw_error<config_error>("invalid memory size '", text, "'", why,
+  throw_error<config_error>("invalid memory size '", text::excerpt(text), "'", why,
                             "; use a byte count (68719476736) or a number with a unit: KiB/MiB/GiB/TiB (powers of 2), "
                             "KB/MB/GB/TB (powers of 10), a trailing lower-case b means bits (5Gb)");
 }
@@ -85,7 +79,7 @@ inline std::optional<double> parse_number(std::string_view s) {
                                    {"MIB", 1048576.0, false},       {"KIB", 1024.0, false},
                                    {"TB", 1e12, true},              {"GB", 1e9, true},
                                    {"MB", 1e6, true},               {"KB", 1e3, true}};
-  const std::string_view s = detail::trim(text);
+  const std::string_view s = text::trim(text);
   for (const auto& u : units) {
     if (!detail::iends_with(s, u.suffix)) continue;
     auto number = detail::parse_number(s.substr(0, s.size() - u.suffix.size()));
@@ -98,6 +92,7 @@ inline std::optional<double> parse_number(std::string_view s) {
   auto number = detail::parse_number(s);
   if (!number) detail::bad_size(text, s.empty() ? " (empty)" : " (unknown unit or not a number)");
   if (*number >= 18446744073709551615.0) detail::bad_size(text, " (larger than 2^64 bytes)");
+  if (*number != std::floor(*number)) detail::bad_size(text, " (a byte count must be a whole number)");
   return static_cast<std::uint64_t>(*number);
 }
 
@@ -128,9 +123,9 @@ struct MaxMemory {
 
 namespace detail {
 inline void set_budget(MaxMemory& m, std::string_view key_raw, std::uint64_t bytes, std::string_view source) {
-  const std::string_view key = trim(key_raw);
+  const std::string_view key = text::trim(key_raw);
   auto dup = [&](std::string_view k) {
-    throw_error<config_error>("max_memory key '", k, "' is given twice in '", source, "'; give each device once");
+    throw_error<config_error>("max_memory key '", k, "' is given twice in '", text::excerpt(source), "'; give each device once");
   };
   if (key == "cpu") {
     if (m.cpu) dup(key);
@@ -145,9 +140,9 @@ inline void set_budget(MaxMemory& m, std::string_view key_raw, std::uint64_t byt
   bool digits = !key.empty() && key.size() < 6;
   for (char c : key) digits = digits && std::isdigit(static_cast<unsigned char>(c));
   if (!digits)
-    throw_error<config_error>("unknown max_memory key '", key, "' in '", source,
+    throw_error<config_error>("unknown max_memory key '", text::excerpt(key), "' in '", text::excerpt(source),
                               "'; keys are GPU indices (0, 1, ...), 'cpu' or 'disk' (not 'cuda:0' or 'gpu0')");
-  const int index = std::stoi(std::string(key));
+  const int index = *text::parse_integer<int>(key);
   if (m.gpus.count(index)) dup(key);
   m.gpus.emplace(index, bytes);
 }
@@ -158,40 +153,38 @@ inline void set_budget(MaxMemory& m, std::string_view key_raw, std::uint64_t byt
 /// @throws accel::config_error naming the bad key or value
 [[nodiscard]] inline MaxMemory parse_max_memory(std::string_view text) {
   MaxMemory m;
-  const std::string_view s = detail::trim(text);
+  const std::string_view s = text::trim(text);
   if (s.empty()) detail::throw_error<config_error>("empty max_memory; give budgets like '0=20GiB,cpu=64GiB'");
   if (s.front() == '{') {
     auto parsed = parse_json_strict(s);
     if (!parsed.error.empty())
-      detail::throw_error<config_error>("max_memory '", text, "' is not valid JSON: ", parsed.error);
-    if (!parsed.value.is_object()) detail::throw_error<config_error>("max_memory '", text, "' is not a JSON object");
+      detail::throw_error<config_error>("max_memory '", text::excerpt(text), "' is not valid JSON: ", parsed.error);
+    if (!parsed.value.is_object()) detail::throw_error<config_error>("max_memory '", text::excerpt(text), "' is not a JSON object");
     for (const auto& [k, v] : parsed.value.items()) {
       std::uint64_t bytes = 0;
       if (v.is_string()) bytes = parse_byte_size(v.get<std::string>());
       else if (v.is_number_unsigned()) bytes = v.get<std::uint64_t>();
-      else if (v.is_number_float() && v.get<double>() >= 0 && std::isfinite(v.get<double>()))
-        bytes = static_cast<std::uint64_t>(v.get<double>());
-      else
-        detail::throw_error<config_error>("max_memory value for '", k, "' is ", v.dump(),
-                                          "; use a byte count or a size string like \"20GiB\"");
+      else  // floats too: 1.5 bytes means nothing, and 1e30 or 2^64 does not fit in a byte count
+        detail::throw_error<config_error>("max_memory value for '", k, "' is ", json_excerpt(v),
+                                          "; use a whole byte count below 2^64 or a size string like \"20GiB\"");
       detail::set_budget(m, k, bytes, text);
     }
-    return m;
-  }
-  std::size_t start = 0;
-  while (start <= s.size()) {
-    auto comma = s.find(',', start);
-    auto item = detail::trim(s.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
-    if (!item.empty()) {
-      auto eq = item.find('=');
-      if (eq == std::string_view::npos)
-        detail::throw_error<config_error>("max_memory entry '", item, "' has no '='; write KEY=SIZE such as 0=20GiB or cpu=64GiB");
-      detail::set_budget(m, item.substr(0, eq), parse_byte_size(item.substr(eq + 1)), text);
+  } else {
+    std::size_t start = 0;
+    while (start <= s.size()) {
+      auto comma = s.find(',', start);
+      auto item = text::trim(s.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+      if (!item.empty()) {
+        auto eq = item.find('=');
+        if (eq == std::string_view::npos)
+          detail::throw_error<config_error>("max_memory entry '", item, "' has no '='; write KEY=SIZE such as 0=20GiB or cpu=64GiB");
+        detail::set_budget(m, item.substr(0, eq), parse_byte_size(item.substr(eq + 1)), text);
+      }
+      if (comma == std::string_view::npos) break;
+      start = comma + 1;
     }
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
   }
-  if (m.empty()) detail::throw_error<config_error>("max_memory '", text, "' names no device; give budgets like '0=20GiB,cpu=64GiB'");
+  if (m.empty()) detail::throw_error<config_error>("max_memory '", text::excerpt(text), "' names no device; give budgets like '0=20GiB,cpu=64GiB'");
   return m;
 }
 

@@ -45,6 +45,13 @@ template <class Int>
   return v;
 }
 
+/// @brief `s` for a message: whole when short, else its first `limit` characters, "...", and its
+///        length, so a hostile input cannot flood the terminal.
+[[nodiscard]] inline std::string excerpt(std::string_view s, std::size_t limit = 80) {
+  if (s.size() <= limit) return std::string(s);
+  return detail::concat(s.substr(0, limit), "... (", s.size(), " characters)");
+}
+
 /// @brief The elements of `items` written as `concat` writes them, separated by `sep`.
 ///
 /// In: `{1, 2, 3}` → `"1, 2, 3"`; `join(ids, ",")` → `"0,2"`.
@@ -103,9 +110,12 @@ enum class ByteStyle {
   significant3 ///< three significant digits: "1.50 GiB", "12.0 MiB", "512 B" (progress, rates)
 };
 
-/// @brief Bytes in binary units (B, KiB, MiB, GiB, TiB, PiB).
-[[nodiscard]] inline std::string format_bytes(double bytes, ByteStyle style = ByteStyle::fixed2) {
+/// @brief Bytes in binary units (B, KiB, MiB, GiB, TiB, PiB); any arithmetic type (counts, rates).
+template <class Number>
+  requires std::is_arithmetic_v<Number>
+[[nodiscard]] std::string format_bytes(Number count, ByteStyle style = ByteStyle::fixed2) {
   static constexpr const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  auto bytes = static_cast<double>(count);
   int u = 0;
   while (bytes >= 1024.0 && u < 5) {
     bytes /= 1024.0;
@@ -114,11 +124,6 @@ enum class ByteStyle {
   if (u == 0) return fixed(bytes, 0) + " B";
   const int digits = style == ByteStyle::fixed2 ? 2 : bytes < 10 ? 2 : bytes < 100 ? 1 : 0;
   return fixed(bytes, digits) + " " + units[u];
-}
-
-/// @brief As above, for a byte count.
-[[nodiscard]] inline std::string format_bytes(std::uint64_t bytes, ByteStyle style = ByteStyle::fixed2) {
-  return format_bytes(static_cast<double>(bytes), style);
 }
 
 }  // namespace text
