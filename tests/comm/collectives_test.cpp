@@ -187,6 +187,17 @@ TEST_CASE("values that decode as another type report the sending rank on every r
   REQUIRE(message(errors[1]).find("value from rank 0 has format 2") != std::string::npos);
 }
 
+TEST_CASE("ranks gathering plain data of different types of one size fail on every rank, naming both", "[collectives]") {
+  const auto errors = run_world(2, [](Communicator& comm) {
+    if (comm.rank() == 0) accel::gather_object(comm, std::vector<std::int64_t>{1, 2, 3});
+    else accel::gather_object(comm, std::vector<double>{1.0, 2.0, 3.0});
+  });
+  REQUIRE_THROWS_AS(std::rethrow_exception(errors[0]), accel::serialization_error);
+  REQUIRE_THROWS_AS(std::rethrow_exception(errors[1]), accel::serialization_error);
+  CHECK(message(errors[0]).find("value from rank 1 holds 8-byte floating-point items but std::vector<long") != std::string::npos);
+  CHECK(message(errors[1]).find("value from rank 0 holds 8-byte signed-integer items but std::vector<double") != std::string::npos);
+}
+
 TEST_CASE("different collectives on different ranks are reported as a mismatch, not a hang", "[collectives]") {
   const auto errors = run_world(3, [](Communicator& comm) {
     if (comm.rank() == 0) accel::gather_object(comm, 1);

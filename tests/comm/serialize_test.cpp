@@ -82,12 +82,32 @@ TEST_CASE("serialize: a payload of the wrong type is rejected naming the rank", 
   const auto ints = accel::to_bytes(std::vector<int>{1, 2});
   REQUIRE_THROWS_AS(accel::from_bytes<std::vector<double>>(ints, 3), accel::serialization_error);
   REQUIRE_THROWS_WITH(accel::from_bytes<std::vector<double>>(ints, 3),
-                      accel_test::contains("value from rank 3 holds 4-byte items but std::vector<double"));
+                      accel_test::contains("value from rank 3 holds 4-byte signed-integer items but std::vector<double"));
   REQUIRE_THROWS_WITH(accel::from_bytes<std::string>(ints, 1),
                       accel_test::contains("value from rank 1 has format 3 but a std::__cxx11::basic_string"));
   REQUIRE_THROWS_WITH(accel::from_bytes<demo::Result>(accel::to_bytes(std::vector<std::string>{"x"}), 2),
                       accel_test::contains("do all ranks pass the same type"));
   REQUIRE_THROWS_WITH(accel::from_bytes<int>({}, 0), accel_test::contains("empty value from rank 0 cannot be a int"));
+}
+
+TEST_CASE("serialize: plain data of the same size but another type is an error naming both, never reinterpreted", "[serialize]") {
+  using accel_test::contains;
+  // Same item size, other kind: these used to decode as garbage.
+  const auto i64 = accel::to_bytes(std::vector<std::int64_t>{1, 2});
+  REQUIRE_THROWS_WITH(accel::from_bytes<std::vector<double>>(i64, 1),
+                      contains("value from rank 1 holds 8-byte signed-integer items but std::vector<double, std::allocator<double> > "
+                               "has 8-byte floating-point items"));
+  REQUIRE_THROWS_WITH(accel::from_bytes<float>(accel::to_bytes(7), 0), contains("holds 4-byte signed-integer items but float has 4-byte floating-point"));
+  REQUIRE_THROWS_WITH(accel::from_bytes<unsigned>(accel::to_bytes(7), 0), contains("but unsigned int has 4-byte unsigned-integer"));
+  // Same kind and size, other struct: caught by the fingerprint.
+  struct A { int x, y; };
+  struct B { int x, y; };
+  REQUIRE_THROWS_WITH(accel::from_bytes<std::vector<B>>(accel::to_bytes(std::vector<A>{{1, 2}}), 2),
+                      contains("value from rank 2 holds 8-byte plain-data items of another type than the items of"));
+  // Spellings of one arithmetic type agree (long and long long are both 8-byte signed integers).
+  static_assert(sizeof(long) == sizeof(long long));
+  CHECK(accel::from_bytes<std::vector<long long>>(accel::to_bytes(std::vector<long>{5, 6})) == std::vector<long long>{5, 6});
+  CHECK(accel::from_bytes<demo::Point>(accel::to_bytes(demo::Point{1.f, 2.f, 3})) == demo::Point{1.f, 2.f, 3});
 }
 
 TEST_CASE("serialize: truncated, padded and corrupted payloads are errors, never crashes", "[serialize]") {

@@ -53,8 +53,58 @@ namespace detail {
 /// @brief The first byte of every payload.
 enum class PayloadFormat : std::uint8_t { raw = 1, string = 2, raw_vector = 3, string_vector = 4, cbor = 5, binary = 6 };
 
-/// @brief Raw payloads: format byte, item size (u64 at 8), item count (u64 at 16), data at 32.
+/// @brief Raw payloads: format byte, element kind (byte 1), item size (u64 at 8), item count (u64
+/// at 16), type fingerprint (u64 at 24), data at 32.
 inline constexpr std::size_t raw_header_bytes = 32;
+
+/// @brief What kind of plain data a raw payload holds, so a mismatch can say what the sender had.
+enum class ElementKind : std::uint8_t { other = 0, signed_integer, unsigned_integer, floating_point, boolean, character, enumeration };
+
+template <class T>
+constexpr ElementKind element_kind() {
+  if constexpr (std::is_same_v<T, bool>) return ElementKind::boolean;
+  else if constexpr (std::is_same_v<T, char> || std::is_same_v<T, char8_t> || std::is_same_v<T, char16_t> ||
+                     std::is_same_v<T, char32_t> || std::is_same_v<T, wchar_t>)
+    return ElementKind::character;
+  else if constexpr (std::is_floating_point_v<T>) return ElementKind::floating_point;
+  else if constexpr (std::is_integral_v<T>) return std::is_signed_v<T> ? ElementKind::signed_integer : ElementKind::unsigned_integer;
+  else if constexpr (std::is_enum_v<T>) return ElementKind::enumeration;
+  else return ElementKind::other;
+}
+
+inline const char* element_kind_name(std::uint8_t kind) {
+  switch (static_cast<ElementKind>(kind)) {
+    case ElementKind::signed_integer: return "signed-integer";
+    case ElementKind::unsigned_integer: return "unsigned-integer";
+    case ElementKind::floating_point: return "floating-point";
+    case ElementKind::boolean: return "bool";
+    case ElementKind::character: return "character";
+    case ElementKind::enumeration: return "enum";
+    case ElementKind::other: return "plain-data";
+  }
+  return "unknown-kind";
+}
+
+/// @brief Identifies a plain-data type across ranks, computed once per type: kind and size for
+/// arithmetic types (so `long` and `long long` agree), the field shape for structs declared with
+/// ACCEL_DEFINE_FIELDS, else FNV-1a of the mangled type name (the same on every rank built with an
+/// Itanium-ABI compiler).
+template <class T>
+std::uint64_t raw_type_fingerprint() {
+  static const std::uint64_t h = [] {
+    if constexpr (std::is_arithmetic_v<T>)
+      return (std::uint64_t{static_cast<std::uint8_t>(element_kind<T>())} << 32) | sizeof(T);
+    else if constexpr (has_declared_fields<T>)
+      return binary::fingerprint<T>();
+    else {
+      std::uint64_t x = 0xcbf29ce484222325ull;
+      for (const char* c = typeid(T).name(); *c; ++c) x = (x ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
+      return x;
+    }
+  }();
+  return h;
+}
+
 
 template <class T>
 std::string type_name() {
@@ -77,13 +127,41 @@ class ByteSink {
     out_.insert(out_.end(), b, b + n);
   }
   void u64(std::uint64_t v) { raw(&v, sizeof v); }
-  // Pads to `raw_header_bytes`, so raw data starts 32-byte aligned in a page-aligned segment.
-  void pad_header() { out_.resize(start_ + raw_header_bytes, std::byte{0}); }
 
  private:
   std::vector<std::byte>& out_;
   std::size_t start_;
 };
+
+// Writes the raw header for `count` items of V (after the format byte).
+template <class V>
+void put_raw_header(ByteSink& s, std::uint64_t count) {
+  const unsigned char kind_and_padding[7] = {static_cast<unsigned char>(element_kind<V>())};
+  s.raw(kind_and_padding, sizeof kind_and_padding);
+  s.u64(sizeof(V));
+  s.u64(count);
+  s.u64(raw_type_fingerprint<V>());  // ends the header at raw_header_bytes: data stays 32-byte aligned
+}
+
+// Reads a raw header and checks it against V (size, kind, fingerprint); returns the item count.
+// The error names the sender's item size and kind and the receiver's type.
+template <class V>
+std::uint64_t check_raw_header(ByteSource& src, int source_rank, const std::string& type) {
+  const auto kind = static_cast<std::uint8_t>(src.take(7)[0]);
+  const auto size = src.u64();
+  const auto count = src.u64();
+  const auto fingerprint = src.u64();
+  if (size != sizeof(V) || kind != static_cast<std::uint8_t>(element_kind<V>()))
+    throw_error<serialization_error>("value", from_rank(source_rank), " holds ", size, "-byte ", element_kind_name(kind),
+                                     " items but ", type, " has ", sizeof(V), "-byte ",
+                                     element_kind_name(static_cast<std::uint8_t>(element_kind<V>())),
+                                     " items (do all ranks pass the same type?)");
+  if (fingerprint != raw_type_fingerprint<V>())
+    throw_error<serialization_error>("value", from_rank(source_rank), " holds ", size, "-byte ", element_kind_name(kind),
+                                     " items of another type than the items of ", type,
+                                     " (type fingerprints differ; do all ranks pass the same type?)");
+  return count;
+}
 
 
 /// @brief Bytes from which a fresh result buffer is backed by transparent huge pages where the
@@ -146,10 +224,7 @@ std::span<const std::byte> encode_payload(std::vector<std::byte>& head, const T&
                 "NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(T, members...))");
   if constexpr (f == PayloadFormat::raw) {
     detail::ByteSink s(head, f);
-    s.raw("\0\0\0\0\0\0\0", 7);
-    s.u64(sizeof(T));
-    s.u64(1);
-    s.pad_header();
+    detail::put_raw_header<T>(s, 1);
     return std::as_bytes(std::span<const T>(&value, 1));
   } else if constexpr (f == PayloadFormat::string) {
     detail::ByteSink s(head, f);
@@ -157,10 +232,7 @@ std::span<const std::byte> encode_payload(std::vector<std::byte>& head, const T&
   } else if constexpr (f == PayloadFormat::raw_vector) {
     using V = typename T::value_type;
     detail::ByteSink s(head, f);
-    s.raw("\0\0\0\0\0\0\0", 7);
-    s.u64(sizeof(V));
-    s.u64(value.size());
-    s.pad_header();
+    detail::put_raw_header<V>(s, value.size());
     return std::as_bytes(std::span<const V>(value.data(), value.size()));
   } else if constexpr (f == PayloadFormat::string_vector) {
     std::size_t total = 0;
@@ -232,13 +304,8 @@ T from_bytes(std::span<const std::byte> bytes, int source_rank = -1) {
                                              " (do all ranks pass the same type to the collective?)");
   detail::ByteSource src(bytes.subspan(1), source_rank, type);
   if constexpr (f == PayloadFormat::raw) {
-    src.take(7);
-    const auto size = src.u64();
-    if (src.u64() != 1) detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " is not one ", type);
-    src.take(detail::raw_header_bytes - 24);
-    if (size != sizeof(T))
-      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " holds ", size, "-byte items but ", type,
-                                               " has ", sizeof(T), " (do all ranks pass the same type?)");
+    if (detail::check_raw_header<T>(src, source_rank, type) != 1)
+      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " is not one ", type);
     T out;
     std::memcpy(static_cast<void*>(&out), src.take(sizeof(T)).data(), sizeof(T));
     src.end();
@@ -252,13 +319,7 @@ T from_bytes(std::span<const std::byte> bytes, int source_rank = -1) {
     return out;
   } else if constexpr (f == PayloadFormat::raw_vector) {
     using V = typename T::value_type;
-    src.take(7);
-    const auto size = src.u64();
-    if (size != sizeof(V))
-      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " holds ", size, "-byte items but ", type,
-                                               " has ", sizeof(V), "-byte items (do all ranks pass the same type?)");
-    const std::uint64_t n64 = src.u64();
-    src.take(detail::raw_header_bytes - 24);
+    const std::uint64_t n64 = detail::check_raw_header<V>(src, source_rank, type);
     if (n64 != src.remaining() / sizeof(V) || src.remaining() % sizeof(V) != 0)
       detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " announces ", n64, " items of ", type,
                                                " but ", src.remaining(), " bytes follow");
