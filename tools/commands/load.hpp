@@ -9,13 +9,13 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include <accel/load/progress.hpp>
 #include <accel/load/dispatch.hpp>
 #include <accel/plan/max_memory.hpp>
 #include <accel/model/checkpoint_tree.hpp>
@@ -100,10 +100,13 @@ inline int run_load(std::span<char*> argv) {
   opts.strict = a.has("strict");
   opts.progress = !a.has("quiet") && !a.has("json");
 
-  // The device map: a file, inline JSON, or planned from the headers.
+  // The device map: a file, inline JSON, or planned from the headers. The checkpoint's headers are
+  // read and validated once, where first needed: after a given map is parsed, so a bad map is
+  // reported before a bad checkpoint.
   const std::string map_arg = a.value("device-map").value_or("auto");
   accel::DeviceMap map;
   std::string map_source;
+  std::optional<accel::Checkpoint> checkpoint;
   std::error_code ec;
   if (!map_arg.empty() && map_arg.front() == '{') {
     map = accel::DeviceMap::from_json(map_arg);
@@ -113,7 +116,8 @@ inline int run_load(std::span<char*> argv) {
     map_source = "from " + map_arg;
   } else {
     const auto mode = accel::parse_device_map_mode(map_arg);
-    const auto tree = accel::read_checkpoint_tree(*path);
+    checkpoint = accel::resolve_checkpoint(*path);
+    const auto tree = accel::tree_from_checkpoint(*checkpoint);
     accel::PlanOptions plan;
     const bool defaulted = !a.has("max-memory");
     if (defaulted) {
@@ -134,7 +138,8 @@ inline int run_load(std::span<char*> argv) {
     map_source = "planned (" + map_arg + ", budgets " + plan.max_memory.to_string() + ")";
   }
 
-  auto model = accel::load_checkpoint_and_dispatch(*path, map, opts);
+  if (!checkpoint) checkpoint = accel::resolve_checkpoint(*path);
+  auto model = accel::load_checkpoint_and_dispatch(*checkpoint, map, opts);
   const auto& r = model.report();
   std::map<accel::Placement, std::map<std::string, std::size_t>> storage;
   for (const auto& t : model.tensors()) ++storage[t.placement][std::string(accel::storage_name(t.storage))];

@@ -5,8 +5,9 @@
 ///        asynchronous host↔device copies, with a CUDA implementation and a host-simulated device
 ///        (capacity-limited, copies deferred until synchronised) for tests and CPU-only runs.
 ///
-/// Everything that moves weights (dispatch.hpp) goes through `DeviceMemory`, so the whole loader,
-/// including double-buffered staging and fetch/prefetch, runs in CI against `HostSimulatedDevice`.
+/// Everything that moves weights (the load executor and DispatchedModel) goes through
+/// `DeviceMemory`, so the whole loader, including double-buffered staging and fetch/prefetch, runs
+/// in CI against `HostSimulatedDevice`.
 #pragma once
 
 #include <algorithm>

@@ -96,6 +96,7 @@ struct LoadOptions {
 struct PlannedTensor {
   std::string name;                  ///< checkpoint name
   TensorLocation location;           ///< shard and entry in the Checkpoint
+  std::uint64_t file_offset = 0;     ///< where its bytes start in its shard file
   DType stored_dtype = DType::F32;   ///< dtype in the file
   DType dtype = DType::F32;          ///< dtype once loaded
   std::vector<std::int64_t> shape;   ///< dimensions
@@ -108,6 +109,8 @@ struct PlannedTensor {
   std::uint64_t arena_offset = 0;    ///< offset inside that arena
   /// @brief True when the loaded dtype differs from the file's.
   [[nodiscard]] bool converts() const noexcept { return dtype != stored_dtype; }
+  /// @brief Number of elements (1 for a scalar).
+  [[nodiscard]] std::uint64_t numel() const noexcept { return shape_numel(shape); }
 };
 
 /// @brief One allocation: all tensors of one device-map block that need memory.
@@ -155,32 +158,108 @@ inline std::string_view fetch_unit(std::string_view tensor, std::string_view key
   return key.size() > unit.size() ? key : unit;
 }
 
-/// @brief Finds the device-map entry covering a name: the longest key equal to it or a dotted
-///        prefix of it ("" covers everything). Built once per plan: lookups are O(name length).
-class KeyIndex {
- public:
-  explicit KeyIndex(const DeviceMap& map) : entries_(map.entries()) {
-    index_.reserve(entries_.size());
-    for (std::size_t i = 0; i < entries_.size(); ++i) index_.emplace(entries_[i].first, i);
-  }
-  [[nodiscard]] const DeviceMap::Entry* covering(std::string_view name) const {
-    while (true) {
-      if (auto it = index_.find(name); it != index_.end()) return &entries_[it->second];
-      if (name.empty()) return nullptr;
-      const auto dot = name.rfind('.');
-      name = name.substr(0, dot == std::string_view::npos ? 0 : dot);
-    }
-  }
-
- private:
-  const std::vector<DeviceMap::Entry>& entries_;
-  std::unordered_map<std::string_view, std::size_t> index_;
-};
-
 inline bool matches_prefix(std::string_view name, std::string_view key) {
   return name == key || key.empty() || (name.size() > key.size() && name.starts_with(key) && name[key.size()] == '.');
 }
 
+// Where a tensor's bytes live once loaded, from its placement and whether its dtype changes.
+inline Storage storage_for(const PlannedTensor& t, const LoadOptions& options, std::size_t gpu_count) {
+  if (t.placement.is_gpu()) return Storage::device;
+  if (t.placement.is_disk()) return t.converts() ? Storage::offload_file : Storage::mmap_view;
+  if (options.cpu_memory == CpuMemory::zero_copy && !t.converts()) return Storage::mmap_view;
+  if (options.cpu_memory == CpuMemory::pinned && gpu_count > 0) return Storage::host_pinned;
+  return Storage::host_pageable;
+}
+
+// One covered checkpoint tensor: its load dtype, placement and storage, checked against the GPUs
+// and the options (every check a tensor can fail, in the order the messages promise).
+inline PlannedTensor plan_tensor(const SafetensorsHeader& header, TensorLocation location, const DeviceMap::Entry& covering,
+                                 const LoadOptions& options, std::size_t gpu_count) {
+  const auto& entry = header.tensors[location.entry];
+  PlannedTensor t;
+  t.name = entry.name;
+  t.location = location;
+  t.file_offset = header.file_offset(entry);
+  t.stored_dtype = entry.dtype;
+  t.shape = entry.shape;
+  t.stored_bytes = entry.size_bytes();
+  t.block = covering.first;
+  t.placement = covering.second;
+  bool fp32 = false;
+  for (const auto& k : options.keep_in_fp32) fp32 = fp32 || matches_prefix(entry.name, k);
+  t.dtype = load_dtype(entry.dtype, options.dtype, fp32, entry.name);
+  t.bytes = t.converts() ? tensor_bytes(t.dtype, entry.numel()).value_or(0) : t.stored_bytes;
+  if (t.placement.is_gpu() && (t.placement.index < 0 || static_cast<std::size_t>(t.placement.index) >= gpu_count))
+    throw_error<unavailable_error>("the device map places '", t.block, "' on GPU ", t.placement.index, " but ",
+                                   gpu_count == 0 ? std::string("no GPU is") : concat("only ", gpu_count, " GPU(s) are"),
+                                   " visible; fix the map or CUDA_VISIBLE_DEVICES");
+  t.storage = storage_for(t, options, gpu_count);
+  if (t.storage == Storage::offload_file && options.offload_folder.empty())
+    throw_error<usage_error>("tensor '", t.name, "' is placed on disk and converted from ", safetensors_name(t.stored_dtype),
+                             " to ", safetensors_name(t.dtype), ", which needs an offload folder; set "
+                             "LoadOptions::offload_folder (accel load --offload-folder DIR)");
+  return t;
+}
+
+// Arenas: one per block and storage kind for the tensors that need memory, offsets aligned for any dtype.
+inline void pack_arenas(LoadPlan& plan) {
+  std::map<std::string, std::size_t> arena_of_block;
+  std::vector<std::vector<std::size_t>> members;
+  for (std::size_t ti = 0; ti < plan.tensors.size(); ++ti) {
+    auto& t = plan.tensors[ti];
+    if (t.storage != Storage::device && t.storage != Storage::host_pinned && t.storage != Storage::host_pageable) continue;
+    auto [it, fresh] = arena_of_block.emplace(t.block + '\x1f' + storage_name(t.storage).data(), plan.arenas.size());
+    if (fresh) {
+      plan.arenas.push_back({t.block, t.placement, t.storage, 0});
+      members.emplace_back();
+    }
+    t.arena = it->second;
+    members[t.arena].push_back(ti);
+  }
+  for (std::size_t a = 0; a < plan.arenas.size(); ++a) {
+    std::vector<std::uint64_t> sizes;
+    for (auto ti : members[a]) sizes.push_back(plan.tensors[ti].bytes);
+    const auto layout = arena_layout(sizes);
+    plan.arenas[a].bytes = layout.total;
+    for (std::size_t i = 0; i < members[a].size(); ++i) plan.tensors[members[a][i]].arena_offset = layout.offsets[i];
+  }
+}
+
+// Bytes of the largest fetch unit held off the GPUs, packed as a fetch buffer packs it.
+inline std::uint64_t largest_offloaded_layer(const std::vector<PlannedTensor>& tensors) {
+  std::map<std::string, std::vector<std::uint64_t>> sizes;
+  for (const auto& t : tensors)
+    if (!t.placement.is_gpu()) sizes[std::string(fetch_unit(t.name, t.block))].push_back(t.bytes);
+  std::uint64_t largest = 0;
+  for (const auto& [unit, s] : sizes) largest = std::max(largest, arena_layout(s).total);
+  return largest;
+}
+
+// Expected tensors neither loaded nor tied to a loaded one, in the order they were expected.
+inline std::vector<std::string> missing_tensors(const std::vector<PlannedTensor>& tensors, const LoadOptions& options) {
+  std::vector<std::string> missing;
+  if (options.expected_tensors.empty()) return missing;
+  std::unordered_set<std::string> loaded;
+  for (const auto& t : tensors) loaded.insert(t.name);
+  std::unordered_map<std::string, std::string> alias_source;
+  for (const auto& [alias, source] : options.tied) alias_source.emplace(alias, source);
+  for (const auto& name : options.expected_tensors) {
+    if (loaded.count(name)) continue;
+    auto a = alias_source.find(name);
+    if (a != alias_source.end() && loaded.count(a->second)) continue;
+    missing.push_back(name);
+  }
+  return missing;
+}
+
+inline void refuse_mismatch_when_strict(const LoadPlan& plan, const LoadOptions& options) {
+  if (!options.strict || (plan.missing.empty() && plan.unexpected.empty())) return;
+  throw_error<checkpoint_error>(
+      "strict loading failed: ", plan.missing.size(), " missing tensor(s)",
+      plan.missing.empty() ? std::string() : " (" + text::quoted_list(plan.missing) + ")", " and ", plan.unexpected.size(),
+      " unexpected tensor(s)", plan.unexpected.empty() ? std::string() : " (" + text::quoted_list(plan.unexpected) + ")",
+      "; the checkpoint does not match the model or the device map does not cover it (turn strict off to skip them)");
+}
 
 }  // namespace detail
 
@@ -197,96 +276,30 @@ inline bool matches_prefix(std::string_view name, std::string_view key) {
 [[nodiscard]] inline LoadPlan plan_load(const Checkpoint& checkpoint, const DeviceMap& map, const LoadOptions& options,
                                         std::size_t gpu_count) {
   LoadPlan plan;
-  const detail::KeyIndex keys(map);
-  std::unordered_set<std::string> expected(options.expected_tensors.begin(), options.expected_tensors.end());
-  std::unordered_map<std::string, std::string> alias_source;
-  for (const auto& [alias, source] : options.tied) alias_source.emplace(alias, source);
-  std::unordered_set<std::string> used_keys;
-  std::map<std::string, std::size_t> arena_of_block;
-  std::map<std::string, std::vector<std::uint64_t>> offloaded_sizes;
+  const std::unordered_set<std::string> expected(options.expected_tensors.begin(), options.expected_tensors.end());
+  std::unordered_set<std::string_view> used_keys;
   for (std::size_t s = 0; s < checkpoint.headers.size(); ++s) {
     const auto& header = checkpoint.headers[s];
     for (std::size_t e = 0; e < header.tensors.size(); ++e) {
-      const auto& entry = header.tensors[e];
-      const DeviceMap::Entry* covering = keys.covering(entry.name);
-      if (!covering || (!expected.empty() && !expected.count(entry.name))) {
-        plan.unexpected.push_back(entry.name);
+      const auto& name = header.tensors[e].name;
+      const DeviceMap::Entry* covering = map.covering(name);
+      if (!covering || (!expected.empty() && !expected.count(name))) {
+        plan.unexpected.push_back(name);
         continue;
       }
-      const std::string* key = &covering->first;
-      used_keys.insert(*key);
-      PlannedTensor t;
-      t.name = entry.name;
-      t.location = {s, e};
-      t.stored_dtype = entry.dtype;
-      t.shape = entry.shape;
-      t.stored_bytes = entry.size_bytes();
-      t.block = *key;
-      t.placement = covering->second;
-      bool fp32 = false;
-      for (const auto& k : options.keep_in_fp32) fp32 = fp32 || detail::matches_prefix(entry.name, k);
-      t.dtype = load_dtype(entry.dtype, options.dtype, fp32, entry.name);
-      t.bytes = t.converts() ? tensor_bytes(t.dtype, entry.numel()).value_or(0) : t.stored_bytes;
-      if (t.placement.is_gpu() && (t.placement.index < 0 || static_cast<std::size_t>(t.placement.index) >= gpu_count))
-        detail::throw_error<unavailable_error>("the device map places '", *key, "' on GPU ", t.placement.index, " but ",
-                                               gpu_count == 0 ? std::string("no GPU is") : detail::concat("only ", gpu_count, " GPU(s) are"),
-                                               " visible; fix the map or CUDA_VISIBLE_DEVICES");
-      if (t.placement.is_gpu()) t.storage = Storage::device;
-      else if (t.placement.is_disk()) t.storage = t.converts() ? Storage::offload_file : Storage::mmap_view;
-      else if (options.cpu_memory == CpuMemory::zero_copy && !t.converts()) t.storage = Storage::mmap_view;
-      else if (options.cpu_memory == CpuMemory::pinned && gpu_count > 0) t.storage = Storage::host_pinned;
-      else t.storage = Storage::host_pageable;
-      if (t.storage == Storage::offload_file && options.offload_folder.empty())
-        detail::throw_error<usage_error>("tensor '", t.name, "' is placed on disk and converted from ", safetensors_name(t.stored_dtype),
-                                         " to ", safetensors_name(t.dtype), ", which needs an offload folder; set "
-                                         "LoadOptions::offload_folder (accel load --offload-folder DIR)");
-      if (!t.placement.is_gpu()) offloaded_sizes[std::string(detail::fetch_unit(t.name, t.block))].push_back(t.bytes);
-      plan.total_bytes += t.bytes;
-      plan.tensors.push_back(std::move(t));
+      used_keys.insert(covering->first);
+      plan.tensors.push_back(detail::plan_tensor(header, {s, e}, *covering, options, gpu_count));
+      plan.total_bytes += plan.tensors.back().bytes;
     }
   }
-  // Arenas: one per block for the tensors that need memory, offsets aligned for any dtype.
-  std::vector<std::vector<std::size_t>> arena_members;
-  for (std::size_t ti = 0; ti < plan.tensors.size(); ++ti) {
-    auto& t = plan.tensors[ti];
-    if (t.storage != Storage::device && t.storage != Storage::host_pinned && t.storage != Storage::host_pageable) continue;
-    auto [it, fresh] = arena_of_block.emplace(t.block + '\x1f' + storage_name(t.storage).data(), plan.arenas.size());
-    if (fresh) {
-      plan.arenas.push_back({t.block, t.placement, t.storage, 0});
-      arena_members.emplace_back();
-    }
-    t.arena = it->second;
-    arena_members[t.arena].push_back(ti);
-  }
-  for (std::size_t a = 0; a < plan.arenas.size(); ++a) {
-    std::vector<std::uint64_t> sizes;
-    for (auto ti : arena_members[a]) sizes.push_back(plan.tensors[ti].bytes);
-    const auto layout = arena_layout(sizes);
-    plan.arenas[a].bytes = layout.total;
-    for (std::size_t i = 0; i < arena_members[a].size(); ++i) plan.tensors[arena_members[a][i]].arena_offset = layout.offsets[i];
-  }
-  for (const auto& [block, sizes] : offloaded_sizes)
-    plan.largest_offloaded_layer = std::max(plan.largest_offloaded_layer, arena_layout(sizes).total);
+  detail::pack_arenas(plan);
+  plan.largest_offloaded_layer = detail::largest_offloaded_layer(plan.tensors);
   for (const auto& [k, p] : map.entries()) {
     if (!used_keys.count(k)) plan.unused_keys.push_back(k);
     if (p.is_gpu() && (!plan.execution_gpu || p.index < *plan.execution_gpu)) plan.execution_gpu = p.index;
   }
-  if (!expected.empty()) {
-    std::unordered_set<std::string> loaded;
-    for (const auto& t : plan.tensors) loaded.insert(t.name);
-    for (const auto& name : options.expected_tensors) {
-      if (loaded.count(name)) continue;
-      auto a = alias_source.find(name);
-      if (a != alias_source.end() && loaded.count(a->second)) continue;
-      plan.missing.push_back(name);
-    }
-  }
-  if (options.strict && (!plan.missing.empty() || !plan.unexpected.empty()))
-    detail::throw_error<checkpoint_error>(
-        "strict loading failed: ", plan.missing.size(), " missing tensor(s)",
-        plan.missing.empty() ? std::string() : " (" + text::quoted_list(plan.missing) + ")", " and ", plan.unexpected.size(),
-        " unexpected tensor(s)", plan.unexpected.empty() ? std::string() : " (" + text::quoted_list(plan.unexpected) + ")",
-        "; the checkpoint does not match the model or the device map does not cover it (turn strict off to skip them)");
+  plan.missing = detail::missing_tensors(plan.tensors, options);
+  detail::refuse_mismatch_when_strict(plan, options);
   return plan;
 }
 

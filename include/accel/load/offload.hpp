@@ -124,15 +124,23 @@ using OffloadIndex = std::map<std::string, OffloadEntry>;
   return j.dump(2);
 }
 
+namespace detail {
+// Replaces `<folder>/index.json` with exactly `index`, atomically (no merge: the caller holds the
+// whole index).
+inline void write_whole_offload_index(const std::filesystem::path& folder, const OffloadIndex& index) {
+  const std::string text = offload_index_json(index);
+  const std::span<const std::byte> part(reinterpret_cast<const std::byte*>(text.data()), text.size());
+  write_file_atomic(folder / "index.json", std::span<const std::span<const std::byte>>(&part, 1));
+}
+}  // namespace detail
+
 /// @brief Merges `entries` into `<folder>/index.json` (existing keys kept, given keys replaced, as
 ///        accelerate does) and writes it atomically.
 /// @throws accel::checkpoint_error when the existing index is invalid or the write fails
 inline void write_offload_index(const std::filesystem::path& folder, const OffloadIndex& entries) {
   OffloadIndex merged = read_offload_index(folder);
   for (const auto& [name, e] : entries) merged[name] = e;
-  const std::string text = offload_index_json(merged);
-  const std::span<const std::byte> part(reinterpret_cast<const std::byte*>(text.data()), text.size());
-  detail::write_file_atomic(folder / "index.json", std::span<const std::span<const std::byte>>(&part, 1));
+  detail::write_whole_offload_index(folder, merged);
 }
 
 /// @brief Writes one tensor's `.dat` atomically and records it in `index` (call
@@ -178,8 +186,12 @@ class OffloadFolder {
   /// @brief Opens a folder and reads its index.
   /// @throws accel::checkpoint_error when index.json is invalid
   explicit OffloadFolder(std::filesystem::path folder) : folder_(std::move(folder)), index_(read_offload_index(folder_)) {}
+  /// @brief Opens a folder whose index the caller already holds (read once, then kept up to date).
+  OffloadFolder(std::filesystem::path folder, OffloadIndex index) : folder_(std::move(folder)), index_(std::move(index)) {}
 
+  /// @brief The index: tensor name → entry.
   [[nodiscard]] const OffloadIndex& index() const noexcept { return index_; }
+  /// @brief The folder.
   [[nodiscard]] const std::filesystem::path& folder() const noexcept { return folder_; }
 
   /// @brief The bytes of tensor `name` (raw, in the entry's dtype).

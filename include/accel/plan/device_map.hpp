@@ -9,6 +9,7 @@
 #include <compare>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -102,18 +103,23 @@ class DeviceMap {
   }
   /// @brief The placement stored under exactly `key`, or nullptr.
   [[nodiscard]] const Placement* find(std::string_view key) const {
-    auto it = index_.find(std::string(key));
+    auto it = index_.find(key);
     return it == index_.end() ? nullptr : &entries_[it->second].second;
   }
-  /// @brief Placement of a tensor or module: the longest key equal to it or a dotted prefix of it.
-  [[nodiscard]] std::optional<Placement> placement_of(std::string_view name) const {
-    std::string key(name);
+  /// @brief The entry covering a tensor or module: the longest key equal to it or a dotted prefix
+  ///        of it (`""` covers everything), or nullptr. One hash lookup per dotted component.
+  [[nodiscard]] const Entry* covering(std::string_view name) const {
     while (true) {
-      if (const auto* p = find(key)) return *p;
-      if (key.empty()) return std::nullopt;
-      auto dot = key.rfind('.');
-      key.resize(dot == std::string::npos ? 0 : dot);
+      if (auto it = index_.find(name); it != index_.end()) return &entries_[it->second];
+      if (name.empty()) return nullptr;
+      const auto dot = name.rfind('.');
+      name = name.substr(0, dot == std::string_view::npos ? 0 : dot);
     }
+  }
+  /// @brief Placement of a tensor or module: that of the entry covering() it.
+  [[nodiscard]] std::optional<Placement> placement_of(std::string_view name) const {
+    if (const auto* e = covering(name)) return e->second;
+    return std::nullopt;
   }
   [[nodiscard]] const std::vector<Entry>& entries() const noexcept { return entries_; }
   [[nodiscard]] std::size_t size() const noexcept { return entries_.size(); }
@@ -154,7 +160,12 @@ class DeviceMap {
 
  private:
   std::vector<Entry> entries_;
-  std::unordered_map<std::string, std::size_t> index_;
+  // Transparent hashing: lookups by string_view (covering() walks prefixes) allocate nothing.
+  struct KeyHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+  };
+  std::unordered_map<std::string, std::size_t, KeyHash, std::equal_to<>> index_;
 };
 
 /// @brief accelerate's clean_device_map: wherever every key below a prefix shares one placement and

@@ -26,6 +26,22 @@
 ACCEL_NAMESPACE_BEGIN
 namespace detail {
 
+/// @brief Reads exactly `out.size()` bytes at `offset`, retrying short reads and EINTR.
+/// @throws accel::checkpoint_error when the file ends early or the read fails
+inline void pread_exact(int fd, std::span<std::byte> out, std::uint64_t offset, const std::filesystem::path& label) {
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      throw_error<checkpoint_error>("cannot read '", label.string(), "' at offset ", offset + done, ": ", std::strerror(errno));
+    if (n == 0)
+      throw_error<checkpoint_error>("'", label.string(), "' ended at offset ", offset + done, " while reading ", out.size(),
+                                    " bytes at ", offset, "; the file was truncated after its header was checked");
+    done += static_cast<std::size_t>(n);
+  }
+}
+
 /// @brief A whole file mapped read-only (MAP_SHARED: pages come from the page cache, no copy).
 class MappedFile {
  public:
@@ -69,6 +85,8 @@ class MappedFile {
   [[nodiscard]] std::uint64_t mtime_ns() const noexcept { return mtime_ns_; }
   [[nodiscard]] int fd() const noexcept { return fd_.get(); }
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
+  /// @brief Reads exactly `out.size()` bytes at `offset` with pread (see pread_exact).
+  void read_exact(std::span<std::byte> out, std::uint64_t offset) const { pread_exact(fd_.get(), out, offset, path_); }
   /// @brief Tells the kernel the range will be read sequentially soon (readahead).
   void advise_sequential(std::uint64_t offset, std::uint64_t length) const noexcept {
     if (!data_ || length == 0) return;
@@ -84,22 +102,6 @@ class MappedFile {
   std::uint64_t size_ = 0;
   std::uint64_t mtime_ns_ = 0;
 };
-
-/// @brief Reads exactly `out.size()` bytes at `offset`, retrying short reads and EINTR.
-/// @throws accel::checkpoint_error when the file ends early or the read fails
-inline void pread_exact(int fd, std::span<std::byte> out, std::uint64_t offset, const std::filesystem::path& label) {
-  std::size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0)
-      throw_error<checkpoint_error>("cannot read '", label.string(), "' at offset ", offset + done, ": ", std::strerror(errno));
-    if (n == 0)
-      throw_error<checkpoint_error>("'", label.string(), "' ended at offset ", offset + done, " while reading ", out.size(),
-                                    " bytes at ", offset, "; the file was truncated after its header was checked");
-    done += static_cast<std::size_t>(n);
-  }
-}
 
 /// @brief Writes `parts` (in order) to `path` atomically: a temp file in the same folder, fsync,
 ///        then rename over `path`; on any failure the temp file is removed and `path` is untouched.

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
 /// @file staging.hpp
-/// @brief Loader internals: pageable host buffers (anonymous mappings) and the Stager, a ring of
-///        pinned buffers through which host data reaches a device with asynchronous copies, so the
-///        host fills buffer i+1 (disk read, memcpy or dtype conversion) while buffer i is copied.
+/// @brief Loader internals: the chunked loop, pageable host buffers (anonymous mappings) and the
+///        Stager, a ring of pinned buffers through which host data reaches a device with
+///        asynchronous copies, so the host fills buffer i+1 (disk read, memcpy or dtype conversion)
+///        while buffer i is copied.
 #pragma once
 
 #include <sys/mman.h>
@@ -18,10 +19,18 @@
 #include <accel/runtime/config.hpp>
 #include <accel/load/convert.hpp>
 #include <accel/load/device_memory.hpp>
+#include <accel/load/detail/mapped_file.hpp>
 #include <accel/runtime/error.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 namespace detail {
+
+/// @brief Calls `f(offset, n)` for consecutive chunks of at most `chunk` bytes (or elements)
+///        covering [0, total); nothing for an empty range.
+template <class F>
+void for_each_chunk(std::uint64_t total, std::uint64_t chunk, F&& f) {
+  for (std::uint64_t done = 0; done < total; done += chunk) f(done, std::min(chunk, total - done));
+}
 
 /// @brief Page-aligned pageable host memory from an anonymous mapping (transparent huge pages
 ///        requested, which halves page-fault time when a large checkpoint lands on the CPU).
@@ -91,33 +100,45 @@ class Stager {
     used_[i] = true;
     ++next_;
   }
+  /// @brief The one staging loop: `bytes` for `dst` go through the ring in chunks (each a multiple
+  ///        of `unit` bytes, as large as a buffer allows); `fill(buffer, offset, n)` puts the chunk's
+  ///        `n` bytes into the buffer and returns how many source bytes it consumed, which
+  ///        `on_chunk` receives once the chunk's copy is enqueued.
+  template <class Fill, class OnChunk>
+  void stage(void* dst, std::uint64_t bytes, std::uint64_t unit, Fill&& fill, OnChunk&& on_chunk) {
+    const std::uint64_t chunk = std::max<std::uint64_t>(buffer_bytes() / unit, 1) * unit;
+    for_each_chunk(bytes, chunk, [&](std::uint64_t at, std::uint64_t n) {
+      std::byte* buf = acquire();
+      const std::uint64_t consumed = fill(buf, at, n);
+      device_->copy_to_device_async(static_cast<std::byte*>(dst) + at, buf, n, stream_);
+      submit();
+      on_chunk(consumed);
+    });
+  }
   /// @brief Copies pageable host bytes to the device through the ring.
   template <class OnChunk>
   void copy(void* dst, const std::byte* src, std::uint64_t bytes, OnChunk&& on_chunk) {
-    for (std::uint64_t done = 0; done < bytes;) {
-      const std::uint64_t n = std::min(bytes - done, buffer_bytes());
-      std::byte* buf = acquire();
-      std::memcpy(buf, src + done, n);
-      device_->copy_to_device_async(static_cast<std::byte*>(dst) + done, buf, n, stream_);
-      submit();
-      on_chunk(n);
-      done += n;
-    }
+    stage(dst, bytes, 1, [&](std::byte* buf, std::uint64_t at, std::uint64_t n) {
+      std::memcpy(buf, src + at, n);
+      return n;
+    }, on_chunk);
+  }
+  /// @brief Reads `bytes` of `file` from `offset` into the ring and copies them to the device.
+  template <class OnChunk>
+  void read(void* dst, const MappedFile& file, std::uint64_t offset, std::uint64_t bytes, OnChunk&& on_chunk) {
+    stage(dst, bytes, 1, [&](std::byte* buf, std::uint64_t at, std::uint64_t n) {
+      file.read_exact({buf, static_cast<std::size_t>(n)}, offset + at);
+      return n;
+    }, on_chunk);
   }
   /// @brief Converts `count` elements (`from` → `to`) into the ring and copies them to the device.
   template <class OnChunk>
   void convert(void* dst, const std::byte* src, DType from, DType to, std::uint64_t count, OnChunk&& on_chunk) {
     const std::uint64_t in_size = element_size_bytes(from), out_size = element_size_bytes(to);
-    const std::uint64_t per_chunk = std::max<std::uint64_t>(buffer_bytes() / out_size, 1);
-    for (std::uint64_t done = 0; done < count;) {
-      const std::uint64_t n = std::min(count - done, per_chunk);
-      std::byte* buf = acquire();
-      convert_elements(from, to, src + done * in_size, buf, n);
-      device_->copy_to_device_async(static_cast<std::byte*>(dst) + done * out_size, buf, n * out_size, stream_);
-      submit();
-      on_chunk(n * in_size);
-      done += n;
-    }
+    stage(dst, count * out_size, out_size, [&](std::byte* buf, std::uint64_t at, std::uint64_t n) {
+      convert_elements(from, to, src + at / out_size * in_size, buf, n / out_size);
+      return n / out_size * in_size;
+    }, on_chunk);
   }
   /// @brief Waits for every copy enqueued so far. @note blocking
   void drain() {
