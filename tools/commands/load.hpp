@@ -15,7 +15,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include <accel/load/progress.hpp>
 #include <accel/load/dispatch.hpp>
 #include <accel/plan/max_memory.hpp>
 #include <accel/model/checkpoint_tree.hpp>
@@ -64,7 +63,7 @@ inline std::vector<std::uint64_t> parse_sizes(const std::string& list) {
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  if (out.empty()) accel::detail::throw_error<accel::usage_error>("load: --simulate-gpus needs sizes like '8GiB,8GiB'");
+  if (out.empty()) throw accel::usage_error("load: --simulate-gpus needs sizes like '8GiB,8GiB'");
   return out;
 }
 
@@ -72,7 +71,7 @@ inline accel::CpuMemory parse_cpu_memory(const std::string& s) {
   if (s == "pageable") return accel::CpuMemory::pageable;
   if (s == "pinned") return accel::CpuMemory::pinned;
   if (s == "zero-copy" || s == "zero_copy") return accel::CpuMemory::zero_copy;
-  accel::detail::throw_error<accel::usage_error>("load: --cpu-memory '", s, "' is not pageable, pinned or zero-copy");
+  throw accel::usage_error("load: --cpu-memory '" + s + "' is not pageable, pinned or zero-copy");
 }
 
 inline std::string placement_label(const accel::Placement& p) { return p.is_gpu() ? "cuda:" + p.to_string() : p.to_string(); }
@@ -87,7 +86,7 @@ inline int run_load(std::span<char*> argv) {
     return 0;
   }
   const auto path = a.value("checkpoint");
-  if (!path) accel::detail::throw_error<accel::usage_error>("load: --checkpoint PATH is required");
+  if (!path) throw accel::usage_error("load: --checkpoint PATH is required");
 
   accel::LoadOptions opts;
   opts.devices = a.has("simulate-gpus") ? accel::host_simulated_devices(detail_load::parse_sizes(*a.value("simulate-gpus")))

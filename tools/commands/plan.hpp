@@ -16,7 +16,6 @@
 #include <nlohmann/json.hpp>
 
 #include <accel/runtime/devices.hpp>
-#include <accel/launch/launch_plan.hpp>
 #include <accel/plan/max_memory.hpp>
 #include <accel/model/checkpoint_tree.hpp>
 #include <accel/model/module_tree.hpp>
@@ -78,7 +77,7 @@ struct LoadedModel {
 inline LoadedModel load_model(const ParsedArgs& a, const char* command) {
   const bool ck = a.has("checkpoint"), sk = a.has("skeleton");
   if (ck == sk)
-    accel::detail::throw_error<accel::usage_error>(command, ": give exactly one of --checkpoint PATH or --skeleton FILE");
+    throw accel::usage_error(std::string(command) + ": give exactly one of --checkpoint PATH or --skeleton FILE");
   if (ck) return {accel::read_checkpoint_tree(*a.value("checkpoint")), *a.value("checkpoint")};
   return {accel::read_skeleton(*a.value("skeleton")), *a.value("skeleton")};
 }
@@ -86,7 +85,7 @@ inline LoadedModel load_model(const ParsedArgs& a, const char* command) {
 inline double parse_rate(const std::optional<std::string>& v, double fallback, const char* option) {
   if (!v) return fallback;
   const auto bytes = accel::parse_byte_size(*v);
-  if (bytes == 0) accel::detail::throw_error<accel::usage_error>("plan: --", option, " must be positive (got '", *v, "')");
+  if (bytes == 0) throw accel::usage_error("plan: --" + std::string(option) + " must be positive (got '" + *v + "')");
   return static_cast<double>(bytes);
 }
 
@@ -96,7 +95,7 @@ inline accel::MaxMemory measured_budgets() {
     gpus.push_back({g.index, g.total_memory, g.free_memory});
   const auto ram = accel::read_available_ram();
   if (!ram && gpus.empty())
-    accel::detail::throw_error<accel::unavailable_error>("cannot measure available RAM and no GPU is visible; pass --max-memory");
+    throw accel::unavailable_error("cannot measure available RAM and no GPU is visible; pass --max-memory");
   return accel::default_max_memory(gpus, ram.value_or(0));
 }
 
@@ -117,7 +116,7 @@ inline int run_plan(std::span<char*> argv) {
   opts.offload_buffers = a.has("offload-buffers");
   opts.fallback_allocation = a.has("fallback");
   if (auto n = a.value("gpu-reserve-layers"))
-    opts.gpu_reserve_layers = static_cast<std::uint32_t>(accel::launch::detail::parse_int_option("--gpu-reserve-layers", *n, 1, 64));
+    opts.gpu_reserve_layers = static_cast<std::uint32_t>(parse_int_option("--gpu-reserve-layers", *n, 1, 64));
   opts.clean_result = !a.has("no-clean");
   if (a.has("verbose")) opts.verbose = &std::cerr;
   accel::Bandwidths bw;
@@ -140,7 +139,7 @@ inline int run_plan(std::span<char*> argv) {
     out << render_plan_svg(plan, report, keys,
                            "accel plan: " + model.label + " (" + std::string(a.value("device-map").value_or("auto")) + ")");
     if (!out)
-      accel::detail::throw_error<accel::usage_error>("plan: cannot write the SVG to '", *svg_path, "'; check the path");
+      throw accel::usage_error("plan: cannot write the SVG to '" + *svg_path + "'; check the path");
   }
   if (a.has("json")) {
     std::printf("%s\n", plan.device_map.to_json_string(2).c_str());
