@@ -411,7 +411,7 @@ inline std::string offload_fingerprint(const MappedFile& shard, std::uint64_t of
   std::uint64_t to_copy = 0;
   for (const auto& t : plan.tensors)
     if (t.storage != Storage::mmap_view) to_copy += t.stored_bytes;
-  detail::ProgressBar bar(to_copy, options.progress);
+  ProgressBar bar(to_copy, options.progress);
   auto progressed = [&](std::uint64_t n) {
     bar.add(n);
     state->report.bytes_copied += n;
