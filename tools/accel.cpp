@@ -8,13 +8,13 @@
 #include <string_view>
 
 #include <accel/runtime/error.hpp>
-#include <accel/runtime/version.hpp>
 
 #include "commands/env.hpp"
 #include "commands/exit_codes.hpp"
 #include "commands/launch.hpp"
 #include "commands/load.hpp"
 #include "commands/plan.hpp"
+#include "commands/version.hpp"
 
 namespace {
 
@@ -26,10 +26,7 @@ struct Command {
 
 // One row per subcommand; keep in the order `accel --help` shows them.
 constexpr Command commands[] = {
-    {"version", "print the accel version", [](std::span<char*>) {
-       std::printf("accel %s\n", accel::version_string);
-       return 0;
-     }},
+    {"version", "print the accel version", accel_cli::run_version},
     {"launch", "start N processes with their rank environment and supervise them", accel_cli::run_launch},
     {"env", "print what this process sees: features, driver, GPUs, CUDA_VISIBLE_DEVICES, launcher", accel_cli::run_env},
     {"plan", "plan a device map (GPUs, cpu, disk) from checkpoint headers or a skeleton", accel_cli::run_plan},

@@ -444,9 +444,9 @@ TEST_CASE("progress is reported up to the total of copied bytes", "[dispatch]") 
 }
 
 TEST_CASE("the progress line shows bytes, rate and ETA", "[dispatch]") {
-  const auto line = accel::detail::format_progress(512ull << 20, 2048ull << 20, 2.0, 8);
+  const auto line = accel::format_progress(512ull << 20, 2048ull << 20, 2.0, 8);
   REQUIRE(line == "loading [##......]  25%  512 MiB / 2.00 GiB  256 MiB/s  ETA 6s");
-  REQUIRE(accel::detail::format_progress(10, 10, 1.0, 4) == "loading [####] 100%  10 B / 10 B  10 B/s  ETA 0s");
+  REQUIRE(accel::format_progress(10, 10, 1.0, 4) == "loading [####] 100%  10 B / 10 B  10 B/s  ETA 0s");
 }
 
 TEST_CASE("plan_load puts each block in one arena with aligned offsets and finds the execution GPU", "[dispatch]") {

@@ -23,6 +23,15 @@ TEST_CASE("accel without a command or with an unknown one is a usage error (exit
   CHECK_THAT(r.output, accel_test::contains("accel: unknown command 'frobnicate'"));
 }
 
+TEST_CASE("every accel command has --help", "[cli]") {
+  for (const std::string command : {"version", "launch", "env", "plan", "estimate-memory", "load"}) {
+    INFO(command);
+    const auto r = run_command(accel_cli(command + " --help"));
+    CHECK(r.status == 0);
+    CHECK_THAT(r.output, accel_test::contains("usage: accel " + command));
+  }
+}
+
 TEST_CASE("accel --version prints the version", "[cli]") {
   const auto r = run_command(accel_cli("--version"));
   CHECK(r.status == 0);

@@ -10,9 +10,11 @@
 #include <string>
 #include <string_view>
 
-#include <accel/state.hpp>
-#include "exit_codes.hpp"
 #include <accel/runtime/version.hpp>
+#include <accel/state.hpp>
+
+#include "args.hpp"
+#include "exit_codes.hpp"
 
 #if ACCEL_HAS_CUDA()
 #include <cuda_runtime_api.h>
@@ -42,13 +44,9 @@ inline std::string gib(std::uint64_t bytes) {
 }
 
 inline int run_env(std::span<char*> args) {
-  for (std::size_t i = 1; i < args.size(); ++i) {
-    const std::string_view a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(env_help, stdout);
-      return 0;
-    }
-    accel::detail::throw_error<accel::usage_error>("accel env: unknown option '", a, "'; see accel env --help");
+  if (parse_args(args, {}).help()) {
+    std::fputs(env_help, stdout);
+    return 0;
   }
   std::printf("accel %s\n", accel::version_string);
 #if ACCEL_HAS_CUDA()

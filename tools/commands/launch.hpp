@@ -1,18 +1,95 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
 // `accel launch`: start N processes with the rank environment, supervise them, stop them together.
+// The command line is read here (parse_launch_args); the library plans and runs the job.
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include <accel/comm/store.hpp>
+#include <accel/launch/launch_plan.hpp>
 #include <accel/launch/run.hpp>
+#include <accel/runtime/error.hpp>
+
+#include "args.hpp"
 
 namespace accel_cli {
+
+/// `accel launch`'s options (its --help is launch_help below). Ranges as accelerate's: up to 65536
+/// processes and machines, ports 0-65535.
+inline constexpr OptionSpec launch_options[] = {
+    {.name = "num-processes", .kind = OptionKind::integer, .metavar = "N", .min = 1, .max = 65536},
+    {.name = "gpu-ids", .kind = OptionKind::text, .metavar = "IDS"},
+    {.name = "cpu"},
+    {.name = "num-machines", .kind = OptionKind::integer, .metavar = "M", .min = 1, .max = 65536},
+    {.name = "machine-rank", .kind = OptionKind::integer, .metavar = "R", .min = 0, .max = 65535},
+    {.name = "main-process-ip", .kind = OptionKind::text, .metavar = "H"},
+    {.name = "main-process-port", .kind = OptionKind::integer, .metavar = "P", .min = 0, .max = 65535},
+    {.name = "tee"},
+    {.name = "log-dir", .kind = OptionKind::text, .metavar = "D"},
+    {.name = "timeout", .kind = OptionKind::seconds, .metavar = "S"},
+    {.name = "grace", .kind = OptionKind::seconds_or_zero, .metavar = "S"},
+    {.name = "multi-gpu", .refused = "accel launch needs no --multi_gpu; --num_processes N starts N processes"},
+};
+
+/// @brief `accel launch`'s command line: what to launch, or a request for help.
+struct LaunchCommandLine {
+  accel::launch::LaunchOptions options;  ///< the job (its command is empty only with help)
+  bool help = false;                     ///< `--help` or `-h` was given
+};
+
+/// @brief Parses the arguments after `launch` (args[0] is the subcommand name and is skipped).
+///
+/// Options take `--name value` or `--name=value`, with underscores or hyphens (`--num_processes`,
+/// `--num-processes`); a later option replaces an earlier one. The program starts after `--`, or at
+/// the first argument not starting with `-`; everything after it goes to the program unchanged.
+/// @throws accel::usage_error naming the option and the value for unknown options, missing values,
+///         bad numbers, contradictory options, or a missing program (unless `--help`)
+inline LaunchCommandLine parse_launch_args(std::span<const std::string_view> args) {
+  const ParsedArgs a =
+      parse_args(args, {.options = launch_options, .operands = Operands::program, .style = Style::launcher});
+  LaunchCommandLine out;
+  out.help = a.help();
+  accel::launch::LaunchOptions& o = out.options;
+  o.num_processes = a.integer("num-processes");
+  if (auto ids = a.value("gpu-ids")) {
+    if (*ids == "all") o.gpu_ids.reset();
+    else o.gpu_ids = std::move(*ids);
+  }
+  o.cpu = a.has("cpu");
+  if (auto n = a.integer("num-machines")) o.num_machines = *n;
+  o.machine_rank = a.integer("machine-rank");
+  for (const auto& ip : a.values("main-process-ip"))
+    if (ip.empty() || ip.find_first_of(" \t") != std::string::npos)
+      throw accel::usage_error(a.spelling("main-process-ip") + " '" + ip + "' is not a host name or address");
+  o.main_process_ip = a.value("main-process-ip");
+  o.main_process_port = a.integer("main-process-port");
+  o.tee = a.has("tee");
+  for (const auto& dir : a.values("log-dir"))
+    if (dir.empty()) throw accel::usage_error(a.spelling("log-dir") + " needs a directory name, got ''");
+  o.log_dir = a.value("log-dir");
+  if (auto t = a.value("timeout")) o.timeout_s = std::move(*t);
+  if (auto g = a.seconds("grace")) o.grace_s = *g;
+  o.command = a.positional();
+  if (o.cpu && o.gpu_ids)
+    throw accel::usage_error("--cpu and --gpu_ids " + *o.gpu_ids + " contradict each other; pass one of them");
+  if (o.command.empty() && !out.help)
+    throw accel::usage_error("no program to launch; usage: accel launch [options] [--] program [args...]");
+  return out;
+}
+
+/// @brief parse_launch_args over `argv`-style words.
+inline LaunchCommandLine parse_launch_args(std::span<char* const> args) {
+  const std::vector<std::string_view> words(args.begin(), args.end());
+  return parse_launch_args(std::span<const std::string_view>(words));
+}
 
 inline constexpr const char* launch_help = R"(usage: accel launch [options] [--] program [args...]
 
@@ -79,8 +156,8 @@ examples:
 
 /// @brief `accel launch`; returns the launcher's exit status.
 inline int run_launch(std::span<char*> args) {
-  const accel::launch::LaunchOptions options = accel::launch::parse_launch_args(args);
-  if (options.help) {
+  const LaunchCommandLine line = parse_launch_args(args);
+  if (line.help) {
     std::fputs(launch_help, stdout);
     return 0;
   }
@@ -97,7 +174,7 @@ inline int run_launch(std::span<char*> args) {
     store = std::make_unique<accel::StoreServer>("127.0.0.1", std::uint16_t{0}, plan.job_token, std::move(o));
     return store->address();
   };
-  return accel::launch::run(options, hooks);
+  return accel::launch::run(line.options, hooks);
 }
 
 }  // namespace accel_cli

@@ -28,20 +28,20 @@
 namespace accel_cli {
 
 inline constexpr OptionSpec load_options[] = {
-    {"checkpoint", true, false, "PATH", "safetensors file, model.safetensors.index.json or folder"},
-    {"device-map", true, false, "MAP", "a JSON file, a JSON object, or a mode: auto (default), balanced, "
-                                       "balanced_low_0, sequential"},
-    {"max-memory", true, false, "BUDGETS", "budgets for planning modes: '0=20GiB,cpu=64GiB' or JSON; default: measured"},
-    {"no-split", true, true, "CLASS_OR_GLOB", "planning: never split these modules (e.g. 'model.layers.*')"},
-    {"dtype", true, false, "DTYPE", "load floating tensors as float32, float16 or bfloat16"},
-    {"keep-in-fp32", true, true, "NAME", "modules or tensors loaded as float32"},
-    {"offload-folder", true, false, "DIR", "offload folder for disk tensors whose dtype changes"},
-    {"cpu-memory", true, false, "KIND", "pageable (default), pinned or zero-copy"},
-    {"strict", false, false, "", "fail on tensors the device map does not cover"},
-    {"simulate-gpus", true, false, "SIZES", "use host-simulated GPUs of these sizes ('8GiB,8GiB') instead of CUDA"},
-    {"staging", true, false, "SIZE", "size of each pinned staging buffer (default 32MiB)"},
-    {"quiet", false, false, "", "no progress bar"},
-    {"json", false, false, "", "print the load report as JSON"},
+    {"checkpoint", OptionKind::text, "PATH", "safetensors file, model.safetensors.index.json or folder"},
+    {"device-map", OptionKind::text, "MAP", "a JSON file, a JSON object, or a mode: auto (default), balanced, "
+                                            "balanced_low_0, sequential"},
+    {"max-memory", OptionKind::text, "BUDGETS", "budgets for planning modes: '0=20GiB,cpu=64GiB' or JSON; default: measured"},
+    {"no-split", OptionKind::text, "CLASS_OR_GLOB", "planning: never split these modules (e.g. 'model.layers.*')", true},
+    {"dtype", OptionKind::text, "DTYPE", "load floating tensors as float32, float16 or bfloat16"},
+    {"keep-in-fp32", OptionKind::text, "NAME", "modules or tensors loaded as float32", true},
+    {"offload-folder", OptionKind::text, "DIR", "offload folder for disk tensors whose dtype changes"},
+    {"cpu-memory", OptionKind::text, "KIND", "pageable (default), pinned or zero-copy"},
+    {"strict", OptionKind::flag, "", "fail on tensors the device map does not cover"},
+    {"simulate-gpus", OptionKind::text, "SIZES", "use host-simulated GPUs of these sizes ('8GiB,8GiB') instead of CUDA"},
+    {"staging", OptionKind::text, "SIZE", "size of each pinned staging buffer (default 32MiB)"},
+    {"quiet", OptionKind::flag, "", "no progress bar"},
+    {"json", OptionKind::flag, "", "print the load report as JSON"},
 };
 
 inline constexpr const char* load_usage = R"(usage: accel load --checkpoint PATH [--device-map FILE|JSON|MODE] [options]
@@ -64,7 +64,7 @@ inline std::vector<std::uint64_t> parse_sizes(const std::string& list) {
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  if (out.empty()) accel::detail::throw_error<accel::usage_error>("load: --simulate-gpus needs sizes like '8GiB,8GiB'");
+  if (out.empty()) throw accel::usage_error("load: --simulate-gpus needs sizes like '8GiB,8GiB'");
   return out;
 }
 
@@ -72,7 +72,7 @@ inline accel::CpuMemory parse_cpu_memory(const std::string& s) {
   if (s == "pageable") return accel::CpuMemory::pageable;
   if (s == "pinned") return accel::CpuMemory::pinned;
   if (s == "zero-copy" || s == "zero_copy") return accel::CpuMemory::zero_copy;
-  accel::detail::throw_error<accel::usage_error>("load: --cpu-memory '", s, "' is not pageable, pinned or zero-copy");
+  throw accel::usage_error("load: --cpu-memory '" + s + "' is not pageable, pinned or zero-copy");
 }
 
 inline std::string placement_label(const accel::Placement& p) { return p.is_gpu() ? "cuda:" + p.to_string() : p.to_string(); }
@@ -81,13 +81,13 @@ inline std::string placement_label(const accel::Placement& p) { return p.is_gpu(
 
 inline int run_load(std::span<char*> argv) {
   namespace fs = std::filesystem;
-  const auto a = parse_args(argv, load_options);
+  const auto a = parse_args(argv, {load_options});
   if (a.help()) {
     std::fputs(format_help(load_usage, load_options).c_str(), stdout);
     return 0;
   }
   const auto path = a.value("checkpoint");
-  if (!path) accel::detail::throw_error<accel::usage_error>("load: --checkpoint PATH is required");
+  if (!path) throw accel::usage_error("load: --checkpoint PATH is required");
 
   accel::LoadOptions opts;
   opts.devices = a.has("simulate-gpus") ? accel::host_simulated_devices(detail_load::parse_sizes(*a.value("simulate-gpus")))

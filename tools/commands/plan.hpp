@@ -16,7 +16,6 @@
 #include <nlohmann/json.hpp>
 
 #include <accel/runtime/devices.hpp>
-#include <accel/launch/launch_plan.hpp>
 #include <accel/plan/max_memory.hpp>
 #include <accel/model/checkpoint_tree.hpp>
 #include <accel/model/module_tree.hpp>
@@ -30,23 +29,23 @@
 namespace accel_cli {
 
 inline constexpr OptionSpec plan_options[] = {
-    {"checkpoint", true, false, "PATH", "safetensors file, model.safetensors.index.json or folder (headers only)"},
-    {"skeleton", true, false, "FILE", "model skeleton JSON (modules/parameters/buffers/tied)"},
-    {"max-memory", true, false, "BUDGETS", "'0=20GiB,1=20GiB,cpu=64GiB[,disk=0]' or a JSON object; default: measured"},
-    {"device-map", true, false, "MODE", "auto (default), balanced, balanced_low_0 or sequential"},
-    {"no-split", true, true, "CLASS_OR_GLOB", "never split these modules (class name or name glob like 'model.layers.*')"},
-    {"dtype", true, false, "DTYPE", "size floating tensors as this dtype when smaller (float16, bfloat16, ...)"},
-    {"keep-in-fp32", true, true, "NAME", "modules whose floating tensors stay float32"},
-    {"offload-buffers", false, false, "", "offload the buffers of offloaded modules too"},
-    {"fallback", false, false, "", "fill an otherwise empty main device with a smaller module"},
-    {"gpu-reserve-layers", true, false, "N", "room kept on the first GPU for N largest layers (default 1, as accelerate; "
-                                             "accel load plans with 2 for its double-buffered fetch)"},
-    {"no-clean", false, false, "", "keep every placed entry (do not merge keys)"},
-    {"json", false, false, "", "print only the device map JSON on stdout"},
-    {"svg", true, false, "FILE", "also draw the plan as an SVG (one bar per device)"},
-    {"verbose", false, false, "", "trace every placement decision on stderr"},
-    {"h2d-bandwidth", true, false, "RATE", "host-to-GPU bytes/s for the estimate (default 25GB)"},
-    {"disk-bandwidth", true, false, "RATE", "disk read bytes/s for the estimate (default 2GB)"},
+    {"checkpoint", OptionKind::text, "PATH", "safetensors file, model.safetensors.index.json or folder (headers only)"},
+    {"skeleton", OptionKind::text, "FILE", "model skeleton JSON (modules/parameters/buffers/tied)"},
+    {"max-memory", OptionKind::text, "BUDGETS", "'0=20GiB,1=20GiB,cpu=64GiB[,disk=0]' or a JSON object; default: measured"},
+    {"device-map", OptionKind::text, "MODE", "auto (default), balanced, balanced_low_0 or sequential"},
+    {"no-split", OptionKind::text, "CLASS_OR_GLOB", "never split these modules (class name or name glob like 'model.layers.*')", true},
+    {"dtype", OptionKind::text, "DTYPE", "size floating tensors as this dtype when smaller (float16, bfloat16, ...)"},
+    {"keep-in-fp32", OptionKind::text, "NAME", "modules whose floating tensors stay float32", true},
+    {"offload-buffers", OptionKind::flag, "", "offload the buffers of offloaded modules too"},
+    {"fallback", OptionKind::flag, "", "fill an otherwise empty main device with a smaller module"},
+    {"gpu-reserve-layers", OptionKind::text, "N", "room kept on the first GPU for N largest layers (default 1, as accelerate; "
+                                                  "accel load plans with 2 for its double-buffered fetch)"},
+    {"no-clean", OptionKind::flag, "", "keep every placed entry (do not merge keys)"},
+    {"json", OptionKind::flag, "", "print only the device map JSON on stdout"},
+    {"svg", OptionKind::text, "FILE", "also draw the plan as an SVG (one bar per device)"},
+    {"verbose", OptionKind::flag, "", "trace every placement decision on stderr"},
+    {"h2d-bandwidth", OptionKind::text, "RATE", "host-to-GPU bytes/s for the estimate (default 25GB)"},
+    {"disk-bandwidth", OptionKind::text, "RATE", "disk read bytes/s for the estimate (default 2GB)"},
 };
 
 inline constexpr const char* plan_usage = R"(usage: accel plan (--checkpoint PATH | --skeleton FILE) [options]
@@ -58,11 +57,11 @@ its total) and 90% of available RAM; disk is unbounded unless --max-memory gives
 forbids it). Exit status: 0; 2 bad arguments; 3 bad budgets/skeleton; 5 infeasible; 6 bad checkpoint.)";
 
 inline constexpr OptionSpec estimate_options[] = {
-    {"checkpoint", true, false, "PATH", "safetensors file, index or folder (headers only)"},
-    {"skeleton", true, false, "FILE", "model skeleton JSON"},
-    {"no-split", true, true, "CLASS_OR_GLOB", "blocks for the largest-layer column (default: numbered children)"},
-    {"dtypes", true, false, "LIST", "rows to print (default float32,float16,int8,int4)"},
-    {"json", false, false, "", "print JSON instead of the table"},
+    {"checkpoint", OptionKind::text, "PATH", "safetensors file, index or folder (headers only)"},
+    {"skeleton", OptionKind::text, "FILE", "model skeleton JSON"},
+    {"no-split", OptionKind::text, "CLASS_OR_GLOB", "blocks for the largest-layer column (default: numbered children)", true},
+    {"dtypes", OptionKind::text, "LIST", "rows to print (default float32,float16,int8,int4)"},
+    {"json", OptionKind::flag, "", "print JSON instead of the table"},
 };
 
 inline constexpr const char* estimate_usage = R"(usage: accel estimate-memory (--checkpoint PATH | --skeleton FILE) [options]
@@ -78,7 +77,7 @@ struct LoadedModel {
 inline LoadedModel load_model(const ParsedArgs& a, const char* command) {
   const bool ck = a.has("checkpoint"), sk = a.has("skeleton");
   if (ck == sk)
-    accel::detail::throw_error<accel::usage_error>(command, ": give exactly one of --checkpoint PATH or --skeleton FILE");
+    throw accel::usage_error(std::string(command) + ": give exactly one of --checkpoint PATH or --skeleton FILE");
   if (ck) return {accel::read_checkpoint_tree(*a.value("checkpoint")), *a.value("checkpoint")};
   return {accel::read_skeleton(*a.value("skeleton")), *a.value("skeleton")};
 }
@@ -86,7 +85,7 @@ inline LoadedModel load_model(const ParsedArgs& a, const char* command) {
 inline double parse_rate(const std::optional<std::string>& v, double fallback, const char* option) {
   if (!v) return fallback;
   const auto bytes = accel::parse_byte_size(*v);
-  if (bytes == 0) accel::detail::throw_error<accel::usage_error>("plan: --", option, " must be positive (got '", *v, "')");
+  if (bytes == 0) throw accel::usage_error("plan: --" + std::string(option) + " must be positive (got '" + *v + "')");
   return static_cast<double>(bytes);
 }
 
@@ -96,12 +95,12 @@ inline accel::MaxMemory measured_budgets() {
     gpus.push_back({g.index, g.total_memory, g.free_memory});
   const auto ram = accel::read_available_ram();
   if (!ram && gpus.empty())
-    accel::detail::throw_error<accel::unavailable_error>("cannot measure available RAM and no GPU is visible; pass --max-memory");
+    throw accel::unavailable_error("cannot measure available RAM and no GPU is visible; pass --max-memory");
   return accel::default_max_memory(gpus, ram.value_or(0));
 }
 
 inline int run_plan(std::span<char*> argv) {
-  const auto a = parse_args(argv, plan_options);
+  const auto a = parse_args(argv, {plan_options});
   if (a.help()) {
     std::fputs(format_help(plan_usage, plan_options).c_str(), stdout);
     return 0;
@@ -117,7 +116,7 @@ inline int run_plan(std::span<char*> argv) {
   opts.offload_buffers = a.has("offload-buffers");
   opts.fallback_allocation = a.has("fallback");
   if (auto n = a.value("gpu-reserve-layers"))
-    opts.gpu_reserve_layers = static_cast<std::uint32_t>(accel::launch::detail::parse_int_option("--gpu-reserve-layers", *n, 1, 64));
+    opts.gpu_reserve_layers = static_cast<std::uint32_t>(parse_int_option("--gpu-reserve-layers", *n, 1, 64));
   opts.clean_result = !a.has("no-clean");
   if (a.has("verbose")) opts.verbose = &std::cerr;
   accel::Bandwidths bw;
@@ -140,7 +139,7 @@ inline int run_plan(std::span<char*> argv) {
     out << render_plan_svg(plan, report, keys,
                            "accel plan: " + model.label + " (" + std::string(a.value("device-map").value_or("auto")) + ")");
     if (!out)
-      accel::detail::throw_error<accel::usage_error>("plan: cannot write the SVG to '", *svg_path, "'; check the path");
+      throw accel::usage_error("plan: cannot write the SVG to '" + *svg_path + "'; check the path");
   }
   if (a.has("json")) {
     std::printf("%s\n", plan.device_map.to_json_string(2).c_str());
@@ -159,7 +158,7 @@ inline int run_plan(std::span<char*> argv) {
 }
 
 inline int run_estimate_memory(std::span<char*> argv) {
-  const auto a = parse_args(argv, estimate_options);
+  const auto a = parse_args(argv, {estimate_options});
   if (a.help()) {
     std::fputs(format_help(estimate_usage, estimate_options).c_str(), stdout);
     return 0;

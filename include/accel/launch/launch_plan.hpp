@@ -1,19 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
-/// @file launch.hpp
-/// @brief accel launch: command-line options, the per-rank plan (environment + checklist), and the
-/// supervisor that starts the processes and stops them together.
+/// @file launch_plan.hpp
+/// @brief accel launch's decisions: the options of a job, and the per-rank plan (environment +
+/// checklist) made from them.
 ///
-/// The decisions are pure functions over values (`parse_launch_args`, `plan_launch`); the effects
-/// (`run`) live in detail/supervisor.hpp and are exercised by the multi-process tests.
+/// The decisions are pure functions over values (`plan_launch`); the effects (`run`, in run.hpp)
+/// live in detail/supervisor.hpp and are exercised by the multi-process tests. The `accel launch`
+/// command line is read by the accel tool (tools/commands/launch.hpp).
 #pragma once
 
 #include <functional>
 #include <map>
 #include <optional>
-#include <span>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include <accel/runtime/config.hpp>
@@ -24,136 +23,24 @@
 ACCEL_NAMESPACE_BEGIN
 namespace launch {
 
-/// @brief What `accel launch` was asked to do (the parsed command line).
+/// @brief What `accel launch` was asked to do (the options of its command line); every member has
+///        a default, so `{.num_processes = 2, .cpu = true}` names only what differs.
 struct LaunchOptions {
   /// Processes in the whole job (all machines together; required with several machines);
   /// unset on one machine = one per visible GPU (1 with none).
-  std::optional<int> num_processes;
-  std::optional<std::string> gpu_ids;  ///< `--gpu_ids 2,5`: CUDA_VISIBLE_DEVICES for the children ("all" = unset)
-  bool cpu = false;                    ///< `--cpu`: run on the CPU (ACCEL_USE_CPU=1), skip every GPU check
+  std::optional<int> num_processes{};
+  std::optional<std::string> gpu_ids{};          ///< `--gpu_ids 2,5`: CUDA_VISIBLE_DEVICES for the children ("all" = unset)
+  bool cpu = false;                              ///< `--cpu`: run on the CPU (ACCEL_USE_CPU=1), skip every GPU check
   int num_machines = 1;
-  std::optional<int> machine_rank;             ///< this machine's index, required with several machines
-  std::optional<std::string> main_process_ip;  ///< MASTER_ADDR; required with several machines
-  std::optional<int> main_process_port;        ///< MASTER_PORT; unset or 0 = a free port (one machine only)
-  bool tee = false;                            ///< prefix each output line with `[rank N]`
-  std::optional<std::string> log_dir;          ///< also write `<dir>/rank_N.{stdout,stderr}.log`
-  std::string timeout_s = "300";               ///< ACCEL_TIMEOUT_S for the children (collective timeout)
-  double grace_s = 10;                         ///< SIGTERM → SIGKILL grace period when stopping children
-  bool help = false;                           ///< `--help` was given
-  std::vector<std::string> command;            ///< program and its arguments
+  std::optional<int> machine_rank{};             ///< this machine's index, required with several machines
+  std::optional<std::string> main_process_ip{};  ///< MASTER_ADDR; required with several machines
+  std::optional<int> main_process_port{};        ///< MASTER_PORT; unset or 0 = a free port (one machine only)
+  bool tee = false;                              ///< prefix each output line with `[rank N]`
+  std::optional<std::string> log_dir{};          ///< also write `<dir>/rank_N.{stdout,stderr}.log`
+  std::string timeout_s = "300";                 ///< ACCEL_TIMEOUT_S for the children (collective timeout)
+  double grace_s = 10;                           ///< SIGTERM → SIGKILL grace period when stopping children
+  std::vector<std::string> command{};            ///< program and its arguments
 };
-
-namespace detail {
-
-inline std::string option_key(std::string_view name) {
-  std::string k(name);
-  for (char& c : k)
-    if (c == '-') c = '_';
-  return k;
-}
-
-inline int parse_int_option(std::string_view name, std::string_view value, long long min, long long max) {
-  const auto v = text::parse_integer<int>(value);
-  if (!v || *v < min || *v > max)
-    accel::detail::throw_error<usage_error>(name, " '", value, "' is not ",
-                                            min == 0 ? "a non-negative integer" : "a positive integer",
-                                            max < 999'999'999 ? accel::detail::concat(" up to ", max) : std::string{});
-  return *v;
-}
-
-inline double parse_seconds_option(std::string_view name, std::string_view value, bool allow_zero) {
-  const std::string text(value);
-  char* end = nullptr;
-  const double s = text.empty() ? -1 : std::strtod(text.c_str(), &end);
-  const bool ok = !text.empty() && end == text.c_str() + text.size() && (allow_zero ? s >= 0 : s > 0) && s <= 1e7 &&
-                  text.find_first_of("xXpPnN") == std::string::npos;  // no hex floats, inf, nan
-  if (!ok)
-    accel::detail::throw_error<usage_error>(name, " '", value, "' is not ", allow_zero ? "a non-negative" : "a positive",
-                                            " number of seconds (e.g. ", name, " 30)");
-  return s;
-}
-
-}  // namespace detail
-
-/// @brief Parses the arguments after `launch` (args[0] is the subcommand name and is skipped).
-///
-/// Options take `--name value` or `--name=value`, with underscores or hyphens (`--num_processes`,
-/// `--num-processes`). The program starts after `--`, or at the first argument not starting with `-`;
-/// everything after it goes to the program unchanged.
-/// @throws usage_error naming the option and the value for unknown options, missing values, bad numbers,
-///         contradictory options, or a missing program (unless `--help`)
-inline LaunchOptions parse_launch_args(std::span<const std::string_view> args) {
-  using accel::detail::throw_error;
-  LaunchOptions o;
-  std::size_t i = args.empty() ? 0 : 1;
-  for (; i < args.size(); ++i) {
-    const std::string_view a = args[i];
-    if (a == "--") {
-      ++i;
-      break;
-    }
-    if (!a.starts_with("-") || a == "-") break;  // the program
-    if (a == "-h" || a == "--help") {
-      o.help = true;
-      continue;
-    }
-    if (!a.starts_with("--"))
-      throw_error<usage_error>("unknown option '", a, "'; see accel launch --help");
-    const auto eq = a.find('=');
-    const std::string_view spelled = a.substr(0, eq);
-    const std::string key = detail::option_key(spelled.substr(2));
-    auto flag = [&](bool& target) {
-      if (eq != std::string_view::npos) throw_error<usage_error>(spelled, " takes no value (got '", a, "')");
-      target = true;
-    };
-    auto value = [&]() -> std::string_view {
-      if (eq != std::string_view::npos) return a.substr(eq + 1);
-      if (i + 1 >= args.size() || args[i + 1] == "--")
-        throw_error<usage_error>(spelled, " needs a value; see accel launch --help");
-      return args[++i];
-    };
-    if (key == "cpu") flag(o.cpu);
-    else if (key == "tee") flag(o.tee);
-    else if (key == "num_processes") o.num_processes = detail::parse_int_option(spelled, value(), 1, 65536);
-    else if (key == "num_machines") o.num_machines = detail::parse_int_option(spelled, value(), 1, 65536);
-    else if (key == "machine_rank") o.machine_rank = detail::parse_int_option(spelled, value(), 0, 65535);
-    else if (key == "main_process_port") o.main_process_port = detail::parse_int_option(spelled, value(), 0, 65535);
-    else if (key == "gpu_ids") {
-      std::string v(value());
-      if (v == "all") o.gpu_ids.reset();
-      else o.gpu_ids = std::move(v);
-    } else if (key == "main_process_ip") {
-      const std::string_view v = value();
-      if (v.empty() || v.find_first_of(" \t") != std::string_view::npos)
-        throw_error<usage_error>(spelled, " '", v, "' is not a host name or address");
-      o.main_process_ip = std::string(v);
-    } else if (key == "log_dir") {
-      const std::string_view v = value();
-      if (v.empty()) throw_error<usage_error>(spelled, " needs a directory name, got ''");
-      o.log_dir = std::string(v);
-    } else if (key == "timeout") {
-      const std::string_view v = value();
-      detail::parse_seconds_option(spelled, v, false);
-      o.timeout_s = std::string(v);
-    } else if (key == "grace") o.grace_s = detail::parse_seconds_option(spelled, value(), true);
-    else if (key == "multi_gpu")
-      throw_error<usage_error>("unknown option '", spelled, "': accel launch needs no --multi_gpu; --num_processes N starts N processes");
-    else
-      throw_error<usage_error>("unknown option '", spelled, "'; see accel launch --help");
-  }
-  for (; i < args.size(); ++i) o.command.emplace_back(args[i]);
-  if (o.cpu && o.gpu_ids)
-    throw_error<usage_error>("--cpu and --gpu_ids ", *o.gpu_ids, " contradict each other; pass one of them");
-  if (o.command.empty() && !o.help)
-    throw_error<usage_error>("no program to launch; usage: accel launch [options] [--] program [args...]");
-  return o;
-}
-
-/// @brief Overload for `argv`-style input.
-inline LaunchOptions parse_launch_args(std::span<char*> args) {
-  std::vector<std::string_view> v(args.begin(), args.end());
-  return parse_launch_args(std::span<const std::string_view>(v));
-}
 
 /// @brief What the launcher's own process knows when planning (the seams a test fakes).
 struct LaunchInputs {

@@ -17,9 +17,9 @@
 #include <accel/runtime/text.hpp>
 
 ACCEL_NAMESPACE_BEGIN
-namespace detail {
 
-/// @brief The bar's text for `done` of `total` bytes after `seconds` (pure; tested directly).
+/// @brief The progress line for `done` of `total` bytes after `seconds`: a bar of `width` cells,
+///        percent, bytes, rate and ETA (`loading [####....]  50%  1.00 GiB / 2.00 GiB  ...`).
 inline std::string format_progress(std::uint64_t done, std::uint64_t total, double seconds, int width = 24) {
   const double frac = total ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
   const int filled = static_cast<int>(frac * width);
@@ -38,11 +38,12 @@ inline std::string format_progress(std::uint64_t done, std::uint64_t total, doub
   }
   char pct[8];
   std::snprintf(pct, sizeof pct, "%3d%%", static_cast<int>(frac * 100));
-  return concat("loading [", bar, "] ", pct, "  ", text::format_bytes(done, text::ByteStyle::significant3), " / ",
-                text::format_bytes(total, text::ByteStyle::significant3), "  ", text::format_bytes(rate, text::ByteStyle::significant3), "/s  ETA ", eta);
+  return detail::concat("loading [", bar, "] ", pct, "  ", text::format_bytes(done, text::ByteStyle::significant3), " / ",
+                        text::format_bytes(total, text::ByteStyle::significant3), "  ", text::format_bytes(rate, text::ByteStyle::significant3), "/s  ETA ", eta);
 }
 
-/// @brief Draws format_progress() on `out` (carriage return, no newline until finish()).
+/// @brief Draws format_progress() on `out`, redrawing in place (carriage return, no newline until
+///        finish()); load_checkpoint_and_dispatch draws one on stderr.
 class ProgressBar {
  public:
   /// @param total bytes expected
@@ -67,7 +68,9 @@ class ProgressBar {
     std::fputc('\n', out_);
     std::fflush(out_);
   }
+  /// @brief Whether it draws at all (enabled and `out` is a terminal).
   [[nodiscard]] bool active() const noexcept { return active_; }
+  /// @brief Bytes added so far.
   [[nodiscard]] std::uint64_t done() const noexcept { return done_; }
 
  private:
@@ -84,5 +87,4 @@ class ProgressBar {
   bool active_ = false, drawn_ = false, finished_ = false;
 };
 
-}  // namespace detail
 ACCEL_NAMESPACE_END
