@@ -12,14 +12,18 @@
 /// @endcode
 #pragma once
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -53,13 +57,23 @@ struct StoreServerOptions {
   };
   /// On destruction, keep serving until every client disconnected or this long passed (rank 0 hosting).
   std::chrono::milliseconds linger{0};
+  /// Largest frame accepted before the handshake (a hello is a few dozen bytes plus the token).
+  std::size_t max_handshake_bytes = 4096;
+  /// A connection that has not said hello this long after connecting is closed (ranks say it at once).
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// Most connections without a hello kept open at once; past it the oldest are closed.
+  std::size_t max_pending_connections = 1024;
+  /// Largest world size a hello or exchange may name while the job's world size is unknown.
+  int max_world_size = 1 << 20;
 };
 
 /// @brief The store server: listens on one address, serves any number of clients from one thread.
 ///
 /// Binds only to `bind_host` (use "127.0.0.1" for a single-machine job). Survives any byte sequence
 /// from any client: malformed, oversized or unauthenticated frames get an error reply and the
-/// connection is closed; nothing else is affected.
+/// connection is closed; nothing else is affected. Connections that never say hello are closed
+/// after `handshake_timeout`, at most `max_pending_connections` of them are kept, and running out
+/// of file descriptors turns new connections away instead of busy-looping.
 class StoreServer {
  public:
   /// @param bind_host address to listen on (a name or a numeric address)
@@ -68,12 +82,19 @@ class StoreServer {
   /// @throws comm_error naming the address when it cannot listen (port in use, foreign address)
   StoreServer(std::string bind_host, std::uint16_t port, std::string job_token, StoreServerOptions options = {})
       : host_(std::move(bind_host)), options_(std::move(options)),
-        core_(detail::StoreCoreOptions{std::move(job_token), options_.max_frame_bytes, 4096, options_.world_size, options_.log}) {
+        core_(detail::StoreCoreOptions{.job_token = std::move(job_token),
+                                       .max_frame_bytes = options_.max_frame_bytes,
+                                       .max_handshake_bytes = options_.max_handshake_bytes,
+                                       .world_size = options_.world_size,
+                                       .log = options_.log,
+                                       .handshake_timeout = options_.handshake_timeout,
+                                       .max_world_size = options_.max_world_size}) {
     listener_ = detail::listen_tcp(host_, port);
     port_ = static_cast<std::uint16_t>(detail::socket_port(listener_.get()));
     int p[2];
     if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) detail::throw_error<comm_error>("store: pipe failed: ", detail::os_error_text(errno));
     wake_read_.reset(p[0]), wake_write_.reset(p[1]);
+    reserve_.reset(open_reserve());
     thread_ = std::thread([this] { loop(); });
   }
   StoreServer(const StoreServer&) = delete;
@@ -99,84 +120,194 @@ class StoreServer {
 
  private:
   using Clock = detail::StoreClock;
+  using ConnId = detail::StoreCore::ConnId;
 
+  // Catches everything: whatever a client sends, or a bug here, surfaces as a logged error and the
+  // store keeps serving; nothing reaches std::terminate through this thread.
   void loop() noexcept {
-    std::map<detail::StoreCore::ConnId, detail::Fd> fds;
-    detail::StoreCore::ConnId next_id = 1;
     std::vector<std::byte> buf(256 * 1024);
     std::optional<Clock::time_point> stop_at;
     std::vector<pollfd> pfds;
-    std::vector<detail::StoreCore::ConnId> ids;
+    std::vector<ConnId> ids, dead;
     for (;;) {
-      if (stopping_ && !stop_at) stop_at = Clock::now() + options_.linger;
-      if (stop_at && (fds.empty() || Clock::now() >= *stop_at)) break;
-      pfds.clear(), ids.clear();
-      pfds.push_back({wake_read_.get(), POLLIN, 0});
-      pfds.push_back({listener_.get(), static_cast<short>(stop_at ? 0 : POLLIN), 0});
-      for (auto& [id, fd] : fds) {
-        auto& c = core_.connections().at(id);
-        short ev = c.close_after_flush ? 0 : POLLIN;
-        if (!c.out.empty()) ev = static_cast<short>(ev | POLLOUT);
-        pfds.push_back({fd.get(), ev, 0});
-        ids.push_back(id);
-      }
-      auto deadline = core_.next_deadline();
-      if (stop_at) deadline = deadline ? std::min(*deadline, *stop_at) : *stop_at;
-      const int timeout = deadline ? detail::poll_ms(*deadline) : -1;
-      if (::poll(pfds.data(), pfds.size(), timeout) < 0 && errno != EINTR) break;
-      const auto now = Clock::now();
-      if (pfds[0].revents & POLLIN) {
-        char drain[64];
-        while (::read(wake_read_.get(), drain, sizeof drain) > 0) {
+      try {
+        if (stopping_ && !stop_at) stop_at = Clock::now() + options_.linger;
+        if (stop_at && (fds_.empty() || Clock::now() >= *stop_at)) break;
+        pfds.clear(), ids.clear(), dead.clear();
+        const bool listening = !stop_at && !(listen_paused_until_ && Clock::now() < *listen_paused_until_);
+        pfds.push_back({wake_read_.get(), POLLIN, 0});
+        pfds.push_back({listener_.get(), static_cast<short>(listening ? POLLIN : 0), 0});
+        for (auto& [id, fd] : fds_) {
+          auto& c = core_.connections().at(id);
+          short ev = c.close_after_flush ? 0 : POLLIN;
+          if (!c.out.empty()) ev = static_cast<short>(ev | POLLOUT);
+          pfds.push_back({fd.get(), ev, 0});
+          ids.push_back(id);
         }
-      }
-      std::vector<detail::StoreCore::ConnId> dead;
-      if (pfds[1].revents & POLLIN) {
-        for (;;) {
-          const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-          if (fd < 0) break;
-          detail::set_nodelay(fd);
-          const auto id = next_id++;
-          fds.emplace(id, detail::Fd(fd));
-          core_.open(id, detail::socket_address(fd, true));
-        }
-      }
-      for (std::size_t i = 2; i < pfds.size(); ++i) {
-        if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-        const auto id = ids[i - 2];
-        for (;;) {
-          const ssize_t n = ::recv(pfds[i].fd, buf.data(), buf.size(), 0);
-          if (n > 0) {
-            core_.receive(id, std::span<const std::byte>(buf.data(), static_cast<std::size_t>(n)), now);
-            if (static_cast<std::size_t>(n) < buf.size()) break;
-            continue;
+        auto deadline = core_.next_deadline();
+        auto earliest = [&](Clock::time_point t) { deadline = deadline ? std::min(*deadline, t) : t; };
+        if (stop_at) earliest(*stop_at);
+        if (!listening && !stop_at) earliest(*listen_paused_until_);
+        const int timeout = deadline ? detail::poll_ms(*deadline) : -1;
+        if (::poll(pfds.data(), pfds.size(), timeout) < 0) {
+          // ENOMEM, or EINVAL after the process lowered its descriptor limit: wait, do not exit.
+          const int err = errno;
+          if (err != EINTR) {
+            if (auto more = poll_log_.admit(Clock::now())) report(detail::concat("poll failed: ", detail::os_error_text(err), *more));
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
           }
-          if (n < 0 && errno == EINTR) continue;
-          if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-          dead.push_back(id);  // orderly close (0) or reset
-          break;
+          continue;
         }
-      }
-      core_.tick(now);
-      core_.resume(now);
-      flush(fds, dead);
-      while (!dead.empty()) {
-        for (auto id : dead) {
-          fds.erase(id);
-          core_.closed(id, Clock::now());
+        const auto now = Clock::now();
+        if (pfds[0].revents & POLLIN) {
+          char drain[64];
+          while (::read(wake_read_.get(), drain, sizeof drain) > 0) {
+          }
         }
-        dead.clear();
-        core_.resume(Clock::now());
-        flush(fds, dead);
+        for (std::size_t i = 2; i < pfds.size(); ++i) {
+          if (!(pfds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+          const auto id = ids[i - 2];
+          for (;;) {
+            const ssize_t n = ::recv(pfds[i].fd, buf.data(), buf.size(), 0);
+            if (n > 0) {
+              core_.receive(id, std::span<const std::byte>(buf.data(), static_cast<std::size_t>(n)), now);
+              if (static_cast<std::size_t>(n) < buf.size()) break;
+              continue;
+            }
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+            dead.push_back(id);  // orderly close (0) or reset
+            break;
+          }
+        }
+        // After the reads: a connection accepted in an earlier round has had its hello read by
+        // now if it sent one, so only those may be dropped to make room for new ones.
+        if (listening && (pfds[1].revents & POLLIN)) accept_ready(now);
+        core_.tick(now);
+        core_.resume(now);
+        flush(dead);
+        while (!dead.empty()) {
+          for (auto id : dead) {
+            fds_.erase(id);
+            core_.closed(id, Clock::now());
+          }
+          dead.clear();
+          core_.resume(Clock::now());
+          flush(dead);
+        }
+      } catch (const std::exception& e) {
+        report(detail::concat("internal error in the store loop (please report it): ", e.what()));
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // an error that repeats must not spin
+      } catch (...) {
+        report("internal error in the store loop (please report it): an unknown exception");
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }
   }
 
+  // Accepts what the listener holds. Idle connections are limited two ways: at most
+  // max_pending_connections without a hello, and whatever the descriptor limit allows. At either
+  // limit the OLDEST connection without a hello is closed rather than the new one refused: a rank
+  // says hello within a round trip of connecting, so the longest-idle connections are the least
+  // likely to be ranks, while refusing new ones would let an idle flood lock every later rank out.
+  void accept_ready(Clock::time_point now) {
+    const ConnId first_this_round = next_id_;
+    const std::size_t cap = std::max<std::size_t>(1, options_.max_pending_connections);
+    for (;;) {
+      if (core_.pending() >= cap &&
+          !drop_oldest_pending(first_this_round, now,
+                               detail::concat("the store keeps at most ", cap, " connections without a hello; the oldest are closed")))
+        return;  // every one came in this round: read their hellos first
+      const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd >= 0) {
+        detail::set_nodelay(fd);
+        const auto id = next_id_++;
+        fds_.emplace(id, detail::Fd(fd));
+        core_.open(id, detail::socket_address(fd, true), now);
+        continue;
+      }
+      const int err = errno;
+      if (err == EINTR || err == ECONNABORTED) continue;
+      if (err == EAGAIN || err == EWOULDBLOCK) return;
+      if (err != EMFILE && err != ENFILE) {
+        // ENOBUFS, ENOMEM and the like: the kernel is short of memory; the listener waits a moment.
+        if (auto more = accept_log_.admit(now)) report(detail::concat("cannot accept connections: ", detail::os_error_text(err), *more));
+        listen_paused_until_ = now + std::chrono::milliseconds(100);
+        return;
+      }
+      if (auto more = fd_log_.admit(now)) report(out_of_files(err) + *more);
+      if (drop_oldest_pending(first_this_round, now, "the store is out of file descriptors; connections without a hello are closed, oldest first"))
+        continue;
+      if (core_.pending() > 0) return;  // all from this round: read their hellos first
+      // Every descriptor serves a rank: turn the newcomer away at once with a reason, through the
+      // reserve descriptor, so it neither hangs in the backlog nor keeps the listener ready (a
+      // ready listener that cannot be drained is what made the loop spin).
+      if (!turn_away_one(err)) {
+        listen_paused_until_ = now + std::chrono::milliseconds(100);
+        return;
+      }
+    }
+  }
+
+  // Closes the longest-idle connection without a hello, if it was accepted before this round.
+  bool drop_oldest_pending(ConnId first_this_round, Clock::time_point now, const std::string& why) {
+    const auto oldest = core_.oldest_pending();
+    if (!oldest || *oldest >= first_this_round) return false;
+    auto it = fds_.find(*oldest);
+    if (it != fds_.end()) {
+      const auto frame = detail::encode_failure(detail::FailureKind::refused, why);
+      [[maybe_unused]] auto n = ::send(it->second.get(), frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (auto more = drop_log_.admit(now)) report(detail::concat("closed ", core_.connections().at(*oldest).peer, ": ", why, *more));
+      fds_.erase(it);
+    }
+    core_.closed(*oldest, now);
+    return true;
+  }
+
+  // Frees the reserve descriptor, accepts one connection with it, tells it why and closes it.
+  bool turn_away_one(int err) {
+    if (!reserve_) reserve_.reset(open_reserve());
+    if (!reserve_) return false;
+    reserve_.reset();
+    const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      const auto frame = detail::encode_failure(detail::FailureKind::refused, out_of_files(err));
+      [[maybe_unused]] auto n = ::send(fd, frame.data(), frame.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      ::close(fd);
+    }
+    reserve_.reset(open_reserve());
+    return fd >= 0;
+  }
+
+  static int open_reserve() noexcept { return ::open("/dev/null", O_RDONLY | O_CLOEXEC); }
+
+  static std::string out_of_files(int err) {
+    if (err == ENFILE)
+      return detail::concat("cannot accept more connections: ", detail::os_error_text(err),
+                            "; the system-wide limit on open files is reached (fs.file-max)");
+    rlimit l{};
+    ::getrlimit(RLIMIT_NOFILE, &l);
+    return detail::concat("cannot accept more connections: ", detail::os_error_text(err),
+                          "; the store's process is at its limit on open files (RLIMIT_NOFILE ", l.rlim_cur,
+                          "); raise it with `ulimit -n` before starting the job");
+  }
+
+  void report(const std::string& msg) noexcept {
+    try {
+      if (options_.log) options_.log(msg);
+    } catch (...) {  // a failing log must not take the store down
+    }
+  }
+
   // Writes as much pending output as the sockets take; refused connections close once flushed.
-  void flush(std::map<detail::StoreCore::ConnId, detail::Fd>& fds, std::vector<detail::StoreCore::ConnId>& dead) {
-    for (auto& [id, fd] : fds) {
+  void flush(std::vector<ConnId>& dead) {
+    for (auto& [id, fd] : fds_) {
       if (std::find(dead.begin(), dead.end(), id) != dead.end()) continue;
       auto& c = core_.connections().at(id);
+      if (c.drop) {
+        dead.push_back(id);
+        continue;
+      }
       bool broken = false;
       while (!c.out.empty()) {
         const auto& chunk = *c.out.front();
@@ -200,6 +331,12 @@ class StoreServer {
   StoreServerOptions options_;
   detail::StoreCore core_;
   detail::Fd listener_, wake_read_, wake_write_;
+  detail::Fd reserve_;  ///< held open so that, out of descriptors, one can still be freed to turn a client away
+  // Touched only by the server thread:
+  std::map<ConnId, detail::Fd> fds_;
+  ConnId next_id_ = 1;
+  std::optional<Clock::time_point> listen_paused_until_;
+  detail::LogThrottle fd_log_, drop_log_, accept_log_, poll_log_;
   std::uint16_t port_ = 0;
   std::atomic<bool> stopping_{false};
   std::thread thread_;

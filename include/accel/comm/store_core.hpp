@@ -38,6 +38,32 @@ struct StoreCoreOptions {
   std::size_t max_handshake_bytes = 4096;          ///< largest body before the handshake succeeded
   int world_size = 0;                              ///< expected ranks (0 = learn from the first hello)
   std::function<void(const std::string&)> log;     ///< server-side events (refusals, deaths)
+  /// A connection that has not completed its hello this long after connecting is closed.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// Largest world size (and rank + 1) a hello or an exchange may name when the job's world size
+  /// is not known; once it is, nothing beyond it is accepted.
+  int max_world_size = 1 << 20;
+};
+
+/// @brief Lets one log line through per period and counts the ones held back, so a flood of
+/// identical events (idle connections, descriptor exhaustion) costs a line a minute, not one each.
+class LogThrottle {
+ public:
+  /// @return the text to append to the line (" (N more since ...)" or "") when it should be
+  /// logged now; nullopt when it is held back
+  std::optional<std::string> admit(StoreClock::time_point now, StoreClock::duration period = std::chrono::minutes(1)) {
+    if (last_ && now - *last_ < period) {
+      ++held_;
+      return std::nullopt;
+    }
+    std::string suffix = held_ ? concat(" (", held_, " more since the last report)") : std::string();
+    last_ = now, held_ = 0;
+    return suffix;
+  }
+
+ private:
+  std::optional<StoreClock::time_point> last_;
+  std::uint64_t held_ = 0;
 };
 
 /// @brief Keys, waiters, collective exchanges and rank liveness of one store.
@@ -48,22 +74,29 @@ class StoreCore {
 
   /// @brief One client connection as the core sees it.
   struct Conn {
-    explicit Conn(std::string p, std::size_t limit) : peer(std::move(p)), in(limit) {}
+    Conn(std::string p, std::size_t limit, StoreClock::time_point hello_by)
+        : peer(std::move(p)), in(limit), handshake_deadline(hello_by) {}
     std::string peer;
     FrameAssembler in;
+    StoreClock::time_point handshake_deadline;  ///< closed if not authenticated by then
     std::deque<Chunk> out;          ///< reply frames not yet written
     std::size_t out_offset = 0;     ///< bytes of out.front() already written
     bool authenticated = false;
     bool said_bye = false;
     bool busy = false;              ///< a get/wait/exchange is pending; later frames wait their turn
     bool close_after_flush = false; ///< refused or broke the protocol: close once replies are out
+    bool drop = false;              ///< close now, unflushed: its handshake deadline passed with output stuck
     int rank = -1;
   };
 
   explicit StoreCore(StoreCoreOptions options) : options_(std::move(options)), world_(options_.world_size) {}
 
-  /// @brief A client connected from `peer`.
-  void open(ConnId id, std::string peer) { conns_.emplace(id, Conn(std::move(peer), options_.max_handshake_bytes)); }
+  /// @brief A client connected from `peer` at `now`; it has the handshake timeout to say hello.
+  /// Ids must grow with time (oldest_pending() relies on it).
+  void open(ConnId id, std::string peer, StoreClock::time_point now = StoreClock::now()) {
+    conns_.emplace(id, Conn(std::move(peer), options_.max_handshake_bytes, now + options_.handshake_timeout));
+    pending_.insert(id);
+  }
 
   /// @brief Bytes arrived on a connection. Never throws for any byte sequence.
   void receive(ConnId id, std::span<const std::byte> data, StoreClock::time_point now) {
@@ -79,6 +112,7 @@ class StoreCore {
     if (it == conns_.end()) return;
     const Conn c = std::move(it->second);
     conns_.erase(it);
+    pending_.erase(id);
     std::erase_if(waiters_, [&](const Waiter& w) { return w.conn == id; });
     for (auto& [key, ex] : exchanges_)
       for (auto& slot : ex.slots)
@@ -96,8 +130,24 @@ class StoreCore {
     }
   }
 
-  /// @brief Fails every wait whose deadline has passed.
+  /// @brief Fails every wait whose deadline has passed and closes connections that did not say
+  /// hello in time.
   void tick(StoreClock::time_point now) {
+    for (ConnId id : pending_) {
+      Conn& c = conns_.at(id);
+      if (c.handshake_deadline > now || c.drop) continue;
+      // The reply is one small frame, so it normally leaves at once; a peer that does not read
+      // even that is cut off at the next tick.
+      if (c.close_after_flush) {
+        c.drop = true;
+        continue;
+      }
+      const std::string why = concat("no hello within ", text::format_ms(static_cast<std::uint64_t>(options_.handshake_timeout.count())),
+                                     " of connecting; closing the connection");
+      if (auto more = idle_log_.admit(now)) log(concat("closed ", c.peer, ": ", why, *more));
+      send(id, encode_failure(FailureKind::refused, why));
+      c.close_after_flush = true;
+    }
     std::vector<Waiter> expired;
     std::erase_if(waiters_, [&](const Waiter& w) { return w.deadline <= now && (expired.push_back(w), true); });
     for (const auto& w : expired) {
@@ -128,6 +178,8 @@ class StoreCore {
     std::optional<StoreClock::time_point> best;
     auto take = [&](StoreClock::time_point t) { best = best ? std::min(*best, t) : t; };
     for (const auto& w : waiters_) take(w.deadline);
+    for (ConnId id : pending_)
+      if (const Conn& c = conns_.at(id); !c.drop) take(c.handshake_deadline);
     for (const auto& [key, ex] : exchanges_)
       if (ex.abandoned.empty())
         for (const auto& s : ex.slots)
@@ -137,6 +189,13 @@ class StoreCore {
 
   /// @brief Connections and their pending output (the I/O loop writes `out` and honours `close_after_flush`).
   std::map<ConnId, Conn>& connections() noexcept { return conns_; }
+  /// @brief Number of connections that have not completed a hello (including refused ones not yet closed).
+  [[nodiscard]] std::size_t pending() const noexcept { return pending_.size(); }
+  /// @brief The longest-connected of those, if any.
+  [[nodiscard]] std::optional<ConnId> oldest_pending() const {
+    if (pending_.empty()) return std::nullopt;
+    return *pending_.begin();
+  }
   /// @brief Number of pending get/wait requests (tests).
   [[nodiscard]] std::size_t waiting() const noexcept { return waiters_.size(); }
   /// @brief Whether a key is present (tests).
@@ -240,6 +299,11 @@ class StoreCore {
       } catch (const error& e) {
         refuse(id, FailureKind::protocol, e.what());
         return;
+      } catch (const std::exception& e) {
+        // Not the client's fault (memory exhausted, or a bug here): end this connection and say why.
+        log(concat("internal error while serving ", it->second.peer, ": ", e.what()));
+        refuse(id, FailureKind::protocol, concat("the store failed on this request: ", e.what()));
+        return;
       }
     }
   }
@@ -317,8 +381,18 @@ class StoreCore {
                     "wrong job token: this store serves another job, or ACCEL_JOB_TOKEN differs between processes");
     if (q.world > 0 && world_ > 0 && q.world != world_)
       return refuse(id, FailureKind::refused, concat("world size ", q.world, " does not match the job's world size ", world_));
+    // Both bound what later messages build per rank (rank lists, exchange slots).
+    if (q.world > options_.max_world_size)
+      return refuse(id, FailureKind::refused,
+                    concat("world size ", q.world, " exceeds the store's limit of ", options_.max_world_size, " ranks"));
+    if (world_ > 0 && q.rank >= world_)
+      return refuse(id, FailureKind::refused, concat("rank ", q.rank, " is outside the job's world size ", world_));
+    if (q.rank >= options_.max_world_size)
+      return refuse(id, FailureKind::refused,
+                    concat("rank ", q.rank, " exceeds the store's limit of ", options_.max_world_size, " ranks"));
     if (q.world > 0) world_ = q.world;
     c.authenticated = true;
+    pending_.erase(id);
     c.rank = q.rank;
     c.in.set_limit(options_.max_frame_bytes);
     if (q.rank >= 0) {
@@ -360,6 +434,14 @@ class StoreCore {
   }
 
   void join_exchange(ConnId id, StoreRequest q, StoreClock::time_point deadline) {
+    // The exchange holds a slot per rank: its size must come from the job, not from one frame.
+    if (world_ > 0 && q.world > world_)
+      return fail(id, FailureKind::mismatch,
+                  concat("rank ", q.rank, " joined ", q.label, " with world size ", q.world, ", but the job's world size is ", world_));
+    if (q.world > options_.max_world_size)
+      return fail(id, FailureKind::mismatch,
+                  concat("rank ", q.rank, " joined ", q.label, " with world size ", q.world, ", over the store's limit of ",
+                         options_.max_world_size, " ranks"));
     auto [it, fresh] = exchanges_.try_emplace(q.key);
     Exchange& ex = it->second;
     if (fresh) ex.label = q.label, ex.slots.resize(static_cast<std::size_t>(q.world));
@@ -450,6 +532,8 @@ class StoreCore {
   std::map<std::string, Exchange> exchanges_;
   std::map<int, RankInfo> ranks_;
   std::deque<ConnId> pending_resume_;
+  std::set<ConnId> pending_;  ///< connections without a completed hello, oldest (lowest id) first
+  LogThrottle idle_log_;
 };
 
 }  // namespace detail

@@ -119,6 +119,33 @@ inline Fd listen_tcp(const std::string& host, int port, int backlog = 512) {
                                              : "; check the address belongs to this machine");
 }
 
+inline int poll_ms(std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+  return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left + 1, 1 << 30));
+}
+
+/// @brief One connect() that gives up at `deadline`; 0 or the errno. A listener whose accept queue is
+/// full drops the SYN, and a blocking connect() would retry it for minutes past any deadline.
+inline int connect_until(int fd, const sockaddr* addr, socklen_t len, std::chrono::steady_clock::time_point deadline) {
+  set_nonblocking(fd, true);
+  if (::connect(fd, addr, len) != 0) {
+    if (errno != EINPROGRESS) return errno;
+    for (;;) {
+      pollfd p{fd, POLLOUT, 0};
+      const int r = ::poll(&p, 1, poll_ms(deadline));
+      if (r > 0) break;
+      if (r == 0) return ETIMEDOUT;
+      if (errno != EINTR) return errno;
+    }
+    int err = 0;
+    socklen_t err_len = sizeof err;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len) != 0) return errno;
+    if (err != 0) return err;
+  }
+  set_nonblocking(fd, false);
+  return 0;
+}
+
 /// @brief Connects to host:port, retrying refused connections until `deadline` (the server may start later).
 /// @throws timeout_error when the deadline passes, comm_error when the host cannot be resolved
 inline Fd connect_tcp(const std::string& host, int port, std::chrono::steady_clock::time_point deadline) {
@@ -133,11 +160,11 @@ inline Fd connect_tcp(const std::string& host, int port, std::chrono::steady_clo
         last = errno;
         continue;
       }
-      if (::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0) {
+      last = connect_until(fd.get(), a->ai_addr, a->ai_addrlen, deadline);
+      if (last == 0) {
         set_nodelay(fd.get());
         return fd;
       }
-      last = errno;
     }
     if (std::chrono::steady_clock::now() + pause >= deadline)
       throw_error<timeout_error>("could not connect to the store at ", host_port(host, port), ": ", os_error_text(last),
@@ -145,11 +172,6 @@ inline Fd connect_tcp(const std::string& host, int port, std::chrono::steady_clo
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(100));
   }
-}
-
-inline int poll_ms(std::chrono::steady_clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-  return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left + 1, 1 << 30));
 }
 
 /// @brief Result of a bounded I/O step.
