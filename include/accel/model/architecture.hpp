@@ -1,0 +1,501 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file architecture.hpp
+/// @brief What transformers knows about a model and its checkpoint headers do not: config.json read
+///        into a value, and the architecture catalog (module classes, construction order, ties,
+///        keep-in-fp32 modules, non-persistent buffers) looked up for it.
+///
+/// The catalog is data generated from transformers by tests/compat/gen_catalog.py
+/// (include/accel/model/data/catalog.json, with the transformers and torch versions it came
+/// from) and embedded in detail/catalog_data.hpp, so nothing is read from disk at run time.
+/// An architecture missing from it gives an "unknown" ArchitectureMatch with the reason;
+/// callers then keep their header-only heuristics.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <accel/model/detail/catalog_data.hpp>
+#include <accel/model/detail/config_expression.hpp>
+#include <accel/model/dtype.hpp>
+#include <accel/model/json.hpp>
+#include <accel/model/module_tree.hpp>
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/error.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief The fields of a model's config.json that planning uses, plus the whole document.
+struct ModelConfig {
+  std::vector<std::string> architectures;       ///< `architectures` (class names), may be empty
+  std::string model_type;                       ///< `model_type`, may be empty
+  std::optional<DType> dtype;                   ///< `dtype` (transformers 5) or `torch_dtype` (4.x)
+  std::optional<bool> tie_word_embeddings;      ///< unset when absent or null
+  std::optional<bool> is_encoder_decoder;       ///< unset when absent or null
+  std::optional<std::uint64_t> num_hidden_layers;  ///< `num_hidden_layers`, `n_layer` or `num_layers`
+  nlohmann::json json = nlohmann::json::object();  ///< the whole document (catalog expressions read it)
+};
+
+/// @brief Parses config.json text.
+/// @param label the file name for messages
+/// @throws accel::checkpoint_error naming the file and the field when the text is not a JSON object
+///         or a field above has the wrong type or an unknown dtype
+[[nodiscard]] inline ModelConfig parse_model_config(std::string_view text, std::string_view label = "config.json") {
+  auto parsed = parse_json_strict(text);
+  if (!parsed.error.empty() || !parsed.value.is_object())
+    detail::throw_error<checkpoint_error>("model config '", label, "' is not a JSON object",
+                                          parsed.error.empty() ? std::string() : ": " + parsed.error, "; fix or remove it");
+  ModelConfig c;
+  c.json = std::move(parsed.value);
+  auto bad = [&](std::string_view field, const nlohmann::json& v, std::string_view want) {
+    detail::throw_error<checkpoint_error>("model config '", label, "': ", field, " is ", json_excerpt(v), ", not ", want);
+  };
+  auto field = [&](const char* key) -> const nlohmann::json* {
+    auto it = c.json.find(key);
+    return it == c.json.end() || it->is_null() ? nullptr : &*it;
+  };
+  if (auto v = field("architectures")) {
+    if (!v->is_array()) bad("architectures", *v, "a list of class names");
+    for (const auto& a : *v) {
+      if (!a.is_string()) bad("architectures", *v, "a list of class names");
+      c.architectures.push_back(a.get<std::string>());
+    }
+  }
+  if (auto v = field("model_type")) {
+    if (!v->is_string()) bad("model_type", *v, "a string");
+    c.model_type = v->get<std::string>();
+  }
+  for (const char* key : {"dtype", "torch_dtype"}) {  // transformers 5 writes `dtype`; it wins
+    auto v = field(key);
+    if (!v || c.dtype) continue;
+    if (!v->is_string()) bad(key, *v, "a dtype name");
+    auto d = try_dtype_from_string(v->get<std::string>());
+    if (!d) bad(key, *v, "a dtype name (float16, bfloat16, float32, ...)");
+    c.dtype = d;
+  }
+  for (auto [key, out] : {std::pair{"tie_word_embeddings", &c.tie_word_embeddings},
+                          std::pair{"is_encoder_decoder", &c.is_encoder_decoder}}) {
+    if (auto v = field(key)) {
+      if (!v->is_boolean()) bad(key, *v, "true or false");
+      *out = v->get<bool>();
+    }
+  }
+  for (const char* key : {"num_hidden_layers", "n_layer", "num_layers"}) {
+    auto v = field(key);
+    if (!v || c.num_hidden_layers) continue;
+    if (!v->is_number_unsigned()) bad(key, *v, "a non-negative integer");
+    c.num_hidden_layers = v->get<std::uint64_t>();
+  }
+  return c;
+}
+
+/// @brief Reads and parses a config.json file.
+/// @throws accel::checkpoint_error when it cannot be read or parsed (see parse_model_config)
+[[nodiscard]] inline ModelConfig read_model_config(const std::filesystem::path& path) {
+  return parse_model_config(read_text_file(path, "model config"), path.string());
+}
+
+/// @name The catalog
+///@{
+/// @brief A module of an architecture, as a template: numbered parts are `{i}`, `{j}`, ... .
+struct ModuleTemplate {
+  std::string path;                     ///< `model.layers.{i}.mlp` ("" is the root)
+  std::string class_name;               ///< `LlamaMLP`
+  std::vector<std::string> parameters;  ///< local names of its direct parameters, registration order
+  std::vector<std::string> buffers;     ///< local names of its direct buffers
+  std::vector<std::string> children;    ///< child names; given only where a path has several classes
+};
+
+/// @brief A buffer of an architecture; each shape entry is a catalog expression over config.json.
+struct BufferTemplate {
+  std::string name;                ///< `model.rotary_emb.inv_freq`
+  std::vector<std::string> shape;  ///< e.g. `max_position_embeddings`; "1" for a constant
+  std::string dtype;               ///< torch name, or "model": follows the dtype the model loads in
+  bool persistent = true;          ///< in the state dict (so in checkpoints)
+};
+
+/// @brief A rename or fusion transformers applies to checkpoint names while loading.
+struct WeightConversion {
+  std::string kind;                     ///< `WeightRenaming` or `WeightConverter`
+  std::vector<std::string> source;      ///< checkpoint-side patterns (transformers' regex syntax)
+  std::vector<std::string> target;      ///< model-side patterns
+  std::vector<std::string> operations;  ///< e.g. `MergeModulelist`, `Concatenate`
+};
+
+/// @brief One catalog entry: what transformers builds for one architecture class.
+struct Architecture {
+  std::string name;               ///< `LlamaForCausalLM` (config.json `architectures[0]`)
+  std::string covers;             ///< the Hub families it serves, for people
+  std::string model_type;         ///< `llama`
+  std::string config_class;       ///< `LlamaConfig`
+  std::string base_model_prefix;  ///< `model`
+  std::map<std::string, std::string, std::less<>> attribute_map;  ///< `hidden_size` -> `n_embd` (GPT-2)
+  nlohmann::json defaults = nlohmann::json::object();  ///< config-class defaults the expressions need
+  std::vector<std::string> no_split_modules;           ///< `_no_split_modules`, sorted
+  std::vector<std::string> keep_in_fp32_modules;       ///< `_keep_in_fp32_modules` (fp16 loads)
+  std::vector<std::string> keep_in_fp32_modules_strict;  ///< `..._strict` (fp16 and bf16 loads)
+  std::vector<std::vector<std::string>> tied_if_tied;    ///< tie groups when tie_word_embeddings
+  std::vector<std::vector<std::string>> tied_if_untied;  ///< tie groups when not
+  std::vector<ModuleTemplate> modules;                   ///< construction (pre-)order
+  std::vector<std::pair<std::string, std::string>> repeats;  ///< numbered container -> count expression
+  std::vector<BufferTemplate> buffers;                   ///< registration order
+  std::vector<WeightConversion> conversions;             ///< load-time checkpoint renames/fusions
+};
+
+/// @brief The parsed catalog.
+struct ArchitectureCatalog {
+  std::string transformers_version;  ///< the transformers release it was generated from
+  std::string torch_version;         ///< the torch release it was generated with
+  std::vector<Architecture> architectures;
+
+  /// @brief The entry for an architecture class name, or nullptr.
+  [[nodiscard]] const Architecture* find(std::string_view name) const {
+    for (const auto& a : architectures)
+      if (a.name == name) return &a;
+    return nullptr;
+  }
+};
+
+namespace detail {
+
+struct CatalogReader {
+  [[noreturn]] static void fail(std::string_view where, std::string_view what) {
+    throw_error<usage_error>("architecture catalog: ", where, " ", what, "; regenerate it with tests/compat/gen_catalog.py");
+  }
+  static std::string str(const nlohmann::json& o, const char* key, std::string_view where) {
+    auto it = o.find(key);
+    if (it == o.end() || !it->is_string()) fail(where, std::string("has no string '") + key + "'");
+    return it->get<std::string>();
+  }
+  static std::vector<std::string> strings(const nlohmann::json& o, const char* key, std::string_view where) {
+    std::vector<std::string> out;
+    auto it = o.find(key);
+    if (it == o.end()) return out;
+    if (!it->is_array()) fail(where, std::string("'") + key + "' is not a list");
+    for (const auto& s : *it) {
+      if (!s.is_string()) fail(where, std::string("'") + key + "' holds a non-string");
+      out.push_back(s.get<std::string>());
+    }
+    return out;
+  }
+  static std::vector<std::vector<std::string>> groups(const nlohmann::json& o, const char* key, std::string_view where) {
+    std::vector<std::vector<std::string>> out;
+    if (auto it = o.find(key); it != o.end() && it->is_array())
+      for (const auto& g : *it) out.push_back(strings(nlohmann::json{{"g", g}}, "g", where));
+    return out;
+  }
+
+  static Architecture entry(const nlohmann::json& e) {
+    Architecture a;
+    a.name = str(e, "architecture", "an entry");
+    const std::string& w = a.name;
+    a.covers = str(e, "covers", w);
+    a.model_type = str(e, "model_type", w);
+    a.config_class = str(e, "config_class", w);
+    a.base_model_prefix = str(e, "base_model_prefix", w);
+    // Named locals: a range-for over items() of a temporary would dangle.
+    const auto attribute_map = e.value("attribute_map", nlohmann::json::object());
+    for (const auto& [k, v] : attribute_map.items())
+      if (v.is_string()) a.attribute_map.emplace(k, v.get<std::string>());
+    a.defaults = e.value("defaults", nlohmann::json::object());
+    a.no_split_modules = strings(e, "no_split_modules", w);
+    a.keep_in_fp32_modules = strings(e, "keep_in_fp32_modules", w);
+    a.keep_in_fp32_modules_strict = strings(e, "keep_in_fp32_modules_strict", w);
+    const auto tied = e.value("tied", nlohmann::json::object());
+    a.tied_if_tied = groups(tied, "true", w);
+    a.tied_if_untied = groups(tied, "false", w);
+    for (const auto& m : e.at("modules"))
+      a.modules.push_back({str(m, "path", w), str(m, "class", w), strings(m, "parameters", w), strings(m, "buffers", w),
+                           strings(m, "children", w)});
+    const auto repeats = e.value("repeats", nlohmann::json::object());
+    for (const auto& [k, v] : repeats.items())
+      if (v.is_string()) a.repeats.emplace_back(k, v.get<std::string>());
+    const auto buffers = e.value("buffers", nlohmann::json::array());
+    for (const auto& b : buffers)
+      a.buffers.push_back({str(b, "name", w), strings(b, "shape", w), str(b, "dtype", w), b.value("persistent", true)});
+    const auto conversions = e.value("conversions", nlohmann::json::array());
+    for (const auto& c : conversions)
+      a.conversions.push_back({str(c, "kind", w), strings(c, "source", w), strings(c, "target", w), strings(c, "operations", w)});
+    return a;
+  }
+};
+
+}  // namespace detail
+
+/// @brief Parses catalog JSON (the embedded one, or another generated by gen_catalog.py).
+/// @throws accel::usage_error when it is not a catalog of format 1
+[[nodiscard]] inline ArchitectureCatalog parse_architecture_catalog(std::string_view text) {
+  auto parsed = parse_json_strict(text);
+  if (!parsed.error.empty() || !parsed.value.is_object() || parsed.value.value("format", 0) != 1 ||
+      !parsed.value.contains("architectures") || !parsed.value["architectures"].is_array())
+    detail::CatalogReader::fail("document", parsed.error.empty() ? "is not a format-1 catalog" : "is not JSON: " + parsed.error);
+  ArchitectureCatalog cat;
+  cat.transformers_version = detail::CatalogReader::str(parsed.value, "transformers", "document");
+  cat.torch_version = detail::CatalogReader::str(parsed.value, "torch", "document");
+  try {
+    for (const auto& e : parsed.value["architectures"]) cat.architectures.push_back(detail::CatalogReader::entry(e));
+  } catch (const nlohmann::json::exception& e) {
+    detail::CatalogReader::fail("entry", e.what());
+  }
+  return cat;
+}
+
+/// @brief The catalog embedded in the library (parsed on first use; thread-safe).
+[[nodiscard]] inline const ArchitectureCatalog& architecture_catalog() {
+  static const ArchitectureCatalog catalog = [] {
+    std::string text;
+    for (auto piece : detail::catalog_json_pieces) text += piece;
+    return parse_architecture_catalog(text);
+  }();
+  return catalog;
+}
+///@}
+
+/// @brief Outcome of find_architecture: an entry, or why there is none.
+struct ArchitectureMatch {
+  const Architecture* architecture = nullptr;  ///< nullptr when unknown
+  std::string reason;  ///< for unknown: what was looked for and what the catalog has nearby
+
+  /// @brief True when the catalog knows the architecture.
+  [[nodiscard]] bool known() const noexcept { return architecture != nullptr; }
+};
+
+/// @brief Looks up `architectures[0]` of a config in the catalog. Only the exact class counts:
+///        another head on the same model type builds different modules.
+[[nodiscard]] inline ArchitectureMatch find_architecture(const ModelConfig& config,
+                                                         const ArchitectureCatalog& catalog = architecture_catalog()) {
+  ArchitectureMatch m;
+  if (config.architectures.empty()) {
+    m.reason = "config.json names no architecture (no 'architectures' list); header heuristics apply";
+    return m;
+  }
+  const auto& name = config.architectures.front();
+  m.architecture = catalog.find(name);
+  if (m.known()) return m;
+  std::string same_type;
+  for (const auto& a : catalog.architectures)
+    if (!config.model_type.empty() && a.model_type == config.model_type) same_type += (same_type.empty() ? "" : ", ") + a.name;
+  m.reason = detail::concat("architecture '", name, "' is not in accel's catalog (transformers ", catalog.transformers_version,
+                            ")", same_type.empty() ? std::string() : "; same model_type: " + same_type,
+                            "; header heuristics apply");
+  return m;
+}
+
+/// @name Pure functions over a catalog entry
+///@{
+/// @brief True when a concrete module path matches a template (`{i}` = one all-digit part).
+[[nodiscard]] inline bool template_matches(std::string_view templ, std::string_view path) {
+  for (;;) {
+    const auto td = templ.find('.'), pd = path.find('.');
+    const auto t = templ.substr(0, td), p = path.substr(0, pd);
+    if (t.size() >= 3 && t.front() == '{' && t.back() == '}') {
+      if (p.empty() || !std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; })) return false;
+    } else if (t != p) {
+      return false;
+    }
+    if ((td == std::string_view::npos) != (pd == std::string_view::npos)) return false;
+    if (td == std::string_view::npos) return true;
+    templ.remove_prefix(td + 1);
+    path.remove_prefix(pd + 1);
+  }
+}
+
+/// @brief Evaluates a catalog expression against a config (its json, then the entry's defaults).
+/// @return the value, or nullopt when the config lacks what it needs
+/// @throws accel::usage_error for a malformed expression
+[[nodiscard]] inline std::optional<double> evaluate_config_expression(std::string_view expr, const Architecture& arch,
+                                                                      const ModelConfig& config) {
+  const detail::ConfigScope scope{&config.json, &arch.defaults, &arch.attribute_map};
+  return detail::ConfigExpression(expr, scope).evaluate();
+}
+
+/// @brief The class of the module at `path`. When a path has several classes (dense and MoE
+///        layers, T5's sub-layers) the one whose child names include all of `child_names` wins.
+/// @return the class, or nullopt when no template matches or the children do not decide
+[[nodiscard]] inline std::optional<std::string> module_class(const Architecture& arch, std::string_view path,
+                                                             const std::vector<std::string>& child_names = {}) {
+  std::vector<const ModuleTemplate*> found;
+  for (const auto& m : arch.modules)
+    if (template_matches(m.path, path)) found.push_back(&m);
+  if (found.size() > 1 && !child_names.empty()) {
+    std::erase_if(found, [&](const ModuleTemplate* m) {
+      return !std::all_of(child_names.begin(), child_names.end(), [&](const std::string& c) {
+        return std::find(m->children.begin(), m->children.end(), c) != m->children.end();
+      });
+    });
+  }
+  if (found.size() != 1) return std::nullopt;
+  return found.front()->class_name;
+}
+
+/// @brief Construction-order rank of `path`: the index of its first template in `arch.modules`.
+///        Sorting siblings by (rank, block number) gives transformers' module order.
+[[nodiscard]] inline std::optional<std::size_t> module_rank(const Architecture& arch, std::string_view path) {
+  for (std::size_t i = 0; i < arch.modules.size(); ++i)
+    if (template_matches(arch.modules[i].path, path)) return i;
+  return std::nullopt;
+}
+
+/// @brief How many blocks a numbered container holds (`model.layers` -> num_hidden_layers).
+/// @return nullopt when `container` is not numbered or the config lacks the count
+[[nodiscard]] inline std::optional<std::uint64_t> repeat_count(const Architecture& arch, std::string_view container,
+                                                               const ModelConfig& config) {
+  for (const auto& [templ, expr] : arch.repeats) {
+    if (templ != container) continue;
+    auto v = evaluate_config_expression(expr, arch, config);
+    if (!v || *v < 0) return std::nullopt;
+    return static_cast<std::uint64_t>(*v);
+  }
+  return std::nullopt;
+}
+
+/// @brief Every concrete path of a template, numbered parts expanded with repeat_count.
+/// @throws accel::checkpoint_error when the config lacks a count the template needs
+[[nodiscard]] inline std::vector<std::string> expand_template(const Architecture& arch, std::string_view templ,
+                                                              const ModelConfig& config) {
+  std::vector<std::string> out{std::string()};
+  std::string so_far;  // the template up to here: the container of the next placeholder
+  auto join = [](const std::string& a, std::string_view b) { return a.empty() ? std::string(b) : a + "." + std::string(b); };
+  for (;;) {
+    const auto dot = templ.find('.');
+    const auto part = templ.substr(0, dot);
+    if (part.size() >= 3 && part.front() == '{' && part.back() == '}') {
+      const auto count = repeat_count(arch, so_far, config);
+      if (!count)
+        detail::throw_error<checkpoint_error>("model config gives no block count for '", so_far, "' of ", arch.name,
+                                              "; the catalog reads it from config.json");
+      std::vector<std::string> next;
+      for (const auto& prefix : out)
+        for (std::uint64_t i = 0; i < *count; ++i) next.push_back(join(prefix, std::to_string(i)));
+      out = std::move(next);
+    } else {
+      for (auto& prefix : out) prefix = join(prefix, part);
+    }
+    so_far = join(so_far, part);
+    if (dot == std::string_view::npos) break;
+    templ.remove_prefix(dot + 1);
+  }
+  return out;
+}
+
+/// @brief Module paths of the no-split blocks (`_no_split_modules` classes) for this config.
+/// @throws accel::checkpoint_error as expand_template
+[[nodiscard]] inline std::vector<std::string> no_split_paths(const Architecture& arch, const ModelConfig& config) {
+  std::vector<std::string> out;
+  for (const auto& m : arch.modules) {
+    if (std::find(arch.no_split_modules.begin(), arch.no_split_modules.end(), m.class_name) == arch.no_split_modules.end())
+      continue;
+    for (auto& p : expand_template(arch, m.path, config))
+      if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(std::move(p));
+  }
+  return out;
+}
+
+/// @brief Tied parameter groups as transformers builds them for this config (each sorted): the
+///        config's tie_word_embeddings, else the config class default, else true.
+[[nodiscard]] inline std::vector<std::vector<std::string>> tied_groups(const Architecture& arch, const ModelConfig& config) {
+  bool tie = true;
+  if (config.tie_word_embeddings) tie = *config.tie_word_embeddings;
+  else if (auto it = arch.defaults.find("tie_word_embeddings"); it != arch.defaults.end() && it->is_boolean()) tie = it->get<bool>();
+  std::vector<std::vector<std::string>> out;
+  for (const auto& g : tie ? arch.tied_if_tied : arch.tied_if_untied) {
+    std::vector<std::string> names;
+    for (const auto& t : g)
+      for (auto& p : expand_template(arch, t, config)) names.push_back(std::move(p));
+    std::sort(names.begin(), names.end());
+    out.push_back(std::move(names));
+  }
+  return out;
+}
+
+/// @brief Module-name patterns transformers keeps in float32 when loading in `load_dtype`:
+///        `_keep_in_fp32_modules` for float16, `_keep_in_fp32_modules_strict` for float16 and
+///        bfloat16 (a name matches a module when it is one of its dotted parts or suffixes).
+[[nodiscard]] inline std::vector<std::string> keep_in_fp32_modules(const Architecture& arch, DType load_dtype) {
+  std::vector<std::string> out;
+  if (load_dtype == DType::F16) out = arch.keep_in_fp32_modules;
+  if (load_dtype == DType::F16 || load_dtype == DType::BF16)
+    for (const auto& s : arch.keep_in_fp32_modules_strict)
+      if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  return out;
+}
+
+/// @brief A concrete buffer: name, dtype and shape for one config.
+struct BufferSpec {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<std::int64_t> shape;
+  bool persistent = false;
+};
+
+/// @brief The buffers checkpoints do not hold (rotary `inv_freq`, `position_ids`, ...), with
+///        shapes computed from the config; "model"-typed ones take `load_dtype`.
+/// @throws accel::checkpoint_error naming the buffer and the expression when the config lacks a
+///         value its shape needs
+[[nodiscard]] inline std::vector<BufferSpec> non_persistent_buffers(const Architecture& arch, const ModelConfig& config,
+                                                                    DType load_dtype) {
+  std::vector<BufferSpec> out;
+  for (const auto& b : arch.buffers) {
+    if (b.persistent) continue;
+    std::vector<std::int64_t> shape;
+    for (const auto& e : b.shape) {
+      auto v = evaluate_config_expression(e, arch, config);
+      if (!v || *v < 0)
+        detail::throw_error<checkpoint_error>("model config lacks what buffer '", b.name, "' of ", arch.name, " needs: ", e);
+      shape.push_back(static_cast<std::int64_t>(*v));
+    }
+    const DType dtype = b.dtype == "model" ? load_dtype : dtype_from_string(b.dtype);
+    for (auto& name : expand_template(arch, b.name, config)) out.push_back({std::move(name), dtype, shape, false});
+  }
+  return out;
+}
+///@}
+
+/// @name Applying an entry to a ModuleTree built from checkpoint headers
+///@{
+/// @brief Gives every module of `tree` whose path the catalog knows its class (modules that
+///        already have one keep it).
+/// @return how many modules got a class
+[[nodiscard]] inline std::size_t annotate_module_classes(ModuleTree& tree, const Architecture& arch) {
+  std::size_t n = 0;
+  for (std::size_t id = 0; id < tree.modules().size(); ++id) {
+    const auto& m = tree.modules()[id];
+    if (!m.class_name.empty()) continue;
+    std::vector<std::string> kids;
+    for (auto c : m.children) {
+      const auto& cn = tree.modules()[c].name;
+      kids.push_back(cn.substr(cn.rfind('.') + 1));
+    }
+    if (auto cls = module_class(arch, m.name, kids)) {
+      const std::string name = m.name;
+      tree.add_module(name, *cls);
+      ++n;
+    }
+  }
+  return n;
+}
+
+/// @brief Adds the non-persistent buffers `tree` lacks (see non_persistent_buffers).
+/// @return how many were added
+/// @throws accel::checkpoint_error as non_persistent_buffers
+inline std::size_t add_non_persistent_buffers(ModuleTree& tree, const Architecture& arch, const ModelConfig& config,
+                                              DType load_dtype) {
+  std::size_t n = 0;
+  for (auto& b : non_persistent_buffers(arch, config, load_dtype)) {
+    if (tree.find_tensor(b.name)) continue;
+    tree.add_buffer(b.name, b.dtype, std::move(b.shape), false);
+    ++n;
+  }
+  return n;
+}
+///@}
+
+ACCEL_NAMESPACE_END

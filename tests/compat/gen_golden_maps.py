@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: accel contributors
+"""Records the device maps transformers' own from_pretrained(path, device_map=..., max_memory=...,
+dtype=...) computes for a few shrunken architectures, as fixtures accel's planner is compared with.
+
+For each architecture: a small config is saved as config.json next to a headers-only
+model.safetensors (a sparse file: the header is real, the data section is a hole), written the
+way save_pretrained names tensors (tied copies left out). from_pretrained then runs for real
+until the device map is computed; the map is taken from transformers' _get_device_map and the
+load is stopped there, before any weight would be read (this machine has no GPU; integer
+budget keys are only names to the planner).
+
+Each fixture tests/compat/fixtures/golden_maps/<architecture>.json holds the versions, the
+config.json, the checkpoint's tensors (name, dtype, shape) and one entry per scenario: mode,
+max_memory (bytes), dtype argument, and the map transformers returned.
+
+  gen_golden_maps.py          regenerate the fixtures (needs torch + transformers + accelerate)
+"""
+import json
+import os
+import struct
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "fixtures", "golden_maps")
+
+# (architecture, config class, small config). Sizes are small but keep the structure: several
+# blocks, embeddings larger than one block, so budgets can split anywhere.
+MODELS = [
+    ("LlamaForCausalLM", "LlamaConfig", dict(vocab_size=512, hidden_size=64, intermediate_size=160, num_hidden_layers=6,
+                                             num_attention_heads=4, num_key_value_heads=2)),
+    ("GPT2LMHeadModel", "GPT2Config", dict(vocab_size=512, n_positions=128, n_embd=64, n_layer=6, n_head=4)),
+    ("GPTNeoXForCausalLM", "GPTNeoXConfig", dict(vocab_size=512, hidden_size=64, intermediate_size=256, num_hidden_layers=6,
+                                                 num_attention_heads=4, max_position_embeddings=128)),
+    ("T5ForConditionalGeneration", "T5Config", dict(vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=4,
+                                                    num_decoder_layers=3, num_heads=4)),
+    ("BartForConditionalGeneration", "BartConfig", dict(vocab_size=512, d_model=64, encoder_layers=3, decoder_layers=3,
+                                                        encoder_attention_heads=4, decoder_attention_heads=4,
+                                                        encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=128)),
+]
+
+# (name, mode, budgets as fractions of the model's size at the load dtype, dtype argument,
+# checkpoint dtype). "auto" as dtype loads in the checkpoint's dtype.
+SCENARIOS = [
+    ("two_gpus_auto_fp16", "auto", {0: 0.6, 1: 0.6, "cpu": 2.0}, "float16", "F32"),
+    ("two_gpus_sequential_bf16", "sequential", {0: 0.45, 1: 0.45, "cpu": 2.0}, "bfloat16", "F32"),
+    ("gpu_cpu_disk_sequential", "sequential", {0: 0.4, "cpu": 0.4}, "float16", "F16"),
+    ("three_gpus_balanced_low_0", "balanced_low_0", {0: 1.0, 1: 1.0, 2: 1.0, "cpu": 2.0}, "auto", "BF16"),
+    ("one_gpu_cpu_auto_fp32", "auto", {0: 0.5, "cpu": 0.8}, "float32", "F32"),
+]
+
+TORCH_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+SIZES = {"F32": 4, "F16": 2, "BF16": 2}
+
+
+class _Captured(Exception):
+    pass
+
+
+def write_headers_only(path, tensors):
+    """A safetensors file whose header is real and whose data section is a hole."""
+    header, offset = {}, 0
+    for name, dtype, shape in tensors:
+        n = SIZES[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    header["__metadata__"] = {"format": "pt"}
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        f.truncate(8 + len(blob) + offset)
+
+
+def checkpoint_tensors(torch, transformers, arch, config, dtype):
+    """Names save_pretrained would write: the state dict without tied copies."""
+    cls = getattr(transformers, arch)
+    with torch.device("meta"):
+        model = cls(config)
+    tied = set(model.all_tied_weights_keys)
+    return [(n, dtype, list(t.shape)) for n, t in model.state_dict().items() if n not in tied]
+
+
+def record_map(transformers, arch, folder, mode, max_memory, dtype):
+    import transformers.modeling_utils as mu
+    original = mu._get_device_map
+    captured = {}
+
+    def capture(*args, **kwargs):
+        captured["map"] = original(*args, **kwargs)
+        raise _Captured()
+
+    mu._get_device_map = capture
+    try:
+        getattr(transformers, arch).from_pretrained(folder, device_map=mode, max_memory=dict(max_memory), dtype=dtype)
+    except _Captured:
+        pass
+    finally:
+        mu._get_device_map = original
+    return {k: v for k, v in captured["map"].items()}
+
+
+def main():
+    import accelerate
+    import torch
+    import transformers
+    transformers.logging.set_verbosity_error()
+    os.makedirs(OUT, exist_ok=True)
+    for arch, config_name, kwargs in MODELS:
+        config = getattr(transformers, config_name)(**kwargs)
+        config.architectures = [arch]
+        fixture = {
+            "generator": "tests/compat/gen_golden_maps.py",
+            "transformers": transformers.__version__,
+            "accelerate": accelerate.__version__,
+            "torch": torch.__version__.split("+")[0],
+            "how": "from_pretrained(folder, device_map=mode, max_memory=max_memory, dtype=dtype), map taken from "
+                   "transformers' _get_device_map before any weight is read",
+            "architecture": arch,
+            "config": json.loads(config.to_json_string()),
+            "checkpoints": {},
+            "maps": [],
+        }
+        for name, mode, fractions, dtype, stored in SCENARIOS:
+            tensors = checkpoint_tensors(torch, transformers, arch, config, stored)
+            fixture["checkpoints"].setdefault(stored, [[n, d, s] for n, d, s in tensors])
+            load = stored if dtype == "auto" else {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}[dtype]
+            total = 0
+            for _, _, shape in tensors:
+                n = SIZES[load]
+                for d in shape:
+                    n *= d
+                total += n
+            budgets = {k: int(total * f) for k, f in fractions.items()}
+            with tempfile.TemporaryDirectory() as folder:
+                config.save_pretrained(folder)
+                write_headers_only(os.path.join(folder, "model.safetensors"), tensors)
+                result = record_map(transformers, arch, folder, mode, budgets, dtype)
+            fixture["maps"].append({"name": name, "device_map": mode, "dtype": dtype, "checkpoint_dtype": stored,
+                                    "max_memory": {str(k): v for k, v in budgets.items()}, "result": result})
+            print(f"{arch} {name}: {len(result)} entries", file=sys.stderr)
+        with open(os.path.join(OUT, arch + ".json"), "w") as f:
+            json.dump(fixture, f, indent=1)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+#include <accel/model/architecture.hpp>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/files.hpp"
+
+using accel::DType;
+using Strings = std::vector<std::string>;
+
+namespace {
+
+const accel::Architecture& arch(std::string_view name) {
+  const auto* a = accel::architecture_catalog().find(name);
+  REQUIRE(a != nullptr);
+  return *a;
+}
+
+accel::ModelConfig config(const std::string& json) { return accel::parse_model_config(json, "test/config.json"); }
+
+std::string parse_error(const std::string& json) {
+  try {
+    (void)config(json);
+  } catch (const accel::checkpoint_error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_CASE("config.json fields are read into ModelConfig", "[architecture][config]") {
+  const auto c = config(R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16",
+                            "tie_word_embeddings": false, "is_encoder_decoder": false, "num_hidden_layers": 32,
+                            "hidden_size": 4096})");
+  CHECK(c.architectures == Strings{"LlamaForCausalLM"});
+  CHECK(c.model_type == "llama");
+  CHECK(c.dtype == DType::BF16);
+  CHECK(c.tie_word_embeddings == false);
+  CHECK(c.is_encoder_decoder == false);
+  CHECK(c.num_hidden_layers == 32u);
+  CHECK(c.json["hidden_size"] == 4096);
+
+  SECTION("transformers 5's `dtype` wins over the older `torch_dtype`") {
+    CHECK(config(R"({"dtype": "float16", "torch_dtype": "float32"})").dtype == DType::F16);
+  }
+  SECTION("GPT-2 and T5 spell the layer count n_layer and num_layers") {
+    CHECK(config(R"({"n_layer": 12})").num_hidden_layers == 12u);
+    CHECK(config(R"({"num_layers": 6})").num_hidden_layers == 6u);
+  }
+  SECTION("absent and null fields stay unset") {
+    const auto e = config(R"({"tie_word_embeddings": null})");
+    CHECK(e.architectures.empty());
+    CHECK(e.model_type.empty());
+    CHECK_FALSE(e.dtype);
+    CHECK_FALSE(e.tie_word_embeddings);
+    CHECK_FALSE(e.num_hidden_layers);
+  }
+}
+
+TEST_CASE("a bad config.json is a checkpoint error naming the file and the field", "[architecture][config]") {
+  CHECK(parse_error("[1, 2]") == "[accel.checkpoint] model config 'test/config.json' is not a JSON object; fix or remove it");
+  CHECK_THAT(parse_error("{\"a\": 1,"), accel_test::contains("model config 'test/config.json' is not a JSON object: "));
+  CHECK(parse_error(R"({"architectures": "LlamaForCausalLM"})") ==
+        "[accel.checkpoint] model config 'test/config.json': architectures is \"LlamaForCausalLM\", not a list of class names");
+  CHECK_THAT(parse_error(R"({"architectures": [1]})"), accel_test::contains("architectures is [1], not a list of class names"));
+  CHECK_THAT(parse_error(R"({"model_type": 3})"), accel_test::contains("model_type is 3, not a string"));
+  CHECK_THAT(parse_error(R"({"torch_dtype": "float17"})"),
+             accel_test::contains("torch_dtype is \"float17\", not a dtype name (float16, bfloat16, float32, ...)"));
+  CHECK_THAT(parse_error(R"({"dtype": 16})"), accel_test::contains("dtype is 16, not a dtype name"));
+  CHECK_THAT(parse_error(R"({"tie_word_embeddings": "yes"})"), accel_test::contains("tie_word_embeddings is \"yes\", not true or false"));
+  CHECK_THAT(parse_error(R"({"is_encoder_decoder": 1})"), accel_test::contains("is_encoder_decoder is 1, not true or false"));
+  CHECK_THAT(parse_error(R"({"num_hidden_layers": -2})"), accel_test::contains("num_hidden_layers is -2, not a non-negative integer"));
+  CHECK_THAT(parse_error(R"({"n_layer": 1.5})"), accel_test::contains("n_layer is 1.5, not a non-negative integer"));
+  CHECK_THAT(parse_error(R"({"a": 1, "a": 2})"), accel_test::contains("duplicate key 'a'"));
+}
+
+TEST_CASE("read_model_config reads a file and names it in errors", "[architecture][config]") {
+  accel_test::ScratchDir dir("architecture");
+  std::ofstream(dir / "config.json") << R"({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})";
+  CHECK(accel::read_model_config(dir / "config.json").model_type == "gpt2");
+  CHECK_THROWS_WITH(accel::read_model_config(dir / "missing.json"), accel_test::contains("cannot open model config"));
+}
+
+TEST_CASE("the embedded catalog is the committed JSON and records where it came from", "[architecture][catalog]") {
+  const auto text = accel_test::read_file(std::string(ACCEL_TEST_SOURCE_DIR) + "/include/accel/model/data/catalog.json");
+  REQUIRE_FALSE(text.empty());
+  std::string embedded;
+  for (auto piece : accel::detail::catalog_json_pieces) embedded += piece;
+  // Run `tests/compat/gen_catalog.py --embed` when this fails.
+  CHECK(nlohmann::json::parse(embedded) == nlohmann::json::parse(text));
+
+  const auto& cat = accel::architecture_catalog();
+  CHECK(cat.transformers_version == "5.25.0");
+  CHECK(cat.torch_version == "2.15.0");
+  CHECK(cat.architectures.size() >= 30);
+  for (const char* name : {"LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
+                           "Qwen2MoeForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GemmaForCausalLM",
+                           "Gemma2ForCausalLM", "Gemma3ForCausalLM", "PhiForCausalLM", "Phi3ForCausalLM", "GPT2LMHeadModel",
+                           "GPTJForCausalLM", "GPTNeoXForCausalLM", "OPTForCausalLM", "FalconForCausalLM", "BloomForCausalLM",
+                           "Starcoder2ForCausalLM", "OlmoForCausalLM", "CohereForCausalLM", "DeepseekV2ForCausalLM",
+                           "DeepseekV3ForCausalLM", "T5ForConditionalGeneration", "MT5ForConditionalGeneration",
+                           "BartForConditionalGeneration", "MBartForConditionalGeneration", "BertModel", "RobertaModel",
+                           "ViTModel", "CLIPModel"}) {
+    INFO(name);
+    CHECK(cat.find(name) != nullptr);
+  }
+}
+
+TEST_CASE("architectures are found by class name; others are unknown with a reason", "[architecture][catalog]") {
+  CHECK(accel::find_architecture(config(R"({"architectures": ["LlamaForCausalLM"]})")).architecture->model_type == "llama");
+  CHECK(accel::find_architecture(config(R"({"architectures": ["T5ForConditionalGeneration"]})")).known());
+
+  const auto head = accel::find_architecture(config(R"({"architectures": ["LlamaForSequenceClassification"], "model_type": "llama"})"));
+  CHECK_FALSE(head.known());
+  CHECK(head.reason ==
+        "architecture 'LlamaForSequenceClassification' is not in accel's catalog (transformers 5.25.0); same model_type: "
+        "LlamaForCausalLM; header heuristics apply");
+  const auto none = accel::find_architecture(config(R"({"model_type": "llama"})"));
+  CHECK_FALSE(none.known());
+  CHECK_THAT(none.reason, accel_test::contains("names no architecture"));
+}
+
+TEST_CASE("Llama: classes, order, no-split blocks, ties and rotary buffers", "[architecture][llama]") {
+  const auto& a = arch("LlamaForCausalLM");
+  CHECK(a.no_split_modules == Strings{"LlamaDecoderLayer"});
+  CHECK(accel::module_class(a, "") == "LlamaForCausalLM");
+  CHECK(accel::module_class(a, "model.layers.17") == "LlamaDecoderLayer");
+  CHECK(accel::module_class(a, "model.layers.17.mlp.up_proj") == "Linear");
+  CHECK(accel::module_class(a, "model.norm") == "LlamaRMSNorm");
+  CHECK_FALSE(accel::module_class(a, "model.layers.x"));
+  CHECK_FALSE(accel::module_class(a, "model.vision_tower"));
+
+  const auto rank = [&](const char* p) { return accel::module_rank(a, p).value(); };
+  CHECK(rank("model.embed_tokens") < rank("model.layers"));
+  CHECK(rank("model.layers.0.self_attn") < rank("model.layers.0.mlp"));
+  CHECK(rank("model.layers.31") < rank("model.norm"));
+  CHECK(rank("model.norm") < rank("model.rotary_emb"));
+  CHECK(rank("model") < rank("lm_head"));
+
+  // Llama 2 7B's config: no head_dim, no tie key (LlamaConfig defaults to untied).
+  const auto llama2 = config(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_attention_heads": 32,
+                                 "num_hidden_layers": 3, "torch_dtype": "float16"})");
+  CHECK(accel::no_split_paths(a, llama2) == Strings{"model.layers.0", "model.layers.1", "model.layers.2"});
+  CHECK(accel::tied_groups(a, llama2).empty());
+  CHECK(accel::tied_groups(a, config(R"({"tie_word_embeddings": true})")) ==
+        std::vector<Strings>{{"lm_head.weight", "model.embed_tokens.weight"}});
+  CHECK(accel::keep_in_fp32_modules(a, DType::F16).empty());
+
+  const auto buffers = accel::non_persistent_buffers(a, llama2, DType::F16);
+  REQUIRE(buffers.size() == 2);
+  CHECK(buffers[0].name == "model.rotary_emb.inv_freq");
+  CHECK(buffers[0].dtype == DType::F32);  // computed in float32 whatever the load dtype
+  CHECK(buffers[0].shape == std::vector<std::int64_t>{64});
+  CHECK_FALSE(buffers[0].persistent);
+  CHECK(buffers[1].name == "model.rotary_emb.original_inv_freq");
+
+  // Llama 3.2 1B: head_dim given; a partial rotary factor in rope_parameters shrinks it.
+  const auto llama3 = config(R"({"hidden_size": 2048, "num_attention_heads": 32, "head_dim": 64,
+                                 "rope_parameters": {"rope_type": "llama3", "partial_rotary_factor": 0.5}})");
+  CHECK(accel::non_persistent_buffers(a, llama3, DType::BF16)[0].shape == std::vector<std::int64_t>{16});
+  CHECK_THROWS_WITH(accel::non_persistent_buffers(a, config(R"({"num_attention_heads": 0})"), DType::F16),
+                    accel_test::contains("model config lacks what buffer 'model.rotary_emb.inv_freq' of LlamaForCausalLM needs"));
+}
+
+TEST_CASE("GPT-2: attribute names, tie by default, no buffers", "[architecture][gpt2]") {
+  const auto& a = arch("GPT2LMHeadModel");
+  CHECK(a.attribute_map.at("num_hidden_layers") == "n_layer");
+  CHECK(accel::module_class(a, "transformer.h.11") == "GPT2Block");
+  CHECK(accel::module_class(a, "transformer.h.11.attn.c_attn") == "Conv1D");
+  const auto c = config(R"({"architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 768})");
+  CHECK(accel::no_split_paths(a, c) == Strings{"transformer.h.0", "transformer.h.1"});
+  CHECK(accel::evaluate_config_expression("hidden_size // 2", a, c) == 384.0);
+  // GPT2Config ties by default: a config.json without the key still ties lm_head.
+  CHECK(accel::tied_groups(a, c) == std::vector<Strings>{{"lm_head.weight", "transformer.wte.weight"}});
+  CHECK(accel::non_persistent_buffers(a, c, DType::F32).empty());
+  CHECK(accel::module_rank(a, "transformer.wte") < accel::module_rank(a, "transformer.wpe"));
+}
+
+TEST_CASE("T5: encoder before decoder, sub-layers told apart by their children, fp32 'wo'", "[architecture][t5]") {
+  const auto& a = arch("T5ForConditionalGeneration");
+  CHECK(a.keep_in_fp32_modules == Strings{"wo"});
+  CHECK(accel::keep_in_fp32_modules(a, DType::F16) == Strings{"wo"});
+  CHECK(accel::keep_in_fp32_modules(a, DType::BF16).empty());
+  CHECK(accel::module_rank(a, "shared") < accel::module_rank(a, "encoder"));
+  CHECK(accel::module_rank(a, "encoder.final_layer_norm") < accel::module_rank(a, "decoder"));
+  CHECK(accel::module_rank(a, "decoder") < accel::module_rank(a, "lm_head"));
+
+  CHECK_FALSE(accel::module_class(a, "encoder.block.0.layer.1"));  // two classes: children decide
+  CHECK(accel::module_class(a, "encoder.block.0.layer.1", {"DenseReluDense", "layer_norm"}) == "T5LayerFF");
+  CHECK(accel::module_class(a, "decoder.block.3.layer.1", {"EncDecAttention"}) == "T5LayerCrossAttention");
+
+  // Flan-T5 says tie_word_embeddings false; transformers 5 ties all four names anyway.
+  const auto c = config(R"({"architectures": ["T5ForConditionalGeneration"], "num_layers": 2, "tie_word_embeddings": false})");
+  CHECK(accel::tied_groups(a, c) ==
+        std::vector<Strings>{{"decoder.embed_tokens.weight", "encoder.embed_tokens.weight", "lm_head.weight", "shared.weight"}});
+  // num_decoder_layers absent: it falls back to num_layers.
+  CHECK(accel::no_split_paths(a, c) == Strings{"encoder.block.0", "encoder.block.1", "decoder.block.0", "decoder.block.1"});
+  CHECK(accel::expand_template(a, "decoder.block.{i}.layer.{j}", config(R"({"num_layers": 4, "num_decoder_layers": 1})")) ==
+        Strings{"decoder.block.0.layer.0", "decoder.block.0.layer.1", "decoder.block.0.layer.2"});
+}
+
+TEST_CASE("BART: encoder first, final_logits_bias a persistent buffer, layers from both counts", "[architecture][bart]") {
+  const auto& a = arch("BartForConditionalGeneration");
+  CHECK(a.no_split_modules == Strings{"BartDecoderLayer", "BartEncoderLayer"});
+  CHECK(accel::module_rank(a, "model.encoder.layers.0") < accel::module_rank(a, "model.decoder.embed_tokens"));
+  REQUIRE(a.buffers.size() == 1);
+  CHECK(a.buffers[0].name == "final_logits_bias");
+  CHECK(a.buffers[0].persistent);
+  CHECK(a.buffers[0].shape == Strings{"1", "vocab_size"});
+  const auto c = config(R"({"encoder_layers": 1, "decoder_layers": 2})");
+  CHECK(accel::non_persistent_buffers(a, c, DType::F16).empty());
+  CHECK(accel::no_split_paths(a, c) == Strings{"model.encoder.layers.0", "model.decoder.layers.0", "model.decoder.layers.1"});
+  CHECK(accel::tied_groups(a, c).size() == 1);  // BartConfig ties by default
+  CHECK(accel::tied_groups(a, c)[0].size() == 4);
+}
+
+TEST_CASE("BERT: embeddings are a no-split block; position ids sized by the config or its default", "[architecture][bert]") {
+  const auto& a = arch("BertForMaskedLM");
+  CHECK(a.no_split_modules == Strings{"BertEmbeddings", "BertLayer"});
+  CHECK(accel::no_split_paths(a, config(R"({"num_hidden_layers": 1})")) ==
+        Strings{"bert.embeddings", "bert.encoder.layer.0"});
+  CHECK(accel::tied_groups(a, config("{}")) ==
+        std::vector<Strings>{{"bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight"},
+                             {"cls.predictions.bias", "cls.predictions.decoder.bias"}});
+  auto b = accel::non_persistent_buffers(a, config("{}"), DType::F16);
+  REQUIRE(b.size() == 2);
+  CHECK(b[0].name == "bert.embeddings.position_ids");
+  CHECK(b[0].dtype == DType::I64);
+  CHECK(b[0].shape == std::vector<std::int64_t>{1, 512});  // BertConfig's default
+  b = accel::non_persistent_buffers(a, config(R"({"max_position_embeddings": 128})"), DType::F16);
+  CHECK(b[1].name == "bert.embeddings.token_type_ids");
+  CHECK(b[1].shape == std::vector<std::int64_t>{1, 128});
+}
+
+TEST_CASE("DeepSeek-V3: dense and MoE layers share a path and differ in children", "[architecture][deepseek]") {
+  const auto& a = arch("DeepseekV3ForCausalLM");
+  CHECK(accel::module_class(a, "model.layers.9.mlp", {"experts", "gate", "shared_experts"}) == "DeepseekV3MoE");
+  CHECK(accel::module_class(a, "model.layers.0.mlp", {"gate_proj", "up_proj", "down_proj"}) == "DeepseekV3MLP");
+  CHECK(a.keep_in_fp32_modules_strict == Strings{"e_score_correction_bias", "gate.weight"});
+  CHECK_FALSE(a.conversions.empty());  // per-expert checkpoint tensors are fused on load
+  // Older configs have no head_dim; the rotary part is qk_rope_head_dim.
+  CHECK(accel::non_persistent_buffers(a, config(R"({"qk_rope_head_dim": 64, "hidden_size": 7168})"), DType::BF16)[0].shape ==
+        std::vector<std::int64_t>{32});
+}
+
+TEST_CASE("catalog expressions: floor division, ?? fallbacks, missing values, syntax errors", "[architecture][expression]") {
+  accel::Architecture a;
+  a.defaults = {{"d", 7}};
+  a.attribute_map = {{"width", "n_embd"}};
+  const auto c = config(R"({"n_embd": 10, "sub": {"x": 3}, "none": null, "flag": true})");
+  auto eval = [&](const char* e) { return accel::evaluate_config_expression(e, a, c); };
+  CHECK(eval("width // 3") == 3.0);
+  CHECK(eval("-width // 3") == -4.0);
+  CHECK(eval("(width + 1) * 2 - sub.x") == 19.0);
+  CHECK(eval("none ?? d") == 7.0);
+  CHECK(eval("absent ?? none ?? 5") == 5.0);
+  CHECK(eval("width * 0.5 // 1") == 5.0);
+  CHECK_FALSE(eval("absent + 1"));
+  CHECK_FALSE(eval("flag"));  // booleans are not numbers
+  CHECK_THROWS_AS(eval("width //"), accel::usage_error);
+  CHECK_THROWS_WITH(eval("(width"), accel_test::contains("catalog expression '(width': missing ')'"));
+  CHECK_FALSE(eval("width // 0"));
+}
+
+TEST_CASE("a tree rebuilt from headers gets classes and its non-persistent buffers", "[architecture][tree]") {
+  accel::ModuleTree tree;
+  tree.add_parameter("model.embed_tokens.weight", DType::BF16, {128, 16});
+  for (const char* l : {"0", "1"}) {
+    const std::string p = std::string("model.layers.") + l;
+    tree.add_parameter(p + ".self_attn.q_proj.weight", DType::BF16, {16, 16});
+    tree.add_parameter(p + ".mlp.up_proj.weight", DType::BF16, {32, 16});
+  }
+  tree.add_parameter("model.norm.weight", DType::BF16, {16});
+  tree.add_parameter("lm_head.weight", DType::BF16, {128, 16});
+  const auto& a = arch("LlamaForCausalLM");
+  CHECK(accel::annotate_module_classes(tree, a) == tree.modules().size());
+  CHECK(tree.modules()[*tree.find_module("model.layers.1")].class_name == "LlamaDecoderLayer");
+  CHECK(accel::no_split_modules(tree, a.no_split_modules, false)[*tree.find_module("model.layers.0")]);
+
+  const auto c = config(R"({"hidden_size": 16, "num_attention_heads": 2, "num_hidden_layers": 2})");
+  CHECK(accel::add_non_persistent_buffers(tree, a, c, DType::BF16) == 2);
+  CHECK(accel::add_non_persistent_buffers(tree, a, c, DType::BF16) == 0);  // already there
+  const auto& inv = tree.tensors()[*tree.find_tensor("model.rotary_emb.inv_freq")];
+  CHECK(inv.buffer);
+  CHECK_FALSE(inv.persistent);
+  CHECK(inv.shape == std::vector<std::int64_t>{4});
+  CHECK(accel::annotate_module_classes(tree, a) == 1);  // the new model.rotary_emb
+}
