@@ -38,6 +38,7 @@ struct StoreCoreOptions {
   std::size_t max_handshake_bytes = 4096;          ///< largest body before the handshake succeeded
   int world_size = 0;                              ///< expected ranks (0 = learn from the first hello)
   std::function<void(const std::string&)> log;     ///< server-side events (refusals, deaths)
+  std::string job_id;                              ///< the job this store serves, named when another job's process is refused
 };
 
 /// @brief Keys, waiters, collective exchanges and rank liveness of one store.
@@ -312,9 +313,7 @@ class StoreCore {
       return refuse(id, FailureKind::refused,
                     concat("store protocol version ", q.version, " is not the server's version ", store_protocol_version,
                            "; build every process of the job with the same accel version"));
-    if (!token_equal(q.token, options_.job_token))
-      return refuse(id, FailureKind::refused,
-                    "wrong job token: this store serves another job, or ACCEL_JOB_TOKEN differs between processes");
+    if (!token_equal(q.token, options_.job_token)) return refuse(id, FailureKind::refused, wrong_token(q.job_id));
     if (q.world > 0 && world_ > 0 && q.world != world_)
       return refuse(id, FailureKind::refused, concat("world size ", q.world, " does not match the job's world size ", world_));
     if (q.world > 0) world_ = q.world;
@@ -327,6 +326,18 @@ class StoreCore {
       info.status = RankStatus::connected;
     }
     send(id, WireWriter(Msg::ok).finish());
+  }
+
+  // Names both jobs when both are known, so two jobs that met at one address say which they are.
+  std::string wrong_token(const std::string& client_job) const {
+    const std::string& mine = options_.job_id;
+    if (mine.empty() || client_job.empty())
+      return "wrong job token: this store serves another job, or ACCEL_JOB_TOKEN differs between processes";
+    if (mine == client_job)
+      return concat("wrong job token for job ", mine, ": the tokens differ (ACCEL_JOB_TOKEN differs between the job's processes, "
+                    "or two jobs share this id)");
+    return concat("wrong job token: this store serves job ", mine, " but this process belongs to job ", text::excerpt(client_job),
+                  "; two jobs chose the same store address (give each its own MASTER_PORT)");
   }
 
   static bool token_equal(const std::string& a, const std::string& b) {
