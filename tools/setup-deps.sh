@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Installs what building and testing accel needs, from Debian packages, when it is missing
-# (clang is for the libFuzzer harnesses, which the test suite runs briefly).
+# (clang is for the libFuzzer harnesses, which the test suite runs briefly; openmpi-bin and mpich
+# for the tests that start concurrent jobs with the real mpirun and mpiexec. SLURM is left out:
+# its tests need a running slurmctld, slurmd and munged, and skip with a warning without them).
 # Usage: tools/setup-deps.sh [--bench]   (--bench adds google benchmark and python3-torch)
 set -euo pipefail
-pkgs=(cmake g++ make python3 nlohmann-json3-dev catch2 clang libclang-rt-14-dev)
+pkgs=(cmake g++ make python3 nlohmann-json3-dev catch2 clang libclang-rt-14-dev openmpi-bin mpich)
 if [[ "${1:-}" == "--bench" ]]; then pkgs+=(libbenchmark-dev python3-torch python3-numpy); fi
 missing=()
 for p in "${pkgs[@]}"; do

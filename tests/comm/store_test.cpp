@@ -140,6 +140,46 @@ TEST_CASE("store: a wrong job token is refused with a clear error on both sides"
   REQUIRE(ok.get_string("x") == "1");
 }
 
+TEST_CASE("store: a process of another job is refused with both job ids, in constant time", "[store]") {
+  Log log;
+  auto o = log.options();
+  o.job_id = "openmpi:1682178049";
+  StoreServer server("127.0.0.1", 0, "openmpi:1682178049/9204d33e21c1a35d-e698b64070d9d2f7", o);
+  SECTION("another job's process names both jobs, on both sides") {
+    REQUIRE_THROWS_WITH(StoreClient("127.0.0.1", server.port(), "openmpi:1681195009/39551f887e70fa54-578687d42be2435d", 5s, 1, 2,
+                                    "openmpi:1681195009"),
+                        accel_test::contains("refused this process: wrong job token: this store serves job openmpi:1682178049 but "
+                                             "this process belongs to job openmpi:1681195009; two jobs chose the same store "
+                                             "address (give each its own MASTER_PORT)"));
+    for (int i = 0; i < 100 && !log.has("openmpi:1681195009"); ++i) std::this_thread::sleep_for(10ms);
+    REQUIRE(log.has("this store serves job openmpi:1682178049 but this process belongs to job openmpi:1681195009"));
+  }
+  SECTION("the same job id with another token: the job's processes disagree, or two jobs share the id") {
+    REQUIRE_THROWS_WITH(StoreClient("127.0.0.1", server.port(), "openmpi:1682178049/other-key", 5s, 1, 2, "openmpi:1682178049"),
+                        accel_test::contains("wrong job token for job openmpi:1682178049: the tokens differ (ACCEL_JOB_TOKEN "
+                                             "differs between the job's processes, or two jobs share this id)"));
+  }
+  SECTION("a client that names no job gets the plain refusal") {
+    REQUIRE_THROWS_WITH(StoreClient("127.0.0.1", server.port(), "x", 5s),
+                        accel_test::contains("wrong job token: this store serves another job, or ACCEL_JOB_TOKEN differs"));
+  }
+  SECTION("a job id does not stand in for the token") {
+    REQUIRE_THROWS_AS(StoreClient("127.0.0.1", server.port(), "openmpi:1682178049", 5s, 1, 2, "openmpi:1682178049"), accel::comm_error);
+  }
+  StoreClient ok("127.0.0.1", server.port(), "openmpi:1682178049/9204d33e21c1a35d-e698b64070d9d2f7", 5s, 0, 2, "openmpi:1682178049");
+  ok.set("x", std::string_view("1"));
+  REQUIRE(ok.get_string("x") == "1");
+}
+
+TEST_CASE("store: a hello without the job id field (an older client) is still read", "[store]") {
+  const auto old = accel::detail::WireWriter(accel::detail::Msg::hello)
+                       .u32(accel::detail::store_magic).u32(accel::detail::store_protocol_version).str("tok").i32(1).i32(2).finish();
+  const auto q = accel::detail::parse_request(std::span<const std::byte>(old).subspan(accel::detail::frame_header_bytes));
+  REQUIRE((q.token == "tok" && q.rank == 1 && q.world == 2 && q.job_id.empty()));
+  const auto now = accel::detail::encode_hello("tok", 1, 2, "slurm:77.0");
+  REQUIRE(accel::detail::parse_request(std::span<const std::byte>(now).subspan(accel::detail::frame_header_bytes)).job_id == "slurm:77.0");
+}
+
 TEST_CASE("store: garbage, oversized and truncated frames are rejected without affecting other clients", "[store]") {
   Log log;
   accel::StoreServerOptions o = log.options();

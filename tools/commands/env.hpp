@@ -84,9 +84,12 @@ inline int run_env(std::span<char*> args) {
     std::printf("launcher: %s\n", accel::launcher_name(e.launcher));
     std::printf("  rank %d of %d, local rank %d of %d, machine %d of %d\n", e.rank, e.world_size, e.local_rank, e.local_world_size,
                 e.group_rank, e.num_machines);
-    std::printf("  rendezvous: %s:%d%s%s\n", e.master_addr.empty() ? "<unknown>" : e.master_addr.c_str(), e.master_port,
+    std::printf("  rendezvous: %s:%d%s%s%s\n", e.master_addr.empty() ? "<unknown>" : e.master_addr.c_str(), e.master_port,
+                e.master_port_derived ? " (port derived from the job id)" : "",
                 e.store_address ? (", accel store " + *e.store_address).c_str() : "",
                 e.job_token.empty() ? "" : ", job token set");
+    std::printf("  job id: %s\n", e.job_id.empty() ? "none" : e.job_id.c_str());
+    if (!e.rendezvous_warning.empty()) std::printf("  warning: %s\n", e.rendezvous_warning.c_str());
     std::printf("  timeout: %.1f s\n", static_cast<double>(e.timeout.count()) / 1000.0);
     for (const auto& d : e.diagnostics) std::printf("  note: %s\n", d.c_str());
     std::printf("this process: %s\n", state.to_string().c_str());

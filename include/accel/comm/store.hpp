@@ -65,6 +65,7 @@ struct StoreServerOptions {
   std::size_t max_pending_connections = 1024;
   /// Largest world size a hello or exchange may name while the job's world size is unknown.
   int max_world_size = 1 << 20;
+  std::string job_id;  ///< the job served (LaunchEnv::job_id), named when another job's process is refused
 };
 
 /// @brief The store server: listens on one address, serves any number of clients from one thread.
@@ -88,7 +89,8 @@ class StoreServer {
                                        .world_size = options_.world_size,
                                        .log = options_.log,
                                        .handshake_timeout = options_.handshake_timeout,
-                                       .max_world_size = options_.max_world_size}) {
+                                       .max_world_size = options_.max_world_size,
+                                       .job_id = options_.job_id}) {
     listener_ = detail::listen_tcp(host_, port);
     port_ = static_cast<std::uint16_t>(detail::socket_port(listener_.get()));
     int p[2];
@@ -353,13 +355,14 @@ class StoreClient {
   /// @param timeout default bound on connecting and on every wait
   /// @param rank this process's rank (registered so its death is reported), -1 for none
   /// @param world_size the job's world size, 0 if unknown
+  /// @param job_id this process's job (LaunchEnv::job_id), named by a store of another job that refuses it
   /// @throws timeout_error when the store is not reachable within the timeout
   /// @throws comm_error when the store refuses the connection (wrong token, other job, other version)
   StoreClient(std::string host, int port, std::string job_token, std::chrono::milliseconds timeout = std::chrono::seconds(300),
-              int rank = -1, int world_size = 0)
+              int rank = -1, int world_size = 0, const std::string& job_id = {})
       : host_(std::move(host)), port_(port), timeout_(timeout), rank_(rank) {
     fd_ = detail::connect_tcp(host_, port_, Clock::now() + timeout_);
-    const auto reply = round_trip(detail::encode_hello(job_token, rank, world_size), Clock::now() + timeout_, "handshake");
+    const auto reply = round_trip(detail::encode_hello(job_token, rank, world_size, job_id), Clock::now() + timeout_, "handshake");
     expect(reply, detail::Msg::ok, "handshake");
   }
   StoreClient(const StoreClient&) = delete;
@@ -551,7 +554,8 @@ struct StorePlan {
 
 /// @brief Decides where the store is: ACCEL_STORE (accel launch hosts it) if set; otherwise rank 0
 /// hosts it at MASTER_ADDR:MASTER_PORT, or MASTER_PORT+1 under torchrun's agent store (which
-/// already occupies MASTER_PORT with torch's own TCPStore).
+/// already occupies MASTER_PORT with torch's own TCPStore). Without MASTER_PORT, LaunchEnv's port
+/// is derived from the job id, so concurrent jobs on one machine get stores of their own.
 /// @throws config_error when no address is known (several machines and no MASTER_ADDR)
 inline StorePlan plan_job_store(const LaunchEnv& env) {
   if (env.store_address) {
@@ -577,9 +581,12 @@ inline std::shared_ptr<StoreClient> connect_job_store(const LaunchEnv& env) {
     StoreServerOptions o;
     o.world_size = env.world_size;
     o.linger = env.timeout;
+    o.job_id = env.job_id;
+    // Said once per job: the rank hosting the store is the one whose address is shared.
+    if (!env.rendezvous_warning.empty() && o.log) o.log("warning: " + env.rendezvous_warning);
     server = std::make_shared<StoreServer>(plan.host, static_cast<std::uint16_t>(plan.port), env.job_token, std::move(o));
   }
-  auto client = std::make_shared<StoreClient>(plan.host, plan.port, env.job_token, env.timeout, env.rank, env.world_size);
+  auto client = std::make_shared<StoreClient>(plan.host, plan.port, env.job_token, env.timeout, env.rank, env.world_size, env.job_id);
   if (server) client->keep_alive(std::move(server));
   return client;
 }

@@ -43,6 +43,7 @@ struct StoreCoreOptions {
   /// Largest world size (and rank + 1) a hello or an exchange may name when the job's world size
   /// is not known; once it is, nothing beyond it is accepted.
   int max_world_size = 1 << 20;
+  std::string job_id;  ///< the job this store serves, named when another job's process is refused
 };
 
 /// @brief Lets one log line through per period and counts the ones held back, so a flood of
@@ -376,9 +377,7 @@ class StoreCore {
       return refuse(id, FailureKind::refused,
                     concat("store protocol version ", q.version, " is not the server's version ", store_protocol_version,
                            "; build every process of the job with the same accel version"));
-    if (!token_equal(q.token, options_.job_token))
-      return refuse(id, FailureKind::refused,
-                    "wrong job token: this store serves another job, or ACCEL_JOB_TOKEN differs between processes");
+    if (!token_equal(q.token, options_.job_token)) return refuse(id, FailureKind::refused, wrong_token(q.job_id));
     if (q.world > 0 && world_ > 0 && q.world != world_)
       return refuse(id, FailureKind::refused, concat("world size ", q.world, " does not match the job's world size ", world_));
     // Both bound what later messages build per rank (rank lists, exchange slots).
@@ -401,6 +400,18 @@ class StoreCore {
       info.status = RankStatus::connected;
     }
     send(id, WireWriter(Msg::ok).finish());
+  }
+
+  // Names both jobs when both are known, so two jobs that met at one address say which they are.
+  std::string wrong_token(const std::string& client_job) const {
+    const std::string& mine = options_.job_id;
+    if (mine.empty() || client_job.empty())
+      return "wrong job token: this store serves another job, or ACCEL_JOB_TOKEN differs between processes";
+    if (mine == client_job)
+      return concat("wrong job token for job ", mine, ": the tokens differ (ACCEL_JOB_TOKEN differs between the job's processes, "
+                    "or two jobs share this id)");
+    return concat("wrong job token: this store serves job ", mine, " but this process belongs to job ", text::excerpt(client_job),
+                  "; two jobs chose the same store address (give each its own MASTER_PORT)");
   }
 
   static bool token_equal(const std::string& a, const std::string& b) {

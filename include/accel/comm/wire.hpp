@@ -181,6 +181,7 @@ struct StoreRequest {
   std::vector<std::string> keys;    ///< wait
   std::string label;                ///< exchange: what the collective is, for messages
   std::string token;                ///< hello
+  std::string job_id;               ///< hello, optional last field: the client's job, named in refusals
   std::uint32_t magic = 0, version = 0;
   std::int64_t delta = 0;           ///< add
   std::int32_t rank = -1, world = 0;
@@ -199,6 +200,7 @@ inline StoreRequest parse_request(std::span<const std::byte> body) {
   switch (q.type) {
     case Msg::hello:
       q.magic = r.u32(), q.version = r.u32(), q.token = r.str(), q.rank = r.i32(), q.world = r.i32();
+      if (r.remaining() > 0) q.job_id = r.str();
       if (q.rank < -1 || q.world < 0 || (q.rank >= 0 && q.world > 0 && q.rank >= q.world))
         throw_error<wire_error>("malformed hello: rank ", q.rank, " of world size ", q.world);
       break;
@@ -231,8 +233,8 @@ inline StoreRequest parse_request(std::span<const std::byte> body) {
 
 /// @name Request encoders (client side)
 ///@{
-inline std::vector<std::byte> encode_hello(std::string_view token, int rank, int world) {
-  return WireWriter(Msg::hello).u32(store_magic).u32(store_protocol_version).str(token).i32(rank).i32(world).finish();
+inline std::vector<std::byte> encode_hello(std::string_view token, int rank, int world, std::string_view job_id = {}) {
+  return WireWriter(Msg::hello).u32(store_magic).u32(store_protocol_version).str(token).i32(rank).i32(world).str(job_id).finish();
 }
 inline std::vector<std::byte> encode_failure(FailureKind kind, std::string_view message) {
   return WireWriter(Msg::failure).u8(static_cast<std::uint8_t>(kind)).str(message).finish();

@@ -62,11 +62,13 @@ class DistributedState {
  public:
   /// @brief Reads the real environment and devices.
   /// @throws config_error when the launcher variables are malformed or the GPUs cannot be shared out
-  explicit DistributedState(StateOptions options = {}) : DistributedState(process_env(), default_device_query(), options) {}
+  explicit DistributedState(StateOptions options = {})
+      : DistributedState(process_env(), default_device_query(), options, process_launcher_query()) {}
 
   /// @brief From injected sources (tests, or a planned child environment).
-  DistributedState(const EnvSource& env, const DeviceQuery& devices, StateOptions options = {})
-      : env_(read_launch_env(env)), visible_(parse_visible_devices(env("CUDA_VISIBLE_DEVICES"))) {
+  /// @param query questions read_launch_env may ask the system (default: none)
+  DistributedState(const EnvSource& env, const DeviceQuery& devices, StateOptions options = {}, const LauncherQuery& query = {})
+      : env_(read_launch_env(env, query)), visible_(parse_visible_devices(env("CUDA_VISIBLE_DEVICES"))) {
     const bool want_cpu = options.cpu || env_.use_cpu;
     const DeviceList list = want_cpu ? DeviceList{{}, "CPU requested", ""} : devices.list(false);
     gpu_count_ = static_cast<int>(list.gpus.size());
@@ -104,7 +106,7 @@ class DistributedState {
   [[nodiscard]] int visible_gpu_count() const noexcept { return gpu_count_; }
   /// @brief Why no GPU is visible ("insufficient driver", …), "" when some are.
   [[nodiscard]] const std::string& device_status() const noexcept { return device_status_; }
-  /// @brief The launcher facts (rendezvous address, token, timeout, diagnostics).
+  /// @brief The launcher facts (rendezvous address, job id and token, timeout, diagnostics).
   [[nodiscard]] const LaunchEnv& launch_env() const noexcept { return env_; }
   /// @brief CUDA_VISIBLE_DEVICES as parsed, with diagnostics.
   [[nodiscard]] const VisibleDevices& visible_devices() const noexcept { return visible_; }

@@ -6,6 +6,10 @@
 /// Conventions are read in this order, the first present one wins: accel launch / torchrun
 /// (RANK…), MPICH / Intel MPI (PMI_RANK…), Open MPI (OMPI_COMM_WORLD_*), MVAPICH2 (MV2_COMM_WORLD_*),
 /// SLURM srun (SLURM_PROCID… inside a job step). No variables at all means one process.
+///
+/// Job identity: the convention that gave the ranks also names the job (SLURM job and step, Open
+/// MPI's job id, Hydra's proxy, torchrun's run id, accel launch's token). The store's token and,
+/// without MASTER_PORT, its port derive from that name, so two jobs on one machine never meet.
 #pragma once
 
 #include <chrono>
@@ -19,6 +23,7 @@
 #include <vector>
 
 #include <accel/runtime/config.hpp>
+#include <accel/runtime/detail/pmi.hpp>
 #include <accel/runtime/error.hpp>
 #include <accel/runtime/text.hpp>
 
@@ -42,6 +47,15 @@ inline EnvSource map_env(std::map<std::string, std::string> vars) {
     return it == vars.end() ? std::nullopt : std::optional<std::string>(it->second);
   };
 }
+
+/// @brief Questions for the system that no variable answers; an empty member is never asked.
+struct LauncherQuery {
+  /// "<host>/<pid>" of the process serving PMI_FD (MPICH's Hydra: the job's proxy on this machine).
+  std::function<std::optional<std::string>(int fd)> pmi_fd_peer;
+};
+
+/// @brief The real answers (SO_PEERCRED on PMI_FD; nothing is ever written to it).
+inline LauncherQuery process_launcher_query() { return {[](int fd) { return detail::unix_socket_peer(fd); }}; }
 
 /// @brief Which launcher convention supplied the ranks.
 enum class Launcher { none, accel, torchrun, mpich, openmpi, mvapich, slurm };
@@ -70,14 +84,57 @@ struct LaunchEnv {
   int group_rank = 0;    ///< machine index
   int num_machines = 1;
   std::string master_addr = "127.0.0.1";  ///< "" when several machines and nobody said where rank 0 is
-  int master_port = 29500;
+  int master_port = 29500;                ///< MASTER_PORT, else job_port(job_id), else 29500
+  bool master_port_derived = false;       ///< master_port was derived from job_id (MASTER_PORT unset)
   std::optional<std::string> store_address;  ///< ACCEL_STORE ("host:port"), the store accel launch hosts
-  std::string job_token;                     ///< ACCEL_JOB_TOKEN, "" if none
+  /// The launcher's own name for this job, the same on every rank: "slurm:<job>.<step>",
+  /// "pmi:<PMI_JOBID>", "openmpi:<job id>", "mpich:<host>/<proxy pid>", "torchrun:<run id>",
+  /// "accel:<token fingerprint>", "token:<fingerprint>" (ACCEL_JOB_TOKEN alone); "" when unknown.
+  std::string job_id;
+  /// What the store's handshake compares: ACCEL_JOB_TOKEN under accel launch; otherwise job_id,
+  /// Open MPI's per-job key and ACCEL_JOB_TOKEN (those present, joined by '/'); "" if none.
+  std::string job_token;
+  /// One sentence when this job's store address is shared by every job without an identity (no
+  /// job_id, no MASTER_PORT, no ACCEL_STORE, several processes) and how to fix it; else "".
+  std::string rendezvous_warning;
   std::chrono::milliseconds timeout{300'000};  ///< ACCEL_TIMEOUT_S (default 300 s)
   bool torchelastic_agent_store = false;       ///< TORCHELASTIC_USE_AGENT_STORE=True
   bool use_cpu = false;                        ///< ACCEL_USE_CPU is truthy
   std::vector<std::string> diagnostics;        ///< assumptions made, one sentence each
 };
+
+/// @brief Store ports derived from a job id lie in [job_port_first, job_port_last]: from torch's
+///        default 29500 up to the top of Linux's default ephemeral range.
+inline constexpr int job_port_first = 29500;
+inline constexpr int job_port_last = 60999;
+
+namespace detail {
+/// @brief FNV-1a over the bytes, then splitmix64's finaliser so every output bit depends on every input bit.
+[[nodiscard]] constexpr std::uint64_t mix_hash(std::string_view s) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
+}  // namespace detail
+
+/// @brief The default store port of the job named `job_id`: the same on every rank, and for two
+///        jobs equal only by a 1 in 31500 chance (then the second cannot listen, and says so).
+[[nodiscard]] constexpr int job_port(std::string_view job_id) noexcept {
+  return job_port_first + static_cast<int>(detail::mix_hash(job_id) % static_cast<std::uint64_t>(job_port_last - job_port_first + 1));
+}
+
+/// @brief `<kind>:<8 hex digits>`, the job id of a job known by a secret token: only a
+///        fingerprint of the token shows, so messages and logs never reveal it.
+[[nodiscard]] inline std::string token_job_id(std::string_view token, std::string_view kind = "accel") {
+  static constexpr char digits[] = "0123456789abcdef";
+  const std::uint64_t h = detail::mix_hash(token);
+  std::string out(kind);
+  out += ':';
+  for (int shift = 60; shift >= 32; shift -= 4) out += digits[(h >> shift) & 0xf];
+  return out;
+}
 
 /// @brief Splits "host:port" or "[v6]:port" (brackets removed); nullopt unless the host is
 ///        non-empty and the port is 1-65535.
@@ -208,12 +265,65 @@ inline RawRanks read_convention(const EnvSource& env, const ConventionVars& c) {
   return r;
 }
 
+/// @brief A launcher's name for the job (id), a per-job secret it also gives (extra), or why it
+///        gives none (missing).
+struct JobIdentity {
+  std::string id, extra, missing;
+};
+
+/// @brief The identity the convention that gave the ranks offers, read from that convention's own
+/// variables only: variables of another launcher may be inherited by several jobs (two mpiruns
+/// started from one srun step both see SLURM_STEP_ID=0), so they would name different jobs alike.
+inline JobIdentity launcher_identity(const EnvSource& env, const LaunchEnv& e, const LauncherQuery& query) {
+  const auto value = [&](const char* name) { return env(name).value_or(""); };
+  switch (e.launcher) {
+    case Launcher::slurm: {
+      const std::string step = env("SLURM_STEP_ID") ? value("SLURM_STEP_ID") : value("SLURM_STEPID");
+      if (!value("SLURM_JOB_ID").empty() && !step.empty()) return {concat("slurm:", value("SLURM_JOB_ID"), ".", step), "", ""};
+      return {"", "", "SLURM_JOB_ID or SLURM_STEP_ID is unset"};
+    }
+    case Launcher::openmpi: {
+      // Open MPI 4.1 (ORTE) sets both to the job id; Open MPI 5 (PRRTE) names the job by its
+      // PMIx namespace. The precondition key is random per mpirun, so two jobs whose 32-bit ids
+      // collide still get different tokens.
+      std::string id = value("OMPI_MCA_ess_base_jobid");
+      if (id.empty()) id = value("PMIX_NAMESPACE");
+      if (id.empty()) return {"", "", "neither OMPI_MCA_ess_base_jobid nor PMIX_NAMESPACE is set"};
+      return {"openmpi:" + id, value("OMPI_MCA_orte_precondition_transports"), ""};
+    }
+    case Launcher::mpich: {
+      if (!value("PMI_JOBID").empty()) return {"pmi:" + value("PMI_JOBID"), "", ""};  // srun --mpi=pmi2
+      const auto fd = text::parse_integer<int>(value("PMI_FD"));
+      if (!fd) return {"", "", "neither PMI_JOBID nor PMI_FD is set"};
+      // Hydra runs one proxy per job and machine, so its pid names the job only when the whole
+      // job is on this machine.
+      if (e.local_world_size != e.world_size)
+        return {"", "", "Hydra names a job only per machine (by its proxy) and this job spans machines"};
+      const auto peer = query.pmi_fd_peer ? query.pmi_fd_peer(*fd) : std::nullopt;
+      if (!peer) return {"", "", concat("PMI_FD=", *fd, " is not a socket to Hydra's proxy")};
+      return {"mpich:" + *peer, "", ""};
+    }
+    case Launcher::torchrun: {
+      // The static rendezvous (torchrun's default) names every run "none"; it always sets
+      // MASTER_PORT, where its own agent store already keeps other jobs out.
+      const std::string run = value("TORCHELASTIC_RUN_ID");
+      if (!run.empty() && run != "none") return {"torchrun:" + run, "", ""};
+      return {"", "", run.empty() ? "TORCHELASTIC_RUN_ID is unset" : "TORCHELASTIC_RUN_ID is 'none'"};
+    }
+    case Launcher::mvapich: return {"", "", "MVAPICH2 sets no job identity"};
+    case Launcher::accel: return {"", "", "ACCEL_JOB_TOKEN is unset"};
+    case Launcher::none: break;
+  }
+  return {"", "", "no launcher variables"};
+}
+
 }  // namespace detail
 
-/// @brief Reads the launcher environment (pure: everything comes through `env`).
+/// @brief Reads the launcher environment (pure: everything comes through `env` and `query`).
+/// @param query questions for the system; the default asks none (then a Hydra job has no identity)
 /// @throws config_error naming the variable and its value when a value is malformed, out of range,
 ///         or contradicts another convention with the same world size.
-inline LaunchEnv read_launch_env(const EnvSource& env) {
+inline LaunchEnv read_launch_env(const EnvSource& env, const LauncherQuery& query = {}) {
   using namespace detail;
   LaunchEnv out;
   const ConventionVars* chosen = nullptr;
@@ -284,16 +394,36 @@ inline LaunchEnv read_launch_env(const EnvSource& env) {
     out.master_addr.clear();
     out.diagnostics.push_back("MASTER_ADDR is unset on a multi-machine job: collectives need rank 0's address in MASTER_ADDR");
   }
-  if (auto port = env_int(env, "MASTER_PORT", 1)) {
-    if (*port > 65535) throw_error<config_error>("MASTER_PORT='", *env("MASTER_PORT"), "' is not a TCP port (1-65535)");
-    out.master_port = *port;
+  const auto master_port = env_int(env, "MASTER_PORT", 1);
+  if (master_port) {
+    if (*master_port > 65535) throw_error<config_error>("MASTER_PORT='", *env("MASTER_PORT"), "' is not a TCP port (1-65535)");
+    out.master_port = *master_port;
   }
   if (auto store = env("ACCEL_STORE")) {
     if (!split_host_port(*store))
       throw_error<config_error>("ACCEL_STORE='", *store, "' is not host:port (it is set by accel launch; do not set it by hand)");
     out.store_address = *store;
   }
-  out.job_token = env("ACCEL_JOB_TOKEN").value_or("");
+  const std::string token = env("ACCEL_JOB_TOKEN").value_or("");
+  if (out.launcher == Launcher::accel && !token.empty()) {
+    out.job_id = token_job_id(token, "accel");
+    out.job_token = token;
+  } else {
+    const JobIdentity id = launcher_identity(env, out, query);
+    out.job_id = !id.id.empty() ? id.id : !token.empty() ? token_job_id(token, "token") : std::string();
+    for (const std::string* part : {&id.id, &id.extra, &token})
+      if (!part->empty()) out.job_token += (out.job_token.empty() ? "" : "/") + *part;
+    if (out.job_id.empty() && !master_port && !out.store_address && out.world_size > 1)
+      out.rendezvous_warning = concat(
+          "no job identity (", launcher_name(out.launcher), ": ", id.missing, ") and MASTER_PORT is unset, so every such job on ",
+          out.master_addr.empty() ? std::string("rank 0's machine") : out.master_addr, " meets at port ", out.master_port,
+          " and two running at once would mix their ranks; give each job its own MASTER_PORT, or its own ACCEL_JOB_TOKEN "
+          "(the port is then derived from it)");
+  }
+  if (!master_port && !out.job_id.empty()) {
+    out.master_port = job_port(out.job_id);
+    out.master_port_derived = true;
+  }
   if (auto t = env("ACCEL_TIMEOUT_S")) {
     char* end = nullptr;
     const double s = std::strtod(t->c_str(), &end);

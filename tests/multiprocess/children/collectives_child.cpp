@@ -2,7 +2,10 @@
 // SPDX-FileCopyrightText: accel contributors
 // Child program of tests/multiprocess/collectives_test.cpp: one rank of a job started by the test
 // (or by accel launch). argv[1] picks the scenario; errors go to stderr as "rank R: <message>".
-//   gather      every rank completes its shard of 11 prompts; rank 0 prints them in input order
+//   gather [L [MS]]  every rank completes its shard of 11 prompts; rank 0 prints them in input
+//               order (each ending " (L)" when a label L is given, so a job's output shows whose it
+//               is); with MS, the ranks meet and then hold MS milliseconds before gathering, so two
+//               jobs started together are surely running at the same time
 //   throw       rank 1's value fails to serialize
 //   die [R]     rank R (default 1) dies (std::_Exit) while the others wait inside gather_object
 //   main-only   gather_object called only on the main process
@@ -45,9 +48,15 @@ int main(int argc, char** argv) {
       std::vector<std::string> prompts;
       for (int i = 0; i < 11; ++i) prompts.push_back("prompt " + std::to_string(i));
       auto mine = state.split_between_processes(prompts, {.apply_padding = true});
+      const std::string label = argc > 2 ? std::string(" (") + argv[2] + ")" : std::string();
+      if (argc > 3) {
+        accel::wait_for_everyone(state);
+        std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(argv[3])));
+      }
       std::vector<Completion> out;
       for (std::size_t i = 0; i < mine.size(); ++i)
-        out.push_back({static_cast<int>(mine.shard().first_index + i), mine[static_cast<std::ptrdiff_t>(i)] + " by rank " + std::to_string(rank)});
+        out.push_back({static_cast<int>(mine.shard().first_index + i),
+                       mine[static_cast<std::ptrdiff_t>(i)] + " by rank " + std::to_string(rank) + label});
       const auto all = accel::gather_object(state, out, mine.shard());
       accel::print(state, "backend ", accel::communicator(state).backend(), ", ", all.size(), " results");
       for (const auto& c : all) accel::print(state, c.prompt, ": ", c.text);
