@@ -388,6 +388,26 @@ TEST_CASE("output is cut into whole lines and partial lines wait for their end",
   CHECK(out.size() == 5);
 }
 
+TEST_CASE("lines far longer than one read stay whole up to 16 MiB", "[launch][lines]") {
+  accel::launch::detail::LineSplitter s;
+  std::vector<std::string> out;
+  auto emit = [&](std::string_view l) { out.emplace_back(l); };
+  const std::string line(3 << 20, 'x');
+  for (std::size_t at = 0; at < line.size(); at += 64 * 1024) s.feed(std::string_view(line).substr(at, 64 * 1024), emit);
+  CHECK(out.empty());
+  s.feed("\nnext", emit);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0] == line);
+  s.finish(emit);
+  CHECK(out.back() == "next");
+  const std::string endless(accel::launch::detail::LineSplitter::default_max_line + 5, 'y');
+  s.feed(endless, emit);  // past the bound: one piece of 16 MiB now, the rest waits for its end
+  REQUIRE(out.size() == 3);
+  CHECK(out[2].size() == accel::launch::detail::LineSplitter::default_max_line);
+  s.finish(emit);
+  CHECK(out.back() == "yyyyy");
+}
+
 TEST_CASE("programs are found on PATH like execvp does", "[launch][spawn]") {
   CHECK(accel::detail::proc::find_program("sh", "/nonexistent:/bin:/usr/bin").ends_with("/sh"));
   CHECK(accel::detail::proc::find_program("sh", "/nonexistent").empty());

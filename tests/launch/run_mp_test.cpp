@@ -405,3 +405,26 @@ TEST_CASE("accel launch help documents options and environment and exit status",
                         "all machines together"})
     CHECK_THAT(out, contains(s));
 }
+
+TEST_CASE("tee keeps a line longer than 64 KiB whole, with one rank prefix", "[launch][mp][tee]") {
+  const std::size_t bytes = 200 * 1024;
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "2", "--tee", children + "/long_line", std::to_string(bytes)});
+  REQUIRE(l.wait() == 0);
+  const auto lines = lines_of(l.out());
+  CHECK(lines.size() == 6);
+  for (const std::string rank : {"0", "1"}) {
+    const std::string prefix = "[rank " + rank + "] ";
+    std::string expected = prefix;
+    for (std::size_t i = 0; i < bytes; ++i) expected += static_cast<char>('a' + (i * 7 + static_cast<unsigned char>(rank[0])) % 26);
+    int begin = 0, whole = 0, end = 0;
+    for (const auto& s : lines) {
+      begin += s == prefix + "rank " + rank + " begin";
+      whole += s == expected;
+      end += s == prefix + "rank " + rank + " end";
+    }
+    CHECK(begin == 1);
+    CHECK(whole == 1);
+    CHECK(end == 1);
+  }
+}

@@ -27,11 +27,15 @@ ACCEL_NAMESPACE_BEGIN
 namespace launch {
 namespace detail {
 
-/// @brief Cuts a byte stream into whole lines; a line longer than `max_line` is emitted in pieces so
-/// a child that never writes a newline cannot grow the launcher's memory.
+/// @brief Cuts a byte stream into whole lines. A line is kept whole however many reads it takes,
+/// up to `max_line` bytes (16 MiB by default: far beyond any real log line, a JSON record or a
+/// progress bar redrawn with '\r' included). Past that bound the line is emitted in pieces of
+/// `max_line` bytes, each shown as a line of its own (with --tee, each with its rank prefix), so a
+/// child that never writes a newline holds at most `max_line` bytes of the launcher's memory per stream.
 class LineSplitter {
  public:
-  explicit LineSplitter(std::size_t max_line = 64 * 1024) : max_line_(max_line) {}
+  static constexpr std::size_t default_max_line = std::size_t{16} << 20;
+  explicit LineSplitter(std::size_t max_line = default_max_line) : max_line_(max_line) {}
   /// @brief Emits every complete line in `data` (without its '\n'); keeps the tail for later.
   template <class Emit>
   void feed(std::string_view data, Emit&& emit) {
@@ -251,8 +255,9 @@ class Supervisor {
     }
   }
 
-  // Whole lines, prefixed, are appended to `batch_` and written with one write() per read: a
-  // write of whole lines is never mixed with another rank's, and one call per 64 KiB stays cheap.
+  // Whole lines, prefixed, are appended to `batch_` and written with one write_all() per read: the
+  // supervisor is the only writer of the console, so lines of different ranks never interleave, and
+  // one call per 64 KiB read stays cheap.
   void add_line(const Stream& s, std::string_view line) {
     if (tee_) batch_.append("[rank ").append(std::to_string(s.rank)).append("] ");
     batch_.append(line).push_back('\n');
