@@ -406,6 +406,23 @@ TEST_CASE("accel launch help documents options and environment and exit status",
     CHECK_THAT(out, contains(s));
 }
 
+TEST_CASE("the first rank to fail is blamed even when another fails a moment later", "[launch][mp][blame]") {
+  // Rank 1 exits with 3; rank 0 notices and exits with 5 right after (at once, or 2 to 5 ms later),
+  // as ranks do when a peer's connection closes. Both are often dead by the time the launcher looks.
+  for (int run = 0; run < 40; ++run) {
+    const int delay_us = run % 2 == 0 ? 0 : 2000 + run * 397 % 3000;
+    TempDir dir;
+    Launcher l(dir, {"--cpu", "--num_processes", "2", children + "/cascade", dir.path, std::to_string(delay_us)});
+    const int status = l.wait();
+    const std::string err = l.err();
+    INFO("run " << run << ": rank 0 exits " << delay_us << " us after rank 1; launcher stderr:\n" << err);
+    REQUIRE(status == 3);
+    REQUIRE_THAT(err, contains("rank 1 (local rank 1, pid "));
+    REQUIRE_THAT(err, contains(") exited with code 3; stopping the other 1 process"));
+    REQUIRE_THAT(err, contains("job failed: rank 1 exited with code 3; exit status 3"));
+  }
+}
+
 TEST_CASE("tee keeps a line longer than 64 KiB whole, with one rank prefix", "[launch][mp][tee]") {
   const std::size_t bytes = 200 * 1024;
   TempDir dir;

@@ -126,12 +126,15 @@ inline void start_children(const PreparedJob& job, const LaunchOptions& options,
     req.stdin_fd = r.local_rank == 0 && pass_stdin ? -1 : devnull.get();
     req.child_mask = signals.original_mask();
     req.reset_signals = signals.reset_list();
+    req.exit_watch = sup.exit_watch();
     auto output = child_output(options, r.rank, req);
+    proc::Spawned started = proc::spawn_child(req);
     Child child;
     child.rank = r.rank;
     child.local_rank = r.local_rank;
-    child.pid = proc::spawn_child(req);
-    sup.children.push_back(child);
+    child.pid = started.pid;
+    child.pidfd = std::move(started.pidfd);
+    sup.children.push_back(std::move(child));
     for (auto& s : output.streams) sup.streams.push_back(std::move(s));
     // output.write_ends close here: from now on only the child holds them, so its exit ends the stream.
   }
