@@ -423,6 +423,66 @@ TEST_CASE("the first rank to fail is blamed even when another fails a moment lat
   }
 }
 
+namespace {
+
+/// Kills `pid` if it is still one of our `sleep 300` daemons, so a failed test leaves nothing behind.
+void kill_stray_sleep(pid_t pid) {
+  using namespace std::string_view_literals;
+  if (!process_gone(pid) && read_file("/proc/" + std::to_string(pid) + "/cmdline").starts_with("sleep\0"sv)) ::kill(pid, SIGKILL);
+}
+
+}  // namespace
+
+TEST_CASE("daemons the ranks started are ended with the job and never blamed", "[launch][mp][orphans]") {
+  const int code = GENERATE(0, 4);
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "2", "--grace", "2", children + "/daemonize", dir.path, std::to_string(code)});
+  const auto daemons = read_pids(dir, "daemon_", 2);
+  const int status = l.wait();
+  bool gone[2];
+  for (int r = 0; r < 2; ++r) {
+    gone[r] = process_gone(daemons[r]);
+    kill_stray_sleep(daemons[r]);
+  }
+  const std::string err = l.err();
+  INFO("launcher stderr:\n" << err);
+  CHECK(gone[0]);
+  CHECK(gone[1]);
+  CHECK(status == code);
+  CHECK_THAT(err, contains("the job left 2 processes running (pid "));
+  CHECK_THAT(err, contains("sleep): ending them (SIGTERM, SIGKILL after 2 s)"));
+  if (code == 0) CHECK_THAT(err, !contains("job failed"));
+  else CHECK(std::regex_search(err, std::regex("job failed: rank [01] exited with code 4; exit status 4\n")));
+  // The daemons' SIGTERM is nobody's failure: their pids appear in the line about them only.
+  for (const auto& line : lines_of(err))
+    for (pid_t d : daemons)
+      if (line.find("pid " + std::to_string(d) + ")") != std::string::npos || line.find("pid " + std::to_string(d) + " ") != std::string::npos)
+        CHECK_THAT(line, contains("the job left 2 processes running"));
+}
+
+TEST_CASE("daemons that ignore SIGTERM are killed when the grace period ends", "[launch][mp][orphans]") {
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "1", "--grace", "0.5", children + "/daemonize", dir.path, "0", "--stubborn"});
+  const pid_t daemon = read_pids(dir, "daemon_", 1)[0];
+  const int status = l.wait();
+  const bool gone = process_gone(daemon);
+  kill_stray_sleep(daemon);
+  CHECK(gone);
+  CHECK(status == 0);
+  CHECK_THAT(l.err(), contains("the job left 1 process running (pid " + std::to_string(daemon) + " sleep): ending it (SIGTERM, SIGKILL after 0.5 s)"));
+  CHECK_THAT(l.err(), contains("process " + std::to_string(daemon) + " (sleep) did not stop within 0.5 s; sending SIGKILL"));
+}
+
+TEST_CASE("a daemon that fails while the job runs is reaped and never blamed", "[launch][mp][orphans]") {
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "2", children + "/daemonize", dir.path, "0", "--short"});
+  const auto daemons = read_pids(dir, "daemon_", 2);
+  REQUIRE(l.wait() == 0);
+  for (pid_t p : daemons) CHECK(process_gone(p));
+  CHECK_THAT(l.err(), !contains("code 9"));
+  CHECK_THAT(l.err(), !contains("job failed"));
+}
+
 TEST_CASE("tee keeps a line longer than 64 KiB whole, with one rank prefix", "[launch][mp][tee]") {
   const std::size_t bytes = 200 * 1024;
   TempDir dir;

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include <accel/launch/detail/adoption.hpp>
 #include <accel/launch/detail/process.hpp>
 #include <accel/launch/detail/supervisor.hpp>
 #include <accel/launch/launch_plan.hpp>
@@ -163,6 +164,9 @@ inline int run(const LaunchOptions& options, const LaunchHooks& hooks = {}) {
   // Block first: threads started from here on (CUDA's, the store's) inherit the mask.
   accel::detail::proc::BlockedSignals signals({SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT});
   const detail::PreparedJob job = detail::prepare_job(options, hooks, say);
+  // Whatever the ranks start and leave behind is reparented to us, not to init, so that the
+  // supervisor can end it with the job.
+  const accel::detail::proc::ChildSubreaper subreaper;
   detail::Supervisor sup(signals, options.grace_s, options.tee, say);
   try {
     detail::start_children(job, options, signals, sup);

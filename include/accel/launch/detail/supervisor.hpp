@@ -19,6 +19,7 @@
 
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/error.hpp>
+#include <accel/launch/detail/adoption.hpp>
 #include <accel/launch/detail/process.hpp>
 #include <accel/launch/launch_plan.hpp>
 
@@ -110,7 +111,8 @@ struct Child {
 };
 
 /// @brief The supervision loop over started children (one thread, poll over a signalfd, the
-/// children's exit watch and their output pipes).
+/// children's exit watch and their output pipes). When the calling process is a child subreaper
+/// (proc::ChildSubreaper), it also ends and reaps what the ranks left behind.
 class Supervisor {
  public:
   /// @throws launch_error when the exit watch (an epoll set) cannot be created
@@ -118,6 +120,8 @@ class Supervisor {
              std::function<void(const std::string&)> say)
       : signals_(signals), grace_(std::chrono::milliseconds(static_cast<long long>(grace_s * 1000.0))), tee_(tee),
         say_(std::move(say)), exits_(::epoll_create1(EPOLL_CLOEXEC)) {
+    // Children this process had before the job are none of the job's business.
+    for (const auto& p : accel::detail::proc::children_of(self_)) foreign_.push_back(p.pid);
     if (!exits_)
       accel::detail::throw_error<launch_error>("cannot create an epoll set to watch the processes (",
                                                accel::detail::proc::errno_text(errno), ")");
@@ -140,7 +144,8 @@ class Supervisor {
       }
   }
 
-  /// @brief Runs until every child has ended and its output is drained (or the drain deadline passed).
+  /// @brief Runs until every child has ended, what the job left running has been ended and reaped,
+  /// and the output is drained (or the drain deadline passed).
   void supervise() {
     using clock = std::chrono::steady_clock;
     std::optional<clock::time_point> drain_until;
@@ -152,14 +157,16 @@ class Supervisor {
         for (const auto& c : children) ::kill(-c.pid, SIGKILL);
         drain_until = clock::now() + std::chrono::seconds(2);
       }
-      if (!any_running && !any_open) break;
+      const bool any_adopted = !any_running && end_adopted();
+      if (!any_running && !any_open && !any_adopted) break;
       const auto now = clock::now();
-      if (drain_until && now >= *drain_until) break;  // something that left the group still holds a pipe
+      if (drain_until && now >= *drain_until && !any_adopted) break;  // something that left the group still holds a pipe
       long long wait_ms = 250;  // also reaps when a SIGCHLD went to a thread that does not block it
       if (kill_at_ && !killed_)
         wait_ms = std::min<long long>(wait_ms, std::chrono::duration_cast<std::chrono::milliseconds>(*kill_at_ - now).count() + 1);
       if (drain_until)
         wait_ms = std::min<long long>(wait_ms, std::chrono::duration_cast<std::chrono::milliseconds>(*drain_until - now).count() + 1);
+      if (any_adopted) wait_ms = std::min<long long>(wait_ms, 20);  // an adopted process's own children show up unannounced
       std::vector<pollfd> fds;
       fds.push_back({signals_.fd(), POLLIN, 0});
       fds.push_back({exits_.get(), POLLIN, 0});  // reap() reads it
@@ -186,6 +193,7 @@ class Supervisor {
       }
     }
     for (auto& s : streams) close_stream(s);
+    reap_adopted();
   }
 
   /// @brief Says how the job ended and returns the status the launcher should exit with.
@@ -250,7 +258,8 @@ class Supervisor {
   //     child turns into a zombie, under the lock that serialises exits, and a standard signal
   //     does not queue, so while one is pending later ones are dropped and the pending one (its
   //     ssi_pid) names the earliest. We read it before reaping anything else, so the rank that
-  //     starts a cascade is always reaped, and blamed, first.
+  //     starts a cascade is always reaped, and blamed, first. (An adopted process's death counts
+  //     here too; ranks that die in its shadow are ordered by point 2.)
   //  2. Children that died after that one, before we looked (their SIGCHLD was dropped), come in
   //     the order their pidfds woke: every rank's pidfd sits in one epoll set from before its
   //     program starts, epoll hands out entries in wake-up order, and EPOLLONESHOT keeps a reported
@@ -269,12 +278,14 @@ class Supervisor {
       if (c.running && !c.pidfd) collect(c);
   }
 
-  // Acts on every pending signal; a SIGCHLD reaps the child it names first (see reap()).
+  // Acts on every pending signal; a SIGCHLD reaps the child it names first (see reap()), or the
+  // adopted processes that ended when it names none of the ranks.
   void read_signals() {
     pid_t sender = 0;
     while (const int sig = signals_.next(&sender)) {
       if (sig != SIGCHLD) on_signal(sig);
       else if (Child* c = running_child(sender)) collect(*c);
+      else reap_adopted();
     }
   }
 
@@ -283,6 +294,73 @@ class Supervisor {
       if (c.running && c.pid == pid) return &c;
     return nullptr;
   }
+
+  /// @name Adopted processes
+  /// As a child subreaper the launcher inherits every descendant of a rank whose parent died: a
+  /// daemon that left the rank's process group and session with setsid, a rank's child that
+  /// outlived it. They are told apart from ranks by pid (a rank that ended is reaped by pid, and
+  /// stays in `children` until then), their exit status counts for nothing, and the children this
+  /// process had before the job are never touched.
+  ///@{
+
+  // Our children that are neither a rank still to be reaped nor a child from before the job.
+  std::vector<accel::detail::proc::ProcessEntry> adopted_now() {
+    auto all = accel::detail::proc::children_of(self_);
+    std::erase_if(all, [&](const accel::detail::proc::ProcessEntry& p) {
+      return running_child(p.pid) != nullptr || std::find(foreign_.begin(), foreign_.end(), p.pid) != foreign_.end();
+    });
+    return all;
+  }
+
+  // Reaps the adopted processes that ended.
+  void reap_adopted() {
+    for (const auto& p : adopted_now())
+      if (p.state == 'Z') ::waitpid(p.pid, nullptr, WNOHANG);
+  }
+
+  // Once every rank has ended: sends SIGTERM to what the job left running, SIGKILL after the grace
+  // period, and reaps it. Processes of a rank's group are not announced: they got SIGKILL with the
+  // group. Returns whether some are still there.
+  bool end_adopted() {
+    using clock = std::chrono::steady_clock;
+    namespace proc = accel::detail::proc;
+    reap_adopted();
+    std::vector<proc::ProcessEntry> live = adopted_now(), fresh;
+    std::erase_if(live, [](const proc::ProcessEntry& p) { return p.state == 'Z'; });
+    const auto now = clock::now();
+    for (const auto& p : live) {
+      const bool in_rank_group = std::any_of(children.begin(), children.end(), [&](const Child& c) { return c.pid == p.pgid; });
+      const bool known = std::any_of(adopted_.begin(), adopted_.end(), [&](const proc::ProcessEntry& a) { return a.pid == p.pid; });
+      if (in_rank_group) ::kill(p.pid, SIGKILL);
+      else if (!known) fresh.push_back(p);
+    }
+    if (!fresh.empty()) {
+      if (!adopted_kill_at_) adopted_kill_at_ = now + grace_;
+      std::string list;
+      for (const auto& p : fresh) list += accel::detail::concat(list.empty() ? "" : ", ", "pid ", p.pid, " ", p.name);
+      const bool one = fresh.size() == 1;
+      say_(accel::detail::concat("the job left ", fresh.size(), one ? " process" : " processes", " running (", list, "): ending ",
+                                 one ? "it" : "them", adopted_killed_ ? " (SIGKILL)" : accel::detail::concat(" (SIGTERM, ", stop_plan(), ")")));
+      for (const auto& p : fresh) ::kill(p.pid, adopted_killed_ ? SIGKILL : SIGTERM);
+    }
+    adopted_ = live;
+    if (adopted_.empty()) return false;
+    if (adopted_kill_at_ && !adopted_killed_ && now >= *adopted_kill_at_) {
+      for (const auto& p : adopted_) {
+        say_(accel::detail::concat("process ", p.pid, " (", p.name, ") did not stop within ", grace_seconds(), " s; sending SIGKILL"));
+        ::kill(p.pid, SIGKILL);
+      }
+      adopted_killed_ = true;
+    }
+    // SIGKILL ends a process unless it is stuck in the kernel (state D); do not wait for one forever.
+    if (adopted_killed_ && now >= *adopted_kill_at_ + std::chrono::seconds(5)) {
+      for (const auto& p : adopted_) say_(accel::detail::concat("process ", p.pid, " (", p.name, ") is still there 5 s after SIGKILL; leaving it"));
+      adopted_.clear();
+      return false;
+    }
+    return true;
+  }
+  ///@}
 
   // Watches `c` again: its pidfd woke up but waitpid found nothing to reap yet.
   void rearm(const Child& c) noexcept {
@@ -368,6 +446,11 @@ class Supervisor {
   std::optional<std::size_t> failed_;
   std::optional<int> interrupt_;
   accel::detail::proc::UniqueFd exits_;  // epoll set of the children's pidfds: the exit watch
+  pid_t self_ = ::getpid();
+  std::vector<pid_t> foreign_;                           // our children from before the job
+  std::vector<accel::detail::proc::ProcessEntry> adopted_;  // left running by the job, being ended
+  std::optional<std::chrono::steady_clock::time_point> adopted_kill_at_;
+  bool adopted_killed_ = false;
 };
 
 }  // namespace detail
