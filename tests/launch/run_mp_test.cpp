@@ -425,6 +425,48 @@ TEST_CASE("the first rank to fail is blamed even when another fails a moment lat
 
 namespace {
 
+/// Every line of the launcher's own that tells how a process ended says "exited with code N" or
+/// "was killed by signal N (NAME)", and none guesses at a crash.
+void check_wording(const std::string& err) {
+  for (const auto& line : lines_of(err)) {
+    if (!line.starts_with("accel launch: ")) continue;
+    INFO(line);
+    CHECK_THAT(line, !contains("crash"));
+    if (line.find("killed") != std::string::npos) CHECK(std::regex_search(line, std::regex(R"(was killed by signal [0-9]+ \(SIG[A-Z0-9]+\))")));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("an exit is reported as an exit and only a signal as a kill", "[launch][mp][wording]") {
+  TempDir dir;
+  SECTION("a plain exit(7)") {
+    Launcher l(dir, {"--cpu", "--num_processes", "2", children + "/fail_rank", dir.path, "--fail", "1", "exit:7"});
+    const auto pids = read_pids(dir, "pid_", 2);
+    REQUIRE(l.wait() == 7);
+    const std::string err = l.err();
+    CHECK_THAT(err, contains("rank 1 (local rank 1, pid " + std::to_string(pids[1]) + ") exited with code 7; stopping"));
+    CHECK_THAT(err, contains("job failed: rank 1 exited with code 7; exit status 7\n"));
+    CHECK_THAT(err, contains("rank 0 (pid " + std::to_string(pids[0]) + ") stopped: was killed by signal 15 (SIGTERM)"));
+    for (const auto& line : lines_of(err))
+      if (line.find("rank 1 ") != std::string::npos) CHECK_THAT(line, !contains("killed") && !contains("signal"));
+    check_wording(err);
+  }
+  SECTION("a SIGKILL from outside") {
+    Launcher l(dir, {"--cpu", "--num_processes", "2", children + "/fail_rank", dir.path});
+    const auto pids = read_pids(dir, "pid_", 2);
+    REQUIRE(::kill(pids[1], SIGKILL) == 0);
+    REQUIRE(l.wait() == 128 + SIGKILL);
+    const std::string err = l.err();
+    CHECK_THAT(err, contains("rank 1 (local rank 1, pid " + std::to_string(pids[1]) + ") was killed by signal 9 (SIGKILL); stopping"));
+    CHECK_THAT(err, contains("job failed: rank 1 was killed by signal 9 (SIGKILL); exit status 137\n"));
+    CHECK_THAT(err, !contains("exited with code"));
+    check_wording(err);
+  }
+}
+
+namespace {
+
 /// Kills `pid` if it is still one of our `sleep 300` daemons, so a failed test leaves nothing behind.
 void kill_stray_sleep(pid_t pid) {
   using namespace std::string_view_literals;
