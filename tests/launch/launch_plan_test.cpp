@@ -6,6 +6,7 @@
 #include <accel/launch/run.hpp>
 #include <accel/runtime/env.hpp>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -319,6 +320,46 @@ TEST_CASE("output is cut into whole lines and partial lines wait for their end",
   CHECK(out.back() == "nop");
   s.finish(emit);
   CHECK(out.size() == 5);
+}
+
+TEST_CASE("lines far longer than one read stay whole up to 16 MiB", "[launch][lines]") {
+  accel::launch::detail::LineSplitter s;
+  std::vector<std::string> out;
+  auto emit = [&](std::string_view l) { out.emplace_back(l); };
+  const std::string line(3 << 20, 'x');
+  for (std::size_t at = 0; at < line.size(); at += 64 * 1024) s.feed(std::string_view(line).substr(at, 64 * 1024), emit);
+  CHECK(out.empty());
+  s.feed("\nnext", emit);
+  REQUIRE(out.size() == 1);
+  CHECK(out[0] == line);
+  s.finish(emit);
+  CHECK(out.back() == "next");
+  const std::string endless(accel::launch::detail::LineSplitter::default_max_line + 5, 'y');
+  s.feed(endless, emit);  // past the bound: one piece of 16 MiB now, the rest waits for its end
+  REQUIRE(out.size() == 3);
+  CHECK(out[2].size() == accel::launch::detail::LineSplitter::default_max_line);
+  s.finish(emit);
+  CHECK(out.back() == "yyyyy");
+}
+
+TEST_CASE("process table lines are read even when the command name holds spaces and parentheses", "[launch][spawn]") {
+  accel::detail::proc::ProcessEntry e;
+  pid_t ppid = 0;
+  REQUIRE(accel::detail::proc::parse_proc_stat("4242 (my (odd) name) S 17 4242 4242 0 -1 4194560", e, ppid));
+  CHECK(e.pid == 4242);
+  CHECK(e.name == "my (odd) name");
+  CHECK(e.state == 'S');
+  CHECK(ppid == 17);
+  CHECK(e.pgid == 4242);
+  REQUIRE(accel::detail::proc::parse_proc_stat("7 (sleep) Z 1 6 6", e, ppid));
+  CHECK(e.state == 'Z');
+  CHECK_FALSE(accel::detail::proc::parse_proc_stat("7 sleep Z 1 6 6", e, ppid));
+  CHECK_FALSE(accel::detail::proc::parse_proc_stat("", e, ppid));
+  // This test process is a child of something, and is not its own child.
+  const auto mine = accel::detail::proc::children_of(::getppid());
+  CHECK(std::any_of(mine.begin(), mine.end(), [](const auto& p) { return p.pid == ::getpid(); }));
+  const auto none = accel::detail::proc::children_of(::getpid());
+  CHECK(std::none_of(none.begin(), none.end(), [](const auto& p) { return p.pid == ::getpid(); }));
 }
 
 TEST_CASE("programs are found on PATH like execvp does", "[launch][spawn]") {

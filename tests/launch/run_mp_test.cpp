@@ -405,3 +405,145 @@ TEST_CASE("accel launch help documents options and environment and exit status",
                         "all machines together"})
     CHECK_THAT(out, contains(s));
 }
+
+TEST_CASE("the first rank to fail is blamed even when another fails a moment later", "[launch][mp][blame]") {
+  // Rank 1 exits with 3; rank 0 notices and exits with 5 right after (at once, or 2 to 5 ms later),
+  // as ranks do when a peer's connection closes. Both are often dead by the time the launcher looks.
+  for (int run = 0; run < 40; ++run) {
+    const int delay_us = run % 2 == 0 ? 0 : 2000 + run * 397 % 3000;
+    TempDir dir;
+    Launcher l(dir, {"--cpu", "--num_processes", "2", children + "/cascade", dir.path, std::to_string(delay_us)});
+    const int status = l.wait();
+    const std::string err = l.err();
+    INFO("run " << run << ": rank 0 exits " << delay_us << " us after rank 1; launcher stderr:\n" << err);
+    REQUIRE(status == 3);
+    REQUIRE_THAT(err, contains("rank 1 (local rank 1, pid "));
+    REQUIRE_THAT(err, contains(") exited with code 3; stopping the other 1 process"));
+    REQUIRE_THAT(err, contains("job failed: rank 1 exited with code 3; exit status 3"));
+  }
+}
+
+namespace {
+
+/// Every line of the launcher's own that tells how a process ended says "exited with code N" or
+/// "was killed by signal N (NAME)", and none guesses at a crash.
+void check_wording(const std::string& err) {
+  for (const auto& line : lines_of(err)) {
+    if (!line.starts_with("accel launch: ")) continue;
+    INFO(line);
+    CHECK_THAT(line, !contains("crash"));
+    if (line.find("killed") != std::string::npos) CHECK(std::regex_search(line, std::regex(R"(was killed by signal [0-9]+ \(SIG[A-Z0-9]+\))")));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("an exit is reported as an exit and only a signal as a kill", "[launch][mp][wording]") {
+  TempDir dir;
+  SECTION("a plain exit(7)") {
+    Launcher l(dir, {"--cpu", "--num_processes", "2", children + "/fail_rank", dir.path, "--fail", "1", "exit:7"});
+    const auto pids = read_pids(dir, "pid_", 2);
+    REQUIRE(l.wait() == 7);
+    const std::string err = l.err();
+    CHECK_THAT(err, contains("rank 1 (local rank 1, pid " + std::to_string(pids[1]) + ") exited with code 7; stopping"));
+    CHECK_THAT(err, contains("job failed: rank 1 exited with code 7; exit status 7\n"));
+    CHECK_THAT(err, contains("rank 0 (pid " + std::to_string(pids[0]) + ") stopped: was killed by signal 15 (SIGTERM)"));
+    for (const auto& line : lines_of(err))
+      if (line.find("rank 1 ") != std::string::npos) CHECK_THAT(line, !contains("killed") && !contains("signal"));
+    check_wording(err);
+  }
+  SECTION("a SIGKILL from outside") {
+    Launcher l(dir, {"--cpu", "--num_processes", "2", children + "/fail_rank", dir.path});
+    const auto pids = read_pids(dir, "pid_", 2);
+    REQUIRE(::kill(pids[1], SIGKILL) == 0);
+    REQUIRE(l.wait() == 128 + SIGKILL);
+    const std::string err = l.err();
+    CHECK_THAT(err, contains("rank 1 (local rank 1, pid " + std::to_string(pids[1]) + ") was killed by signal 9 (SIGKILL); stopping"));
+    CHECK_THAT(err, contains("job failed: rank 1 was killed by signal 9 (SIGKILL); exit status 137\n"));
+    CHECK_THAT(err, !contains("exited with code"));
+    check_wording(err);
+  }
+}
+
+namespace {
+
+/// Kills `pid` if it is still one of our `sleep 300` daemons, so a failed test leaves nothing behind.
+void kill_stray_sleep(pid_t pid) {
+  using namespace std::string_view_literals;
+  if (!process_gone(pid) && read_file("/proc/" + std::to_string(pid) + "/cmdline").starts_with("sleep\0"sv)) ::kill(pid, SIGKILL);
+}
+
+}  // namespace
+
+TEST_CASE("daemons the ranks started are ended with the job and never blamed", "[launch][mp][orphans]") {
+  const int code = GENERATE(0, 4);
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "2", "--grace", "2", children + "/daemonize", dir.path, std::to_string(code)});
+  const auto daemons = read_pids(dir, "daemon_", 2);
+  const int status = l.wait();
+  bool gone[2];
+  for (int r = 0; r < 2; ++r) {
+    gone[r] = process_gone(daemons[r]);
+    kill_stray_sleep(daemons[r]);
+  }
+  const std::string err = l.err();
+  INFO("launcher stderr:\n" << err);
+  CHECK(gone[0]);
+  CHECK(gone[1]);
+  CHECK(status == code);
+  CHECK_THAT(err, contains("the job left 2 processes running (pid "));
+  CHECK_THAT(err, contains("sleep): ending them (SIGTERM, SIGKILL after 2 s)"));
+  if (code == 0) CHECK_THAT(err, !contains("job failed"));
+  else CHECK(std::regex_search(err, std::regex("job failed: rank [01] exited with code 4; exit status 4\n")));
+  // The daemons' SIGTERM is nobody's failure: their pids appear in the line about them only.
+  for (const auto& line : lines_of(err))
+    for (pid_t d : daemons)
+      if (line.find("pid " + std::to_string(d) + ")") != std::string::npos || line.find("pid " + std::to_string(d) + " ") != std::string::npos)
+        CHECK_THAT(line, contains("the job left 2 processes running"));
+}
+
+TEST_CASE("daemons that ignore SIGTERM are killed when the grace period ends", "[launch][mp][orphans]") {
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "1", "--grace", "0.5", children + "/daemonize", dir.path, "0", "--stubborn"});
+  const pid_t daemon = read_pids(dir, "daemon_", 1)[0];
+  const int status = l.wait();
+  const bool gone = process_gone(daemon);
+  kill_stray_sleep(daemon);
+  CHECK(gone);
+  CHECK(status == 0);
+  CHECK_THAT(l.err(), contains("the job left 1 process running (pid " + std::to_string(daemon) + " sleep): ending it (SIGTERM, SIGKILL after 0.5 s)"));
+  CHECK_THAT(l.err(), contains("process " + std::to_string(daemon) + " (sleep) did not stop within 0.5 s; sending SIGKILL"));
+}
+
+TEST_CASE("a daemon that fails while the job runs is reaped and never blamed", "[launch][mp][orphans]") {
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "2", children + "/daemonize", dir.path, "0", "--short"});
+  const auto daemons = read_pids(dir, "daemon_", 2);
+  REQUIRE(l.wait() == 0);
+  for (pid_t p : daemons) CHECK(process_gone(p));
+  CHECK_THAT(l.err(), !contains("code 9"));
+  CHECK_THAT(l.err(), !contains("job failed"));
+}
+
+TEST_CASE("tee keeps a line longer than 64 KiB whole, with one rank prefix", "[launch][mp][tee]") {
+  const std::size_t bytes = 200 * 1024;
+  TempDir dir;
+  Launcher l(dir, {"--cpu", "--num_processes", "2", "--tee", children + "/long_line", std::to_string(bytes)});
+  REQUIRE(l.wait() == 0);
+  const auto lines = lines_of(l.out());
+  CHECK(lines.size() == 6);
+  for (const std::string rank : {"0", "1"}) {
+    const std::string prefix = "[rank " + rank + "] ";
+    std::string expected = prefix;
+    for (std::size_t i = 0; i < bytes; ++i) expected += static_cast<char>('a' + (i * 7 + static_cast<unsigned char>(rank[0])) % 26);
+    int begin = 0, whole = 0, end = 0;
+    for (const auto& s : lines) {
+      begin += s == prefix + "rank " + rank + " begin";
+      whole += s == expected;
+      end += s == prefix + "rank " + rank + " end";
+    }
+    CHECK(begin == 1);
+    CHECK(whole == 1);
+    CHECK(end == 1);
+  }
+}

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include <accel/launch/detail/adoption.hpp>
 #include <accel/launch/detail/process.hpp>
 #include <accel/launch/detail/supervisor.hpp>
 #include <accel/launch/launch_plan.hpp>
@@ -126,12 +127,15 @@ inline void start_children(const PreparedJob& job, const LaunchOptions& options,
     req.stdin_fd = r.local_rank == 0 && pass_stdin ? -1 : devnull.get();
     req.child_mask = signals.original_mask();
     req.reset_signals = signals.reset_list();
+    req.exit_watch = sup.exit_watch();
     auto output = child_output(options, r.rank, req);
+    proc::Spawned started = proc::spawn_child(req);
     Child child;
     child.rank = r.rank;
     child.local_rank = r.local_rank;
-    child.pid = proc::spawn_child(req);
-    sup.children.push_back(child);
+    child.pid = started.pid;
+    child.pidfd = std::move(started.pidfd);
+    sup.children.push_back(std::move(child));
     for (auto& s : output.streams) sup.streams.push_back(std::move(s));
     // output.write_ends close here: from now on only the child holds them, so its exit ends the stream.
   }
@@ -160,6 +164,9 @@ inline int run(const LaunchOptions& options, const LaunchHooks& hooks = {}) {
   // Block first: threads started from here on (CUDA's, the store's) inherit the mask.
   accel::detail::proc::BlockedSignals signals({SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGQUIT});
   const detail::PreparedJob job = detail::prepare_job(options, hooks, say);
+  // Whatever the ranks start and leave behind is reparented to us, not to init, so that the
+  // supervisor can end it with the job.
+  const accel::detail::proc::ChildSubreaper subreaper;
   detail::Supervisor sup(signals, options.grace_s, options.tee, say);
   try {
     detail::start_children(job, options, signals, sup);

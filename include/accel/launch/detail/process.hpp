@@ -2,9 +2,9 @@
 // SPDX-FileCopyrightText: accel contributors
 /// @file process.hpp
 /// @brief POSIX process plumbing for accel launch: spawning with a parent-death signal, process
-/// groups, pipes, blocked signals read through signalfd, wait statuses, free ports, random tokens.
+/// groups, pidfds, pipes, blocked signals read through signalfd, wait statuses, free ports, random tokens.
 ///
-/// Linux only (prctl, signalfd, pipe2, getrandom). Nothing here is public API.
+/// Linux only (prctl, signalfd, pidfd, epoll, pipe2, getrandom). Nothing here is public API.
 #pragma once
 
 #include <array>
@@ -21,11 +21,13 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -139,6 +141,17 @@ inline std::string find_program(const std::string& name, std::string_view path_v
   return "";
 }
 
+/// @brief A pidfd for `pid` (Linux 5.3+; always close-on-exec): readable once the process has
+/// ended and can be reaped. Empty when the kernel has none or the process is gone.
+inline UniqueFd open_pidfd(pid_t pid) noexcept {
+#ifdef SYS_pidfd_open
+  return UniqueFd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+#else
+  (void)pid;
+  return UniqueFd();
+#endif
+}
+
 /// @brief What one child needs: program, arguments, environment, standard descriptors.
 struct SpawnRequest {
   std::string path;               ///< resolved executable (see find_program)
@@ -149,6 +162,15 @@ struct SpawnRequest {
   int stderr_fd = -1;             ///< ... stderr; -1 keeps the launcher's
   sigset_t child_mask{};          ///< signal mask the program starts with (the launcher's original one)
   std::vector<int> reset_signals; ///< signals whose disposition goes back to SIG_DFL before exec
+  int exit_watch = -1;            ///< epoll set that gets the child's pidfd (EPOLLIN | EPOLLONESHOT,
+                                  ///< data.u64 = pid) before the program starts; -1 for none
+};
+
+/// @brief A started child: its pid, which is also its process-group id, and its pidfd, registered
+/// in the request's `exit_watch` (empty without kernel support, or when registering failed).
+struct Spawned {
+  pid_t pid = -1;
+  UniqueFd pidfd;
 };
 
 /// @brief Starts a child with fork + execve, in its own process group, with SIGKILL as its
@@ -158,9 +180,9 @@ struct SpawnRequest {
 /// execve the child only makes async-signal-safe calls on data prepared before the fork, which keeps
 /// it correct when the launcher has other threads (a store server). The death signal fires when the
 /// *thread* that forked exits: call this from the thread that supervises the children.
-/// @return the child's pid, which is also its process-group id
+/// @return the child's pid and pidfd
 /// @throws launch_error when fork fails or the program cannot be executed (errno text included)
-inline pid_t spawn_child(const SpawnRequest& r) {
+inline Spawned spawn_child(const SpawnRequest& r) {
   std::vector<char*> argv;
   for (const auto& a : r.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -195,6 +217,15 @@ inline pid_t spawn_child(const SpawnRequest& r) {
   }
   // Parent: set the group here too, so signals sent right after we return reach it (no race).
   ::setpgid(pid, pid);
+  // The pidfd joins the exit watch before the program can run (the child is still on its way to
+  // execve), so the watch sees this child's end after the end of every child watched before it.
+  Spawned started{pid, open_pidfd(pid)};
+  if (started.pidfd && r.exit_watch >= 0) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLONESHOT;
+    ev.data.u64 = static_cast<std::uint64_t>(pid);
+    if (::epoll_ctl(r.exit_watch, EPOLL_CTL_ADD, started.pidfd.get(), &ev) != 0) started.pidfd.reset();
+  }
   exec_report.write_end.reset();
   int err = 0;
   ssize_t n = 0;
@@ -209,7 +240,7 @@ inline pid_t spawn_child(const SpawnRequest& r) {
                               : err == EACCES ? " (check the file's execute permission)"
                                               : "");
   }
-  return pid;
+  return started;
 }
 
 /// @brief Blocks the signals the launcher handles and reads them through a signalfd; restores the
@@ -260,10 +291,13 @@ class BlockedSignals {
     return v;
   }
   /// @brief Reads one pending signal; 0 when none.
-  int next() noexcept {
+  /// @param sender when not null, receives the pid the signal names (for SIGCHLD, the child)
+  int next(pid_t* sender = nullptr) noexcept {
     signalfd_siginfo info{};
     const ssize_t n = ::read(fd_.get(), &info, sizeof info);
-    return n == static_cast<ssize_t>(sizeof info) ? static_cast<int>(info.ssi_signo) : 0;
+    if (n != static_cast<ssize_t>(sizeof info)) return 0;
+    if (sender) *sender = static_cast<pid_t>(info.ssi_pid);
+    return static_cast<int>(info.ssi_signo);
   }
 
  private:

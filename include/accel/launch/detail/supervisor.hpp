@@ -6,6 +6,7 @@
 #pragma once
 
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/error.hpp>
+#include <accel/launch/detail/adoption.hpp>
 #include <accel/launch/detail/process.hpp>
 #include <accel/launch/launch_plan.hpp>
 
@@ -27,11 +29,15 @@ ACCEL_NAMESPACE_BEGIN
 namespace launch {
 namespace detail {
 
-/// @brief Cuts a byte stream into whole lines; a line longer than `max_line` is emitted in pieces so
-/// a child that never writes a newline cannot grow the launcher's memory.
+/// @brief Cuts a byte stream into whole lines. A line is kept whole however many reads it takes,
+/// up to `max_line` bytes (16 MiB by default: far beyond any real log line, a JSON record or a
+/// progress bar redrawn with '\r' included). Past that bound the line is emitted in pieces of
+/// `max_line` bytes, each shown as a line of its own (with --tee, each with its rank prefix), so a
+/// child that never writes a newline holds at most `max_line` bytes of the launcher's memory per stream.
 class LineSplitter {
  public:
-  explicit LineSplitter(std::size_t max_line = 64 * 1024) : max_line_(max_line) {}
+  static constexpr std::size_t default_max_line = std::size_t{16} << 20;
+  explicit LineSplitter(std::size_t max_line = default_max_line) : max_line_(max_line) {}
   /// @brief Emits every complete line in `data` (without its '\n'); keeps the tail for later.
   template <class Emit>
   void feed(std::string_view data, Emit&& emit) {
@@ -94,24 +100,38 @@ struct Stream {
   LineSplitter lines;
 };
 
+/// @brief One started rank.
 struct Child {
   int rank = 0;
   int local_rank = 0;
   pid_t pid = -1;
+  accel::detail::proc::UniqueFd pidfd;  ///< in the supervisor's exit watch; empty without pidfd support
   bool running = true;
   int status = 0;
 };
 
-/// @brief The supervision loop over started children (one thread, poll + signalfd + waitpid).
+/// @brief The supervision loop over started children (one thread, poll over a signalfd, the
+/// children's exit watch and their output pipes). When the calling process is a child subreaper
+/// (proc::ChildSubreaper), it also ends and reaps what the ranks left behind.
 class Supervisor {
  public:
+  /// @throws launch_error when the exit watch (an epoll set) cannot be created
   Supervisor(accel::detail::proc::BlockedSignals& signals, double grace_s, bool tee,
              std::function<void(const std::string&)> say)
       : signals_(signals), grace_(std::chrono::milliseconds(static_cast<long long>(grace_s * 1000.0))), tee_(tee),
-        say_(std::move(say)) {}
+        say_(std::move(say)), exits_(::epoll_create1(EPOLL_CLOEXEC)) {
+    // Children this process had before the job are none of the job's business.
+    for (const auto& p : accel::detail::proc::children_of(self_)) foreign_.push_back(p.pid);
+    if (!exits_)
+      accel::detail::throw_error<launch_error>("cannot create an epoll set to watch the processes (",
+                                               accel::detail::proc::errno_text(errno), ")");
+  }
 
   std::vector<Child> children;
   std::vector<Stream> streams;
+
+  /// @brief The epoll set children's pidfds join when they start (SpawnRequest::exit_watch).
+  [[nodiscard]] int exit_watch() const noexcept { return exits_.get(); }
 
   /// @brief SIGKILLs every started child's process group and reaps the children (start-up failed).
   void abort_start() noexcept {
@@ -124,7 +144,8 @@ class Supervisor {
       }
   }
 
-  /// @brief Runs until every child has ended and its output is drained (or the drain deadline passed).
+  /// @brief Runs until every child has ended, what the job left running has been ended and reaped,
+  /// and the output is drained (or the drain deadline passed).
   void supervise() {
     using clock = std::chrono::steady_clock;
     std::optional<clock::time_point> drain_until;
@@ -136,16 +157,19 @@ class Supervisor {
         for (const auto& c : children) ::kill(-c.pid, SIGKILL);
         drain_until = clock::now() + std::chrono::seconds(2);
       }
-      if (!any_running && !any_open) break;
+      const bool any_adopted = !any_running && end_adopted();
+      if (!any_running && !any_open && !any_adopted) break;
       const auto now = clock::now();
-      if (drain_until && now >= *drain_until) break;  // something that left the group still holds a pipe
+      if (drain_until && now >= *drain_until && !any_adopted) break;  // something that left the group still holds a pipe
       long long wait_ms = 250;  // also reaps when a SIGCHLD went to a thread that does not block it
       if (kill_at_ && !killed_)
         wait_ms = std::min<long long>(wait_ms, std::chrono::duration_cast<std::chrono::milliseconds>(*kill_at_ - now).count() + 1);
       if (drain_until)
         wait_ms = std::min<long long>(wait_ms, std::chrono::duration_cast<std::chrono::milliseconds>(*drain_until - now).count() + 1);
+      if (any_adopted) wait_ms = std::min<long long>(wait_ms, 20);  // an adopted process's own children show up unannounced
       std::vector<pollfd> fds;
       fds.push_back({signals_.fd(), POLLIN, 0});
+      fds.push_back({exits_.get(), POLLIN, 0});  // reap() reads it
       std::vector<Stream*> polled;
       for (auto& s : streams)
         if (s.pipe) {
@@ -155,13 +179,10 @@ class Supervisor {
       const int ready = ::poll(fds.data(), static_cast<nfds_t>(fds.size()), static_cast<int>(std::max<long long>(wait_ms, 0)));
       if (ready < 0 && errno != EINTR)
         accel::detail::throw_error<launch_error>("poll failed while supervising (", accel::detail::proc::errno_text(errno), ")");
-      if (ready > 0) {
+      if (ready > 0)
         for (std::size_t i = 0; i < polled.size(); ++i)
-          if (fds[i + 1].revents != 0) read_stream(*polled[i]);
-        if (fds[0].revents != 0)
-          while (const int sig = signals_.next()) on_signal(sig);
-      }
-      reap();
+          if (fds[i + 2].revents != 0) read_stream(*polled[i]);
+      reap();  // reads the signals too
       if (kill_at_ && !killed_ && clock::now() >= *kill_at_) {
         for (const auto& c : children)
           if (c.running)
@@ -172,6 +193,7 @@ class Supervisor {
       }
     }
     for (auto& s : streams) close_stream(s);
+    reap_adopted();
   }
 
   /// @brief Says how the job ended and returns the status the launcher should exit with.
@@ -208,7 +230,6 @@ class Supervisor {
   }
 
   void on_signal(int sig) {
-    if (sig == SIGCHLD) return;  // reap() follows
     const int n = count_running();
     if (stopping_) {
       say_(accel::detail::concat("received ", accel::detail::proc::signal_name(sig), " while stopping: killing ", n,
@@ -225,34 +246,158 @@ class Supervisor {
     begin_stop();
   }
 
+  // Reads the pending signals and reaps the children that ended, in the order they died, so the
+  // first failure is the one blamed.
+  //
+  // Rank order is wrong: waitpid(WNOHANG) rank by rank, or waitpid(-1), finds zombies in rank (or
+  // fork) order, and when rank 1 failed and rank 0 failed a few ms later because of it, both are
+  // often zombies by the time we look (about 1 run in 30 blamed rank 0). Threads blocked in waitid
+  // would record the order they were scheduled in, not the order of death. Two kernel facts give
+  // the order instead:
+  //  1. SIGCHLD is exact for the first death since we last read it: the kernel sends it when the
+  //     child turns into a zombie, under the lock that serialises exits, and a standard signal
+  //     does not queue, so while one is pending later ones are dropped and the pending one (its
+  //     ssi_pid) names the earliest. We read it before reaping anything else, so the rank that
+  //     starts a cascade is always reaped, and blamed, first. (An adopted process's death counts
+  //     here too; ranks that die in its shadow are ordered by point 2.)
+  //  2. Children that died after that one, before we looked (their SIGCHLD was dropped), come in
+  //     the order their pidfds woke: every rank's pidfd sits in one epoll set from before its
+  //     program starts, epoll hands out entries in wake-up order, and EPOLLONESHOT keeps a reported
+  //     entry from being queued again. The wake-up happens just after the death, outside that lock,
+  //     so two deaths microseconds apart can come reversed (measured: about 1 in 1000 back-to-back
+  //     pairs); that matters only when a rank exited with 0 just before two others failed.
+  // Children without a pidfd (a kernel older than 5.3) fall back to rank order after point 1.
   void reap() {
-    for (std::size_t i = 0; i < children.size(); ++i) {
-      Child& c = children[i];
-      if (!c.running) continue;
-      int status = 0;
-      const pid_t r = ::waitpid(c.pid, &status, WNOHANG);
-      if (r != c.pid) continue;
-      c.running = false;
-      c.status = status;
-      const std::string how = accel::detail::proc::describe_wait_status(status);
-      if (stopping_) {
-        if (!accel::detail::proc::succeeded(status)) say_(accel::detail::concat("rank ", c.rank, " (pid ", c.pid, ") stopped: ", how));
-        continue;
-      }
-      if (accel::detail::proc::succeeded(status)) continue;
-      failed_ = i;
-      const int others = count_running();
-      say_(accel::detail::concat("rank ", c.rank, " (local rank ", c.local_rank, ", pid ", c.pid, ") ", how,
-                                 others > 0 ? accel::detail::concat("; stopping the other ", others, others == 1 ? " process" : " processes",
-                                                                    " (SIGTERM, ", stop_plan(), ")")
-                                            : std::string{}));
-      kill_running(SIGTERM);
-      begin_stop();
+    read_signals();
+    epoll_event ended{};
+    while (::epoll_wait(exits_.get(), &ended, 1, 0) == 1) {
+      read_signals();  // one that died since the last read is named there first
+      if (Child* c = running_child(static_cast<pid_t>(ended.data.u64)); c && c->pidfd && !collect(*c)) rearm(*c);
+    }
+    for (auto& c : children)
+      if (c.running && !c.pidfd) collect(c);
+  }
+
+  // Acts on every pending signal; a SIGCHLD reaps the child it names first (see reap()), or the
+  // adopted processes that ended when it names none of the ranks.
+  void read_signals() {
+    pid_t sender = 0;
+    while (const int sig = signals_.next(&sender)) {
+      if (sig != SIGCHLD) on_signal(sig);
+      else if (Child* c = running_child(sender)) collect(*c);
+      else reap_adopted();
     }
   }
 
-  // Whole lines, prefixed, are appended to `batch_` and written with one write() per read: a
-  // write of whole lines is never mixed with another rank's, and one call per 64 KiB stays cheap.
+  Child* running_child(pid_t pid) noexcept {
+    for (auto& c : children)
+      if (c.running && c.pid == pid) return &c;
+    return nullptr;
+  }
+
+  /// @name Adopted processes
+  /// As a child subreaper the launcher inherits every descendant of a rank whose parent died: a
+  /// daemon that left the rank's process group and session with setsid, a rank's child that
+  /// outlived it. They are told apart from ranks by pid (a rank that ended is reaped by pid, and
+  /// stays in `children` until then), their exit status counts for nothing, and the children this
+  /// process had before the job are never touched.
+  ///@{
+
+  // Our children that are neither a rank still to be reaped nor a child from before the job.
+  std::vector<accel::detail::proc::ProcessEntry> adopted_now() {
+    auto all = accel::detail::proc::children_of(self_);
+    std::erase_if(all, [&](const accel::detail::proc::ProcessEntry& p) {
+      return running_child(p.pid) != nullptr || std::find(foreign_.begin(), foreign_.end(), p.pid) != foreign_.end();
+    });
+    return all;
+  }
+
+  // Reaps the adopted processes that ended.
+  void reap_adopted() {
+    for (const auto& p : adopted_now())
+      if (p.state == 'Z') ::waitpid(p.pid, nullptr, WNOHANG);
+  }
+
+  // Once every rank has ended: sends SIGTERM to what the job left running, SIGKILL after the grace
+  // period, and reaps it. Processes of a rank's group are not announced: they got SIGKILL with the
+  // group. Returns whether some are still there.
+  bool end_adopted() {
+    using clock = std::chrono::steady_clock;
+    namespace proc = accel::detail::proc;
+    reap_adopted();
+    std::vector<proc::ProcessEntry> live = adopted_now(), fresh;
+    std::erase_if(live, [](const proc::ProcessEntry& p) { return p.state == 'Z'; });
+    const auto now = clock::now();
+    for (const auto& p : live) {
+      const bool in_rank_group = std::any_of(children.begin(), children.end(), [&](const Child& c) { return c.pid == p.pgid; });
+      const bool known = std::any_of(adopted_.begin(), adopted_.end(), [&](const proc::ProcessEntry& a) { return a.pid == p.pid; });
+      if (in_rank_group) ::kill(p.pid, SIGKILL);
+      else if (!known) fresh.push_back(p);
+    }
+    if (!fresh.empty()) {
+      if (!adopted_kill_at_) adopted_kill_at_ = now + grace_;
+      std::string list;
+      for (const auto& p : fresh) list += accel::detail::concat(list.empty() ? "" : ", ", "pid ", p.pid, " ", p.name);
+      const bool one = fresh.size() == 1;
+      say_(accel::detail::concat("the job left ", fresh.size(), one ? " process" : " processes", " running (", list, "): ending ",
+                                 one ? "it" : "them", adopted_killed_ ? " (SIGKILL)" : accel::detail::concat(" (SIGTERM, ", stop_plan(), ")")));
+      for (const auto& p : fresh) ::kill(p.pid, adopted_killed_ ? SIGKILL : SIGTERM);
+    }
+    adopted_ = live;
+    if (adopted_.empty()) return false;
+    if (adopted_kill_at_ && !adopted_killed_ && now >= *adopted_kill_at_) {
+      for (const auto& p : adopted_) {
+        say_(accel::detail::concat("process ", p.pid, " (", p.name, ") did not stop within ", grace_seconds(), " s; sending SIGKILL"));
+        ::kill(p.pid, SIGKILL);
+      }
+      adopted_killed_ = true;
+    }
+    // SIGKILL ends a process unless it is stuck in the kernel (state D); do not wait for one forever.
+    if (adopted_killed_ && now >= *adopted_kill_at_ + std::chrono::seconds(5)) {
+      for (const auto& p : adopted_) say_(accel::detail::concat("process ", p.pid, " (", p.name, ") is still there 5 s after SIGKILL; leaving it"));
+      adopted_.clear();
+      return false;
+    }
+    return true;
+  }
+  ///@}
+
+  // Watches `c` again: its pidfd woke up but waitpid found nothing to reap yet.
+  void rearm(const Child& c) noexcept {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLONESHOT;
+    ev.data.u64 = static_cast<std::uint64_t>(c.pid);
+    ::epoll_ctl(exits_.get(), EPOLL_CTL_MOD, c.pidfd.get(), &ev);
+  }
+
+  // Reaps `c` if it ended: records its status, says how it ended, and when it is the job's first
+  // failure stops the others. Returns whether it had ended.
+  bool collect(Child& c) {
+    int status = 0;
+    if (::waitpid(c.pid, &status, WNOHANG) != c.pid) return false;
+    c.running = false;
+    c.status = status;
+    c.pidfd.reset();
+    const std::string how = accel::detail::proc::describe_wait_status(status);
+    if (stopping_) {
+      if (!accel::detail::proc::succeeded(status)) say_(accel::detail::concat("rank ", c.rank, " (pid ", c.pid, ") stopped: ", how));
+      return true;
+    }
+    if (accel::detail::proc::succeeded(status)) return true;
+    failed_ = static_cast<std::size_t>(&c - children.data());
+    const int others = count_running();
+    say_(accel::detail::concat("rank ", c.rank, " (local rank ", c.local_rank, ", pid ", c.pid, ") ", how,
+                               others > 0 ? accel::detail::concat("; stopping the other ", others, others == 1 ? " process" : " processes",
+                                                                  " (SIGTERM, ", stop_plan(), ")")
+                                          : std::string{}));
+    kill_running(SIGTERM);
+    begin_stop();
+    return true;
+  }
+
+  // Whole lines, prefixed, are appended to `batch_` and written with one write_all() per read: the
+  // supervisor is the only writer of the console, so lines of different ranks never interleave, and
+  // one call per 64 KiB read stays cheap.
   void add_line(const Stream& s, std::string_view line) {
     if (tee_) batch_.append("[rank ").append(std::to_string(s.rank)).append("] ");
     batch_.append(line).push_back('\n');
@@ -300,6 +445,12 @@ class Supervisor {
   std::optional<std::chrono::steady_clock::time_point> kill_at_;
   std::optional<std::size_t> failed_;
   std::optional<int> interrupt_;
+  accel::detail::proc::UniqueFd exits_;  // epoll set of the children's pidfds: the exit watch
+  pid_t self_ = ::getpid();
+  std::vector<pid_t> foreign_;                           // our children from before the job
+  std::vector<accel::detail::proc::ProcessEntry> adopted_;  // left running by the job, being ended
+  std::optional<std::chrono::steady_clock::time_point> adopted_kill_at_;
+  bool adopted_killed_ = false;
 };
 
 }  // namespace detail
