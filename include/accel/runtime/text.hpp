@@ -116,8 +116,10 @@ enum class ByteStyle {
   return fixed(bytes, digits) + " " + units[u];
 }
 
-/// @brief As above, for a byte count.
-[[nodiscard]] inline std::string format_bytes(std::uint64_t bytes, ByteStyle style = ByteStyle::fixed2) {
+/// @brief As above, for a byte count of any integer type (`format_bytes(512)`, `format_bytes(3ull << 30)`).
+template <class Int>
+  requires std::is_integral_v<Int>
+[[nodiscard]] std::string format_bytes(Int bytes, ByteStyle style = ByteStyle::fixed2) {
   return format_bytes(static_cast<double>(bytes), style);
 }
 
