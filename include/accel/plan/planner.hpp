@@ -119,7 +119,8 @@ ACCEL_NAMESPACE_BEGIN
 /// std::puts(plan.device_map.to_json_string().c_str());
 /// @endcode
 [[nodiscard]] inline PlanResult plan_device_map(const ModuleTree& tree, const PlanOptions& opts) {
-  return detail::PlacementEngine(tree, opts).run();
+  const auto sizes = compute_module_sizes(tree, size_options(opts));
+  return detail::PlacementEngine(tree, opts, sizes).run();
 }
 
 /// @brief accelerate's infer_auto_device_map: the map only (see plan_device_map).
