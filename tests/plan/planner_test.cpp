@@ -201,6 +201,28 @@ TEST_CASE("modes balance or keep the budgets", "[planner]") {
   REQUIRE_THROWS_WITH(accel::parse_device_map_mode("fast"), accel_test::contains("unknown device map mode 'fast'"));
 }
 
+TEST_CASE("module sizes computed once serve the balancing, the placement and the caller", "[planner]") {
+  accel::ModuleTree t;
+  for (int i = 0; i < 8; ++i) add_linear(t, "layers." + std::to_string(i), 10, 10);  // 440 each
+  auto o = budgets("0=100000,1=100000,2=100000");
+  o.dtype = DType::F16;
+  const auto sizes = accel::compute_module_sizes(t, accel::size_options(o));
+  CHECK(sizes.total() == 8 * 220);
+  for (auto mode : {accel::DeviceMapMode::sequential, accel::DeviceMapMode::balanced, accel::DeviceMapMode::balanced_low_0}) {
+    const auto once = accel::plan_device_map(t, sizes, mode, o);
+    const auto plain = accel::plan_device_map(t, mode, o);
+    CHECK(json(once.device_map) == json(plain.device_map));
+    CHECK(once.budgets.to_string() == plain.budgets.to_string());
+  }
+  CHECK(accel::get_balanced_memory(t, sizes, o.max_memory, o, true).to_string() ==
+        accel::get_balanced_memory(t, o.max_memory, o, true).to_string());
+  accel::ModuleTree other;
+  add_linear(other, "head", 10, 10);
+  REQUIRE_THROWS_AS(accel::plan_device_map(other, sizes, o), accel::usage_error);
+  REQUIRE_THROWS_WITH(accel::plan_device_map(other, sizes, o),
+                      accel_test::contains("module sizes for 10 modules and 16 tensors do not belong to this tree (2 modules, 2 tensors)"));
+}
+
 TEST_CASE("clean_device_map merges uniform prefixes and keeps input order", "[planner]") {
   auto clean = [](const char* text) { return json(accel::clean_device_map(accel::DeviceMap::from_json(text))); };
   CHECK(clean(R"({"a":0,"b":0,"c":0})") == R"({"":0})");

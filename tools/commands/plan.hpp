@@ -123,10 +123,11 @@ inline int run_plan(std::span<char*> argv) {
   bw.host_to_device = parse_rate(a.value("h2d-bandwidth"), bw.host_to_device, "h2d-bandwidth");
   bw.disk_read = parse_rate(a.value("disk-bandwidth"), bw.disk_read, "disk-bandwidth");
 
-  const auto plan = accel::plan_device_map(model.tree, mode, opts, defaulted);
+  // Computed once: the balancing, the placement and the drawing all use them.
+  const auto sizes = accel::compute_module_sizes(model.tree, accel::size_options(opts));
+  const auto plan = accel::plan_device_map(model.tree, sizes, mode, opts, defaulted);
   const auto report = accel::make_plan_report(plan, bw);
   if (auto svg_path = a.value("svg")) {
-    const auto sizes = accel::compute_module_sizes(model.tree, accel::size_options(opts));
     std::vector<std::vector<KeySize>> keys(plan.devices.size());
     for (const auto& [key, where] : plan.device_map) {
       std::uint64_t bytes = key.empty() ? sizes.total() : 0;

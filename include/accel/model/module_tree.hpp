@@ -289,7 +289,8 @@ struct TreeIndex {
   std::vector<std::uint32_t> tensor_rank;  ///< tensor id → its position
   std::vector<std::uint32_t> canonical;    ///< tensor id → the group member first in model order
   std::vector<std::vector<std::uint32_t>> tied_groups;  ///< tensor ids of each tie group, model order
-  /// @name Compact copies for hot loops (no pointer chasing into Module/Tensor)
+  /// @name Compact copies of Module/Tensor fields for the loops over every tensor (no pointer
+  ///       chasing); compute_module_sizes applies tensor_size's rule to them
   ///@{
   std::vector<std::uint32_t> module_parent;   ///< module id → parent id (root: UINT32_MAX)
   std::vector<std::uint32_t> tensor_module;   ///< tensor id → owning module
@@ -405,20 +406,44 @@ inline bool has_component(std::string_view name, std::string_view comp) {
   }
   return false;
 }
+
+// accelerate's size rule for one SizeOptions, the only place it is written: tensor_size and
+// compute_module_sizes both count through it. The name is read only when the options name
+// tensors, so the planner's loop over the index's compact copies never touches a Tensor.
+class SizeRule {
+ public:
+  explicit SizeRule(const SizeOptions& opts) noexcept
+      : opts_(opts), reads_names_(!opts.special_dtypes.empty() || !opts.keep_in_fp32.empty()) {}
+
+  // False when every tensor of one dtype counts the same; callers may then pass an empty name.
+  [[nodiscard]] bool reads_names() const noexcept { return reads_names_; }
+
+  // An exact special dtype wins; integer, unsigned and bool tensors keep their own; floating ones
+  // count float32 inside a keep_in_fp32 module, else the smaller of the target and their own.
+  [[nodiscard]] DType counted_dtype(DType own, std::string_view name) const {
+    if (reads_names_)
+      if (auto it = opts_.special_dtypes.find(name); it != opts_.special_dtypes.end()) return it->second;
+    if (is_integral(own)) return own;
+    if (reads_names_)
+      for (const auto& kept : opts_.keep_in_fp32)
+        if (has_component(name, kept)) return DType::F32;
+    if (opts_.dtype && bit_size(*opts_.dtype) < bit_size(own)) return *opts_.dtype;
+    return own;
+  }
+
+  [[nodiscard]] std::uint64_t bytes(DType own, std::uint64_t numel, std::string_view name) const {
+    return numel * bit_size(counted_dtype(own, name)) / 8;
+  }
+
+ private:
+  const SizeOptions& opts_;
+  bool reads_names_;
+};
 }  // namespace detail
 
 /// @brief Bytes one tensor counts for under `opts` (ignoring aliasing).
 [[nodiscard]] inline std::uint64_t tensor_size(const Tensor& t, const SizeOptions& opts) {
-  DType d = t.dtype;
-  if (auto it = opts.special_dtypes.find(t.name); it != opts.special_dtypes.end()) {
-    d = it->second;
-  } else if (!is_integral(t.dtype)) {
-    bool fp32 = false;
-    for (const auto& k : opts.keep_in_fp32) fp32 = fp32 || detail::has_component(t.name, k);
-    if (fp32) d = DType::F32;
-    else if (opts.dtype && bit_size(*opts.dtype) < bit_size(t.dtype)) d = *opts.dtype;
-  }
-  return t.numel() * bit_size(d) / 8;
+  return detail::SizeRule(opts).bytes(t.dtype, t.numel(), t.name);
 }
 
 /// @brief accelerate's compute_module_sizes over a tree: each shared tensor counted once (under its
@@ -431,19 +456,11 @@ inline bool has_component(std::string_view name, std::string_view comp) {
   s.tensor.assign(tens.size(), 0);
   s.module.assign(mods.size(), 0);
   s.module_buffers.assign(mods.size(), 0);
-  const bool by_name = !opts.special_dtypes.empty() || !opts.keep_in_fp32.empty();
-  const unsigned target_bits = opts.dtype ? bit_size(*opts.dtype) : 0;
+  const detail::SizeRule rule(opts);
   for (std::size_t t = 0; t < tens.size(); ++t) {
     if (ix.canonical[t] != t) continue;
-    std::uint64_t bytes;
-    if (by_name) {
-      bytes = tensor_size(tens[t], opts);
-    } else {
-      const DType d = ix.tensor_dtype[t];
-      unsigned bits = bit_size(d);
-      if (target_bits && !is_integral(d) && target_bits < bits) bits = target_bits;
-      bytes = ix.tensor_numel[t] * bits / 8;
-    }
+    const std::string_view name = rule.reads_names() ? std::string_view(tens[t].name) : std::string_view{};
+    const std::uint64_t bytes = rule.bytes(ix.tensor_dtype[t], ix.tensor_numel[t], name);
     s.tensor[t] = bytes;
     const auto m = ix.tensor_module[t];
     s.module[m] += bytes;

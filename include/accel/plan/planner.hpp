@@ -22,6 +22,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <accel/runtime/config.hpp>
@@ -35,36 +36,33 @@
 
 ACCEL_NAMESPACE_BEGIN
 
-/// @brief Balanced per-GPU budgets (accelerate's get_balanced_memory).
-///
-/// Each GPU but the last gets min(budget, total/n + allowance), allowance = int(1.25 × max(largest
-/// no-split block, mean size of the modules holding only tensors)); the last GPU keeps its
-/// budget. With `low_zero`, GPU "0" (the first GPU) gets only what the others cannot hold.
-/// With one GPU whose budget was defaulted (`budgets_defaulted`) it keeps 90 % of it.
-/// @note accelerate takes the first module of each no-split class; accel takes the largest
-///       no-split block (same value when blocks are equal; never smaller), and indexes GPUs by
-///       their order, so ids need not be 0..n-1.
-/// @return the adjusted budgets (cpu and disk unchanged)
-[[nodiscard]] inline MaxMemory get_balanced_memory(const ModuleTree& tree, const MaxMemory& max_memory,
-                                                   const PlanOptions& opts = {}, bool low_zero = false,
-                                                   bool budgets_defaulted = false) {
-  MaxMemory out = max_memory;
+namespace detail {
+// The planner's entry points that take precomputed sizes check that they belong to the tree.
+inline void require_sizes_of(const ModuleTree& tree, const ModuleSizes& sizes) {
+  if (sizes.module.size() != tree.modules().size() || sizes.tensor.size() != tree.tensors().size())
+    throw_error<usage_error>("module sizes for ", sizes.module.size(), " modules and ", sizes.tensor.size(),
+                             " tensors do not belong to this tree (", tree.modules().size(), " modules, ",
+                             tree.tensors().size(), " tensors); pass compute_module_sizes(tree, size_options(opts))");
+}
+
+// The GPUs balancing spreads the model over: those with a non-zero budget, in budget order.
+inline std::vector<int> gpus_to_balance(const MaxMemory& max_memory) {
   std::vector<int> gpus;
-  for (const auto& [i, b] : out.gpus)
+  for (const auto& [i, b] : max_memory.gpus)
     if (b > 0) gpus.push_back(i);
-  if (gpus.empty()) return out;
-  if (gpus.size() == 1) {
-    if (budgets_defaulted) out.gpus[gpus[0]] = static_cast<std::uint64_t>(static_cast<double>(out.gpus[gpus[0]]) * 0.9);
-    return out;
-  }
-  const auto ix_holder = tree.index();
-  const auto& ix = *ix_holder;
-  const auto sizes = compute_module_sizes(tree, ix, size_options(opts));
-  const std::uint64_t total = sizes.total();
-  const auto n = static_cast<std::uint64_t>(gpus.size());
-  std::uint64_t per_gpu = total / (low_zero ? n - 1 : n);
-  // Largest no-split block: a depth-first walk that stops at blocks (a block nested in another
-  // is never larger than it).
+  return gpus;
+}
+
+// Nothing to balance over fewer than two GPUs; a single defaulted budget keeps 90 %.
+inline MaxMemory budgets_without_balancing(MaxMemory out, const std::vector<int>& gpus, bool budgets_defaulted) {
+  if (gpus.size() == 1 && budgets_defaulted)
+    out.gpus[gpus[0]] = static_cast<std::uint64_t>(static_cast<double>(out.gpus[gpus[0]]) * 0.9);
+  return out;
+}
+
+// The largest no-split block: a depth-first walk that stops at blocks (a block nested in another
+// is never larger than it).
+inline std::uint64_t largest_block(const ModuleTree& tree, const ModuleSizes& sizes, const PlanOptions& opts) {
   const NoSplitRule rule{opts.no_split, opts.auto_no_split};
   const auto& mods = tree.modules();
   std::uint64_t block = 0;
@@ -78,21 +76,55 @@ ACCEL_NAMESPACE_BEGIN
     }
     for (auto c : mods[m].children) stack.push_back(c);
   }
-  // "Final modules": modules holding tensors none of whose child modules does (root excluded).
+  return block;
+}
+
+// The mean size of the "final" modules: modules holding tensors none of whose child modules
+// does (root excluded).
+inline std::uint64_t mean_final_module(const ModuleTree& tree, const ModuleSizes& sizes) {
+  const auto index = tree.index();
+  const auto& ix = *index;
+  const auto& mods = tree.modules();
   std::vector<bool> has_entry(mods.size(), false), child_entry(mods.size(), false);
   for (std::size_t t = 0; t < ix.canonical.size(); ++t)
     if (ix.canonical[t] == t)
       for (auto m = ix.tensor_module[t]; m != UINT32_MAX && !has_entry[m]; m = ix.module_parent[m]) has_entry[m] = true;
   for (std::size_t m = 1; m < mods.size(); ++m)
     if (has_entry[m]) child_entry[ix.module_parent[m]] = true;
-  std::uint64_t leaf_sum = 0, leaf_count = 0;
+  std::uint64_t sum = 0, count = 0;
   for (std::size_t m = 1; m < mods.size(); ++m) {
     if (!has_entry[m] || child_entry[m]) continue;
-    leaf_sum += sizes.module[m];
-    ++leaf_count;
+    sum += sizes.module[m];
+    ++count;
   }
-  const std::uint64_t mean_leaf = leaf_count ? leaf_sum / leaf_count : 0;
-  per_gpu += static_cast<std::uint64_t>(1.25 * static_cast<double>(std::max(block, mean_leaf)));
+  return count ? sum / count : 0;
+}
+}  // namespace detail
+
+/// @brief Balanced per-GPU budgets (accelerate's get_balanced_memory), from module sizes already
+///        computed.
+///
+/// Each GPU but the last gets min(budget, total/n + allowance), allowance = int(1.25 × max(largest
+/// no-split block, mean size of the modules holding only tensors)); the last GPU keeps its
+/// budget. With `low_zero`, GPU "0" (the first GPU) gets only what the others cannot hold.
+/// With one GPU whose budget was defaulted (`budgets_defaulted`) it keeps 90 % of it.
+/// @note accelerate takes the first module of each no-split class; accel takes the largest
+///       no-split block (same value when blocks are equal; never smaller), and indexes GPUs by
+///       their order, so ids need not be 0..n-1.
+/// @param sizes compute_module_sizes(tree, size_options(opts))
+/// @return the adjusted budgets (cpu and disk unchanged)
+/// @throws accel::usage_error when `sizes` do not belong to `tree`
+[[nodiscard]] inline MaxMemory get_balanced_memory(const ModuleTree& tree, const ModuleSizes& sizes,
+                                                   const MaxMemory& max_memory, const PlanOptions& opts = {},
+                                                   bool low_zero = false, bool budgets_defaulted = false) {
+  detail::require_sizes_of(tree, sizes);
+  MaxMemory out = max_memory;
+  const auto gpus = detail::gpus_to_balance(out);
+  if (gpus.size() < 2) return detail::budgets_without_balancing(std::move(out), gpus, budgets_defaulted);
+  const std::uint64_t total = sizes.total();
+  const auto n = static_cast<std::uint64_t>(gpus.size());
+  const std::uint64_t allowance = std::max(detail::largest_block(tree, sizes, opts), detail::mean_final_module(tree, sizes));
+  const std::uint64_t per_gpu = total / (low_zero ? n - 1 : n) + static_cast<std::uint64_t>(1.25 * static_cast<double>(allowance));
   for (std::size_t i = 0; i + 1 < gpus.size(); ++i) {
     auto& b = out.gpus[gpus[i]];
     if (low_zero && i == 0) continue;
@@ -107,6 +139,27 @@ ACCEL_NAMESPACE_BEGIN
   return out;
 }
 
+/// @brief Balanced per-GPU budgets (accelerate's get_balanced_memory); see the overload above.
+/// @return the adjusted budgets (cpu and disk unchanged)
+[[nodiscard]] inline MaxMemory get_balanced_memory(const ModuleTree& tree, const MaxMemory& max_memory,
+                                                   const PlanOptions& opts = {}, bool low_zero = false,
+                                                   bool budgets_defaulted = false) {
+  // Sizes matter only with two GPUs or more.
+  if (const auto gpus = detail::gpus_to_balance(max_memory); gpus.size() < 2)
+    return detail::budgets_without_balancing(max_memory, gpus, budgets_defaulted);
+  return get_balanced_memory(tree, compute_module_sizes(tree, size_options(opts)), max_memory, opts, low_zero,
+                             budgets_defaulted);
+}
+
+/// @brief Plans a device map from module sizes already computed (callers that need the sizes too,
+///        as `accel plan` does for its drawing, compute them once).
+/// @param sizes compute_module_sizes(tree, size_options(opts))
+/// @throws as plan_device_map(tree, opts); accel::usage_error when `sizes` do not belong to `tree`
+[[nodiscard]] inline PlanResult plan_device_map(const ModuleTree& tree, const ModuleSizes& sizes, const PlanOptions& opts) {
+  detail::require_sizes_of(tree, sizes);
+  return detail::PlacementEngine(tree, opts, sizes).run();
+}
+
 /// @brief Plans a device map and returns it with per-device accounting and messages.
 /// @param tree the model
 /// @param opts budgets (required), no-split rules, dtype, flags
@@ -119,12 +172,25 @@ ACCEL_NAMESPACE_BEGIN
 /// std::puts(plan.device_map.to_json_string().c_str());
 /// @endcode
 [[nodiscard]] inline PlanResult plan_device_map(const ModuleTree& tree, const PlanOptions& opts) {
-  return detail::PlacementEngine(tree, opts).run();
+  const auto sizes = compute_module_sizes(tree, size_options(opts));
+  return detail::PlacementEngine(tree, opts, sizes).run();
 }
 
 /// @brief accelerate's infer_auto_device_map: the map only (see plan_device_map).
 [[nodiscard]] inline DeviceMap infer_auto_device_map(const ModuleTree& tree, const PlanOptions& opts) {
   return plan_device_map(tree, opts).device_map;
+}
+
+/// @brief Plans with a string strategy from module sizes already computed; sizes serve both the
+///        balancing and the placement.
+/// @param sizes compute_module_sizes(tree, size_options(opts))
+/// @throws as plan_device_map(tree, opts); accel::usage_error when `sizes` do not belong to `tree`
+[[nodiscard]] inline PlanResult plan_device_map(const ModuleTree& tree, const ModuleSizes& sizes, DeviceMapMode mode,
+                                                PlanOptions opts, bool budgets_defaulted = false) {
+  if (mode != DeviceMapMode::sequential)
+    opts.max_memory = get_balanced_memory(tree, sizes, opts.max_memory, opts, mode == DeviceMapMode::balanced_low_0,
+                                          budgets_defaulted);
+  return plan_device_map(tree, sizes, opts);
 }
 
 /// @brief Plans with a string strategy: auto/balanced/balanced_low_0 first balance the budgets,
@@ -133,9 +199,8 @@ ACCEL_NAMESPACE_BEGIN
 ///        single-GPU reserve of balanced modes, as accelerate)
 [[nodiscard]] inline PlanResult plan_device_map(const ModuleTree& tree, DeviceMapMode mode, PlanOptions opts,
                                                 bool budgets_defaulted = false) {
-  if (mode != DeviceMapMode::sequential)
-    opts.max_memory = get_balanced_memory(tree, opts.max_memory, opts, mode == DeviceMapMode::balanced_low_0, budgets_defaulted);
-  return plan_device_map(tree, opts);
+  const auto sizes = compute_module_sizes(tree, size_options(opts));
+  return plan_device_map(tree, sizes, mode, std::move(opts), budgets_defaulted);
 }
 
 ACCEL_NAMESPACE_END
