@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/store_log.hpp"
 
 using namespace std::chrono_literals;
 using accel::StoreClient;
@@ -32,27 +33,8 @@ using accel::detail::Fd;
 
 namespace {
 
-std::string text(std::span<const std::byte> b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
-
-struct Log {
-  std::mutex m;
-  std::vector<std::string> lines;
-  accel::StoreServerOptions options(int world = 0) {
-    accel::StoreServerOptions o;
-    o.world_size = world;
-    o.log = [this](const std::string& s) {
-      std::lock_guard lock(m);
-      lines.push_back(s);
-    };
-    return o;
-  }
-  bool has(const std::string& needle) {
-    std::lock_guard lock(m);
-    for (const auto& l : lines)
-      if (l.find(needle) != std::string::npos) return true;
-    return false;
-  }
-};
+using accel_test::text;
+using Log = accel_test::StoreLog;
 
 // A loopback connection whose connect() does not wait for the server to accept it, as a flood
 // of clients (or a port scanner) opens them.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/store_log.hpp"
 
 using namespace std::chrono_literals;
 using accel::StoreClient;
@@ -25,28 +26,8 @@ std::vector<std::byte> bytes(std::string_view s) {
   auto b = std::as_bytes(std::span<const char>(s.data(), s.size()));
   return {b.begin(), b.end()};
 }
-std::string text(std::span<const std::byte> b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
-
-// Captures the server's log lines.
-struct Log {
-  std::mutex m;
-  std::vector<std::string> lines;
-  accel::StoreServerOptions options(int world = 0) {
-    accel::StoreServerOptions o;
-    o.world_size = world;
-    o.log = [this](const std::string& s) {
-      std::lock_guard lock(m);
-      lines.push_back(s);
-    };
-    return o;
-  }
-  bool has(const std::string& needle) {
-    std::lock_guard lock(m);
-    for (const auto& l : lines)
-      if (l.find(needle) != std::string::npos) return true;
-    return false;
-  }
-};
+using accel_test::text;
+using Log = accel_test::StoreLog;
 
 // A raw TCP connection that speaks bytes, not the protocol.
 accel::detail::Fd raw_connect(int port) {
