@@ -41,6 +41,7 @@
 
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/error.hpp>
+#include <accel/runtime/text.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 
@@ -303,11 +304,7 @@ std::string shape() {
 /// @brief FNV-1a of shape<T>(), computed once per type.
 template <class T>
 std::uint64_t fingerprint() {
-  static const std::uint64_t h = [] {
-    std::uint64_t x = 0xcbf29ce484222325ull;
-    for (unsigned char c : shape<T>()) x = (x ^ c) * 0x100000001b3ull;
-    return x;
-  }();
+  static const std::uint64_t h = text::fnv1a(shape<T>());
   return h;
 }
 

@@ -37,6 +37,7 @@
 
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/error.hpp>
+#include <accel/runtime/text.hpp>
 #include <accel/comm/fields.hpp>
 
 ACCEL_NAMESPACE_BEGIN
@@ -96,11 +97,8 @@ std::uint64_t raw_type_fingerprint() {
       return (std::uint64_t{static_cast<std::uint8_t>(element_kind<T>())} << 32) | sizeof(T);
     else if constexpr (has_declared_fields<T>)
       return binary::fingerprint<T>();
-    else {
-      std::uint64_t x = 0xcbf29ce484222325ull;
-      for (const char* c = typeid(T).name(); *c; ++c) x = (x ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
-      return x;
-    }
+    else
+      return text::fnv1a(typeid(T).name());
   }();
   return h;
 }

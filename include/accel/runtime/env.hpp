@@ -111,8 +111,7 @@ inline constexpr int job_port_last = 60999;
 namespace detail {
 /// @brief FNV-1a over the bytes, then splitmix64's finaliser so every output bit depends on every input bit.
 [[nodiscard]] constexpr std::uint64_t mix_hash(std::string_view s) noexcept {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  std::uint64_t h = text::fnv1a(s);
   h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
   h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
   return h ^ (h >> 31);

@@ -21,6 +21,14 @@
 ACCEL_NAMESPACE_BEGIN
 namespace text {
 
+/// @brief FNV-1a of the bytes of `s`: a stable 64-bit fingerprint (the same on every machine and
+///        build), for type shapes and job identities; not for security.
+[[nodiscard]] constexpr std::uint64_t fnv1a(std::string_view s) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  return h;
+}
+
 /// @brief `s` without leading and trailing white space.
 [[nodiscard]] constexpr std::string_view trim(std::string_view s) noexcept {
   constexpr std::string_view space = " \t\n\r\f\v";
