@@ -7,7 +7,7 @@
 # Usage: tools/setup-deps.sh [--bench]   (--bench adds google benchmark and numpy)
 set -euo pipefail
 pkgs=(cmake g++ make python3 nlohmann-json3-dev catch2 clang libclang-rt-14-dev openmpi-bin mpich
-      munge slurmctld slurmd slurm-client python3-torch)
+      munge slurmctld slurmd slurm-client python3-torch iproute2)
 if [[ "${1:-}" == "--bench" ]]; then pkgs+=(libbenchmark-dev python3-numpy); fi
 missing=()
 for p in "${pkgs[@]}"; do
