@@ -18,36 +18,14 @@ import argparse
 import json
 import os
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 
-SIZES = {"BF16": 2, "F16": 2, "F32": 4}
 GIB = 1 << 30
-
-
-class _Captured(Exception):
-    pass
-
-
-def write_shard(path, tensors):
-    header, offset = {}, 0
-    for name, dtype, shape in tensors:
-        n = SIZES[dtype]
-        for d in shape:
-            n *= d
-        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    header["__metadata__"] = {"format": "pt"}
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)))
-        f.write(blob)
-        f.truncate(8 + len(blob) + offset)
-    return offset
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "compat"))
+from gen_golden_maps import record_map, write_headers_only  # noqa: E402  (shared with the golden maps)
 
 
 def write_checkpoint(folder, torch, transformers, shards=30):
@@ -64,30 +42,19 @@ def write_checkpoint(folder, torch, transformers, shards=30):
     for i in range(shards):
         part = tensors[i * per:(i + 1) * per]
         name = "model-%05d-of-%05d.safetensors" % (i + 1, shards)
-        total += write_shard(os.path.join(folder, name), part)
+        write_headers_only(os.path.join(folder, name), part)
+        total += sum(2 * _elements(shape) for _, _, shape in part)
         weight_map.update({n: name for n, _, _ in part})
     with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
     return len(tensors), total
 
 
-def transformers_plan(transformers, folder, budgets):
-    import transformers.modeling_utils as mu
-    original = mu._get_device_map
-    captured = {}
-
-    def capture(*args, **kwargs):
-        captured["map"] = original(*args, **kwargs)
-        raise _Captured()
-
-    mu._get_device_map = capture
-    try:
-        transformers.AutoModelForCausalLM.from_pretrained(folder, device_map="auto", max_memory=dict(budgets), dtype="bfloat16")
-    except _Captured:
-        pass
-    finally:
-        mu._get_device_map = original
-    return captured["map"]
+def _elements(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def summary(xs):
@@ -112,7 +79,7 @@ def main():
         times = {"transformers": [], "accel plan": []}
         for run in range(args.runs + 1):
             start = time.perf_counter()
-            hf_map = transformers_plan(transformers, folder, budgets)
+            hf_map = record_map(transformers, "LlamaForCausalLM", folder, "auto", budgets, "bfloat16")
             t_hf = time.perf_counter() - start
             start = time.perf_counter()
             r = subprocess.run(accel_cmd, capture_output=True, text=True)

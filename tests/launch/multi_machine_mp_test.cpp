@@ -5,6 +5,7 @@
 // root and iproute2; where namespaces cannot be made the case says why and is skipped.
 #include <unistd.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -76,13 +77,8 @@ struct TwoMachines {
   }
 };
 
-struct MachineResult {
-  int code = -1;
-  std::string out, err;
-};
-
 // Runs machine 0 and machine 1 of one job at once; each one's exit code and output.
-std::vector<MachineResult> run_two_machines(const TwoMachines& m, const std::vector<std::string>& program,
+std::vector<accel_test::JobResult> run_two_machines(const TwoMachines& m, const std::vector<std::string>& program,
                                             const accel_test::ScratchDir& dir) {
   auto env = accel_test::launcher_environment();
   env.emplace_back("ACCEL_JOB_TOKEN=");  // the same on every machine (appended: GCC 12 -Warray-bounds)
@@ -93,11 +89,11 @@ std::vector<MachineResult> run_two_machines(const TwoMachines& m, const std::vec
     pids.push_back(accel_test::spawn_redirected(m.launch(r, program), env, "/dev/null", dir / (name + ".out"), dir / (name + ".err")));
     REQUIRE(pids.back() > 0);
   }
-  std::vector<MachineResult> out;
+  std::vector<accel_test::JobResult> out;
   const auto until = std::chrono::steady_clock::now() + 90s;
   for (int r = 0; r < 2; ++r) {
     const auto name = "machine" + std::to_string(r);
-    MachineResult res;
+    accel_test::JobResult res;
     res.code = accel_test::wait_for_launcher(pids[static_cast<std::size_t>(r)], until);
     res.out = accel_test::read_file(dir / (name + ".out"));
     res.err = accel_test::read_file(dir / (name + ".err"));
@@ -113,34 +109,35 @@ std::string expected_lines() {
   return s;
 }
 
+// Runs `program` as one job on the two machines, or says why it cannot (then the case is skipped).
+std::optional<std::vector<accel_test::JobResult>> run_on_two_machines(const std::vector<std::string>& program) {
+  TwoMachines machines;
+  if (!machines.failure.empty()) {
+    WARN("test skipped: " << machines.failure);
+    return std::nullopt;
+  }
+  accel_test::ScratchDir dir("multi_machine");
+  return run_two_machines(machines, program, dir);
+}
+
 }  // namespace
 
 TEST_CASE("accel launch on two machines (network namespaces) runs one job of 4 ranks", "[launch][mp][multinode]") {
-  TwoMachines machines;
-  if (!machines.failure.empty()) {
-    WARN("test skipped: " << machines.failure);
-    return;
-  }
-  accel_test::ScratchDir dir("multi_machine");
-  const auto r = run_two_machines(machines, {whoami}, dir);
-  INFO("machine 0 stderr:\n" << r[0].err << "\nmachine 1 stderr:\n" << r[1].err);
-  CHECK(r[0].code == 0);
-  CHECK(r[1].code == 0);
-  CHECK(r[0].out == expected_lines());  // rank 0, on machine 0, prints every rank's line
-  CHECK(r[1].out.empty());
+  const auto r = run_on_two_machines({whoami});
+  if (!r) return;
+  INFO("machine 0 stderr:\n" << (*r)[0].err << "\nmachine 1 stderr:\n" << (*r)[1].err);
+  CHECK((*r)[0].code == 0);
+  CHECK((*r)[1].code == 0);
+  CHECK((*r)[0].out == expected_lines());  // rank 0, on machine 0, prints every rank's line
+  CHECK((*r)[1].out.empty());
 }
 
 TEST_CASE("on two machines, a rank of machine 1 that exits with 7 fails machine 1's accel launch with 7", "[launch][mp][multinode]") {
-  TwoMachines machines;
-  if (!machines.failure.empty()) {
-    WARN("test skipped: " << machines.failure);
-    return;
-  }
-  accel_test::ScratchDir dir("multi_machine");
-  const auto r = run_two_machines(machines, {whoami, "3", "7"}, dir);
-  INFO("machine 0 stderr:\n" << r[0].err << "\nmachine 1 stderr:\n" << r[1].err);
-  CHECK(r[0].code == 0);
-  CHECK(r[1].code == 7);
-  CHECK(r[0].out == expected_lines());
-  CHECK(r[1].err.find("rank 3") != std::string::npos);
+  const auto r = run_on_two_machines({whoami, "3", "7"});
+  if (!r) return;
+  INFO("machine 0 stderr:\n" << (*r)[0].err << "\nmachine 1 stderr:\n" << (*r)[1].err);
+  CHECK((*r)[0].code == 0);
+  CHECK((*r)[1].code == 7);
+  CHECK((*r)[0].out == expected_lines());
+  CHECK((*r)[1].err.find("rank 3") != std::string::npos);
 }
