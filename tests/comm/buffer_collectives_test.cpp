@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -330,7 +331,8 @@ namespace {
 // Two engines of one 2-rank world in this process (rank 1's segment created, its data step run or not).
 struct EnginePair {
   std::string prefix = accel::detail::unique_shm_prefix();
-  std::vector<accel::detail::ShmBufferEngine::Peer> peers{{prefix + ".r0", ::getpid()}, {prefix + ".r1", ::getpid()}};
+  std::vector<accel::detail::ShmBufferEngine::Peer> peers{{prefix + ".r0", ::getpid(), accel::detail::pid_namespace_id()},
+                                                          {prefix + ".r1", ::getpid(), accel::detail::pid_namespace_id()}};
   std::unique_ptr<accel::detail::ShmBufferEngine> make(int rank, std::chrono::milliseconds timeout) {
     auto e = std::make_unique<accel::detail::ShmBufferEngine>(rank, peers, 4096, timeout);
     e->prepare();
@@ -360,6 +362,17 @@ TEST_CASE("buffer collectives: a peer that never delivers is a timeout naming it
   const auto start = std::chrono::steady_clock::now();
   REQUIRE_THROWS_WITH(r1->run(reduce_call(v), label), accel_test::contains("rank 0 gave up during all_reduce #1"));
   REQUIRE(std::chrono::steady_clock::now() - start < 10s);
+}
+
+TEST_CASE("buffer collectives: a peer that died but is not reaped yet counts as gone", "[buffers][cpu]") {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  REQUIRE(child > 0);
+  std::this_thread::sleep_for(100ms);  // it has exited: a zombie until waited for
+  CHECK(accel::detail::process_gone(child));
+  CHECK_FALSE(accel::detail::process_gone(::getpid()));
+  ::waitpid(child, nullptr, 0);
+  CHECK(accel::detail::process_gone(child));
 }
 
 TEST_CASE("buffer collectives: a peer whose process is gone is named at once", "[buffers][cpu]") {

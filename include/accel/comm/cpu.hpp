@@ -57,14 +57,15 @@ class CpuCommunicator final : public Communicator {
     if (env && (std::string(env) == "0" || std::string(env) == "false" || std::string(env) == "off")) options_.use_shm = false;
     // Rank 0 draws a generation number so a communicator re-created under the same name never
     // sees keys of an earlier one; the setup round hands it to everyone with the machine identities.
-    // It also carries what the buffer collectives need: each rank's segment name, process id and chunk size.
+    // It also carries what the buffer collectives need: each rank's segment name, process id, PID
+    // namespace and chunk size.
     ACCEL_EXPECTS(options_.buffer_chunk_bytes >= 4096 && options_.buffer_chunk_bytes % 64 == 0,
                   "CpuCommOptions::buffer_chunk_bytes must be a multiple of 64 and at least 4096, not ", options_.buffer_chunk_bytes);
     const std::string me = detail::machine_identity();
     const std::string shm_prefix = detail::unique_shm_prefix();
     const std::uint64_t generation = rank == 0 ? static_cast<std::uint64_t>(store_->add(base_key() + "generation", 1)) : 0;
     detail::WireWriter w;
-    w.str(me).u64(generation).str(shm_prefix + ".c").i64(static_cast<std::int64_t>(::getpid())).u64(options_.buffer_chunk_bytes);
+    w.str(me).u64(generation).str(shm_prefix + ".c").i64(static_cast<std::int64_t>(::getpid())).u64(detail::pid_namespace_id()).u64(options_.buffer_chunk_bytes);
     const Blobs all = store_->exchange(base_key() + "setup", rank, size, w.take(), "communicator setup (" + options_.name + ")");
     same_machine_ = true;
     std::vector<detail::ShmBufferEngine::Peer> peers;
@@ -77,6 +78,7 @@ class CpuCommunicator final : public Communicator {
       auto& p = peers.emplace_back();
       p.segment = rd.str();
       p.pid = rd.i64();
+      p.pid_namespace = rd.u64();
       chunks.push_back(rd.u64());
     }
     if (same_machine_ && options_.use_shm) {

@@ -30,6 +30,7 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -97,13 +98,32 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+/// @brief True when process `pid` (of this PID namespace) has ended: it no longer exists, or it is
+/// a zombie its parent has not reaped yet (a supervisor that waits for its children in order
+/// reaps a dead rank only after the ones before it have exited).
+inline bool process_gone(pid_t pid) noexcept {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  Fd fd(::open(path, O_RDONLY | O_CLOEXEC));
+  if (!fd) return false;  // no /proc: only kill() can tell
+  char buf[512];
+  const ssize_t n = ::read(fd.get(), buf, sizeof buf - 1);
+  if (n <= 0) return false;
+  buf[n] = 0;
+  const char* close = std::strrchr(buf, ')');  // "pid (command) S ...": the command may hold anything
+  return close && close[1] == ' ' && (close[2] == 'Z' || close[2] == 'X');
+}
+
 /// @brief One rank's side of the shared-memory buffer collectives.
 class ShmBufferEngine {
  public:
-  /// @brief A rank as this engine knows it: its segment's name and its process id.
+  /// @brief A rank as this engine knows it: its segment's name, its process id and PID namespace
+  /// (the pid is only checked for liveness when the namespace is this process's).
   struct Peer {
     std::string segment;
     std::int64_t pid = 0;
+    std::uint64_t pid_namespace = 0;
   };
 
   /// @param peers every rank (this one included), in rank order
@@ -213,12 +233,23 @@ class ShmBufferEngine {
     }
   }
 
+  // A dead peer is named first (whoever waits on whom), then one that gave up (the one awaited first).
   void check_peer(int r, const char* what, std::chrono::steady_clock::time_point deadline) {
-    if (control(r).aborted.v.load(std::memory_order_acquire) != 0)
-      throw_error<comm_error>("rank ", r, " gave up during ", *label_, " (its own error says why); this rank was waiting for its ", what);
-    const auto pid = static_cast<pid_t>(peers_[static_cast<std::size_t>(r)].pid);
-    if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH)
-      throw_error<comm_error>("rank ", r, " (pid ", pid, ") exited or died during ", *label_, "; this rank was waiting for its ", what);
+    static const std::uint64_t my_namespace = pid_namespace_id();
+    for (int q = 0; q < world_; ++q) {
+      const auto& peer = peers_[static_cast<std::size_t>(q)];
+      const auto pid = static_cast<pid_t>(peer.pid);
+      if (q != rank_ && pid > 0 && pid != ::getpid() && peer.pid_namespace == my_namespace && my_namespace != 0 && process_gone(pid))
+        throw_error<comm_error>("rank ", q, " (pid ", pid, ") exited or died during ", *label_, "; this rank was waiting for rank ", r,
+                                "'s ", what);
+    }
+    auto gave_up = [&](int p) { return p != rank_ && control(p).aborted.v.load(std::memory_order_acquire) != 0; };
+    int culprit = gave_up(r) ? r : -1;
+    for (int p = 0; culprit < 0 && p < world_; ++p)
+      if (gave_up(p)) culprit = p;
+    if (culprit >= 0)
+      throw_error<comm_error>("rank ", culprit, " gave up during ", *label_, " (its own error says why); this rank was waiting for rank ",
+                              r, "'s ", what);
     if (std::chrono::steady_clock::now() > deadline)
       throw_error<timeout_error>("timed out after ", text::format_ms(static_cast<std::uint64_t>(timeout_.count())), " in ", *label_,
                                  ": rank ", r, " did not deliver its ", what);
