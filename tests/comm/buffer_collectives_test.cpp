@@ -388,3 +388,22 @@ TEST_CASE("buffer collectives: a peer whose process is gone is named at once", "
   REQUIRE_THROWS_WITH(r0->run(reduce_call(v), "all_reduce #4"),
                       accel_test::contains("rank 1 (pid " + std::to_string(child) + ") exited or died during all_reduce #4"));
 }
+
+TEST_CASE("buffer collectives: ranks with different chunk sizes are refused at construction", "[buffers][cpu]") {
+  Job job;
+  std::vector<std::future<std::string>> fs;
+  for (int r = 0; r < 2; ++r)
+    fs.push_back(std::async(std::launch::async, [&, r] {
+      accel::CpuCommOptions o;
+      o.buffer_chunk_bytes = r == 0 ? 4096 : 8192;
+      try {
+        accel::CpuCommunicator comm(job.client(r, 2), r, 2, o);
+        return std::string();
+      } catch (const std::exception& e) {
+        return std::string(e.what());
+      }
+    }));
+  for (auto& f : fs)
+    REQUIRE_THAT(f.get(), accel_test::contains("CpuCommOptions::buffer_chunk_bytes differs across ranks: rank 0 passes 4096, rank 1 passes "
+                                               "8192; pass the same value on every rank"));
+}
