@@ -321,7 +321,8 @@ TEST_CASE("buffer collectives: a receive span of the wrong size fails on its ran
     std::vector<float> send(4), recv(comm.rank() == 2 ? 11 : 12);
     accel::all_gather(comm, std::span<const float>(send), std::span(recv));
   });
-  REQUIRE_THAT(errors[2], accel_test::contains("all_gather: rank 2's receive span holds 11 elements but it must hold send × world size = 4 × 3 = 12"));
+  REQUIRE_THAT(errors[2], accel_test::contains("all_gather: rank 2's receive span holds 11 elements but it must hold send × world "
+                                               "size = 4 × 3 = 12"));
   for (int r : {0, 1})
     REQUIRE_THAT(errors[static_cast<std::size_t>(r)], accel_test::contains("rank 2 failed before all_gather #1"));
 }

@@ -199,7 +199,8 @@ TEST_CASE("simulated nccl: buffer collectives map element type, operator, count 
   CHECK(has("ncclAllReduce count=1 type=" + std::to_string(ncclInt8)));
   CHECK(has("ncclAllReduce count=1 type=" + std::to_string(ncclUint64)));
   // The stream overload enqueues on the caller's stream and records the completion event there.
-  CHECK(has("ncclAllReduce count=7 type=" + std::to_string(ncclFloat32) + " op=" + std::to_string(ncclSum) + " stream=" + fake::ptr(user_stream)));
+  CHECK(has("ncclAllReduce count=7 type=" + std::to_string(ncclFloat32) + " op=" + std::to_string(ncclSum) +
+            " stream=" + fake::ptr(user_stream)));
   CHECK(has("cudaEventRecord stream=" + fake::ptr(user_stream)));
   CHECK(l == std::vector<std::int64_t>(4, 9));
   CHECK(recv == send);

@@ -557,7 +557,8 @@ void broadcast(Communicator& comm, std::span<T> data, int root, cudaStream_t str
 }
 /// @copydoc all_gather(Communicator&, std::span<const std::type_identity_t<T>>, std::span<T>, cudaStream_t)
 template <class T>
-void reduce_scatter(Communicator& comm, std::span<const std::type_identity_t<T>> send, std::span<T> recv, ReduceOp op, cudaStream_t stream) {
+void reduce_scatter(Communicator& comm, std::span<const std::type_identity_t<T>> send, std::span<T> recv, ReduceOp op,
+                    cudaStream_t stream) {
   auto c = detail::buffer_call<T>(BufferOp::reduce_scatter, send, recv);
   c.op = op;
   detail::submit_buffer(comm, detail::on_stream(comm, c, stream));

@@ -65,7 +65,8 @@ class CpuCommunicator final : public Communicator {
     const std::string shm_prefix = detail::unique_shm_prefix();
     const std::uint64_t generation = rank == 0 ? static_cast<std::uint64_t>(store_->add(base_key() + "generation", 1)) : 0;
     detail::WireWriter w;
-    w.str(me).u64(generation).str(shm_prefix + ".c").i64(static_cast<std::int64_t>(::getpid())).u64(detail::pid_namespace_id()).u64(options_.buffer_chunk_bytes);
+    w.str(me).u64(generation).str(shm_prefix + ".c").i64(static_cast<std::int64_t>(::getpid()));
+    w.u64(detail::pid_namespace_id()).u64(options_.buffer_chunk_bytes);
     const Blobs all = store_->exchange(base_key() + "setup", rank, size, w.take(), "communicator setup (" + options_.name + ")");
     same_machine_ = true;
     std::vector<detail::ShmBufferEngine::Peer> peers;
@@ -84,9 +85,10 @@ class CpuCommunicator final : public Communicator {
     if (same_machine_ && options_.use_shm) {
       for (std::size_t i = 0; i < chunks.size(); ++i)
         if (chunks[i] != chunks.front())
-          detail::throw_error<usage_error>("CpuCommOptions::buffer_chunk_bytes differs across ranks: ",
-                                           detail::ranks_by(chunks.size(), [&](std::size_t r) { return std::to_string(chunks[r]); }, "pass"),
-                                           "; pass the same value on every rank");
+          detail::throw_error<usage_error>(
+              "CpuCommOptions::buffer_chunk_bytes differs across ranks: ",
+              detail::ranks_by(chunks.size(), [&](std::size_t r) { return std::to_string(chunks[r]); }, "pass"),
+              "; pass the same value on every rank");
       if (rank == 0) detail::remove_stale_shm_segments();  // what killed processes left (every rank is on this machine)
       segments_.emplace_back(shm_prefix + ".a");
       segments_.emplace_back(shm_prefix + ".b");

@@ -145,7 +145,8 @@ class CurrentDevice {
     const cudaError_t rc = api_.set_device(device);
     if (rc != cudaSuccess) {
       (void)api_.get_last_error();
-      throw cuda_error(static_cast<int>(rc), concat("cudaSetDevice(", device, ") failed: ", api_.error_name(rc), ": ", api_.error_string(rc)));
+      throw cuda_error(static_cast<int>(rc),
+                       concat("cudaSetDevice(", device, ") failed: ", api_.error_name(rc), ": ", api_.error_string(rc)));
     }
     changed_ = true;
   }

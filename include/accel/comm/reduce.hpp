@@ -103,7 +103,8 @@ template <class T>
   if constexpr (std::is_same_v<U, half>) return ElementType::float16;
   else if constexpr (std::is_same_v<U, bfloat16>) return ElementType::bfloat16;
   else if constexpr (std::is_floating_point_v<U>) return sizeof(U) == 4 ? ElementType::float32 : ElementType::float64;
-  else if constexpr (std::is_signed_v<U>) return sizeof(U) == 1 ? ElementType::int8 : sizeof(U) == 4 ? ElementType::int32 : ElementType::int64;
+  else if constexpr (std::is_signed_v<U>)
+    return sizeof(U) == 1 ? ElementType::int8 : sizeof(U) == 4 ? ElementType::int32 : ElementType::int64;
   else return sizeof(U) == 1 ? ElementType::uint8 : sizeof(U) == 4 ? ElementType::uint32 : ElementType::uint64;
 }
 
@@ -238,8 +239,9 @@ inline void check_descriptors(const std::vector<BufferDescriptor>& all, const st
   if (differ(count)) {
     const char* what = all.front().kind == BufferOp::all_gather ? "send lengths" : by_recv ? "receive lengths" : "buffer lengths";
     throw_error<usage_error>(label, ": ", what, " differ across ranks: ",
-                             ranks_by(n, [&](std::size_t i) { return concat(count(all[i]), " ", element_type_name(all[i].type), " elements"); },
-                                      "pass"),
+                             ranks_by(
+                                 n, [&](std::size_t i) { return concat(count(all[i]), " ", element_type_name(all[i].type), " elements"); },
+                                 "pass"),
                              "; every rank must pass spans of the same length");
   }
 }
