@@ -289,13 +289,15 @@ class PlacementEngine {
     unlink(x);
     set_waiting(x, false);
   }
-  // Replaces queued entry x by its parts, in place.
+  // Replaces queued entry x by its parts, in place. x leaves first: its layer slots cover its
+  // parts' slots, so clearing them after the parts joined would hide the parts from the reserve.
   void expand_in_place(std::uint32_t x) {
+    const auto pos = nodes_[x].next;
+    leave_queue(x);
     for_each_part(x, [&](std::uint32_t c) {
-      link_before(x, c);
+      link_before(pos, c);
       set_waiting(c, true);
     });
-    leave_queue(x);
   }
   // Puts the parts of x (already taken from the queue) at the front.
   void expand_at_front(std::uint32_t x) {
