@@ -377,6 +377,9 @@ class PlacementEngine {
       for (auto t : group.members)
         if (!inside(entry, t)) out.push_back(t);
     }
+    // transformers lists a group's names sorted, and splits the partners in that order.
+    if (opts_.rules == PlanRules::transformers)
+      std::sort(out.begin(), out.end(), [&](auto a, auto b) { return tree_.tensors()[a].name < tree_.tensors()[b].name; });
     return out;
   }
   // Every other entry that must go with `cur`: the entries holding tensors tied to it, then, in
