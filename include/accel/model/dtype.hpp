@@ -11,7 +11,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/error.hpp>
@@ -240,8 +239,9 @@ struct LoadDTypeRule {
   /// The dtype floating tensors are loaded in (transformers' `dtype=`, already resolved from
   /// `auto`); unset: each keeps its stored dtype.
   std::optional<DType> target{};
-  /// Patterns (keep_in_fp32_matches) of tensors loaded as float32 whatever the target.
-  std::vector<std::string> keep_in_fp32{};
+  /// Patterns (keep_in_fp32_matches) of tensors loaded as float32 whatever the target (a view:
+  /// the rule is a short-lived argument).
+  std::span<const std::string> keep_in_fp32{};
 };
 
 /// @brief The dtype a checkpoint tensor is loaded in: integer, bool and other non-floating tensors
