@@ -464,7 +464,8 @@ TEST_CASE("property: ties split under tight budgets stay within every budget and
     }
     for (const auto& d : plan.devices)
       if (d.budget) REQUIRE(held[d.device] <= *d.budget);
-    if (held.count(Placement::cpu()) || held.count(Placement::disk()))
+    // (A first GPU too small for the largest layer gets nothing: there is no room to keep.)
+    if (held[Placement::gpu(0)] > 0 && (held.count(Placement::cpu()) || held.count(Placement::disk())))
       REQUIRE(held[Placement::gpu(0)] + largest_offloaded <= o.max_memory.gpus[0]);
   }
   CHECK(splits > 50);
@@ -515,4 +516,19 @@ TEST_CASE("transformers splits tied partners in the sorted order of the tied nam
   const auto first_split = [](const std::string& s) { return s.substr(s.find("Splitting "), 12); };
   CHECK(first_split(acc.str()) == "Splitting z.");
   CHECK(first_split(tf.str()) == "Splitting a.");
+}
+
+TEST_CASE("transformers splits a module that fits alone when its tied partners cannot be split", "[planner][transformers]") {
+  // m (a 200 B part + a 40 B tied weight) fits alone, but not with its partner head (a leaf: it
+  // cannot be split). accelerate moves on to the next device with all of m; transformers splits
+  // m, so its untied part stays on GPU 0.
+  accel::ModuleTree t;
+  t.add_parameter("m.part.weight", DType::F32, {50});  // 200
+  t.add_parameter("m.tied.weight", DType::F32, {10});  // 40
+  t.add_alias("head.weight", "m.tied.weight");         // 0: its module still counts as a partner
+  t.add_parameter("head.bias", DType::F32, {60});      // 240
+  auto o = budgets("0=500,1=10000");  // reserve 240 (head) leaves 260: m (240) fits, m + head (480) does not
+  CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"":1})");
+  o.rules = accel::PlanRules::transformers;
+  CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"m.part":0,"m.tied":1,"head":1})");
 }

@@ -66,7 +66,8 @@ inline constexpr OptionSpec estimate_options[] = {
     {"checkpoint", OptionKind::text, "PATH", "safetensors file, index or folder (headers only)"},
     {"config", OptionKind::text, "FILE", "the model's config.json when it is not next to the checkpoint"},
     {"skeleton", OptionKind::text, "FILE", "model skeleton JSON"},
-    {"no-split", OptionKind::text, "CLASS_OR_GLOB", "blocks for the largest-layer column (default: numbered children)", true},
+    {"no-split", OptionKind::text, "CLASS_OR_GLOB", "blocks for the largest-layer column (default: the catalog's classes, "
+                                                    "else numbered children; 'none': no blocks)", true},
     {"dtypes", OptionKind::text, "LIST", "rows to print (default float32,float16,int8,int4)"},
     {"json", OptionKind::flag, "", "print JSON instead of the table"},
 };
@@ -74,7 +75,9 @@ inline constexpr OptionSpec estimate_options[] = {
 inline constexpr const char* estimate_usage = R"(usage: accel estimate-memory (--checkpoint PATH | --skeleton FILE) [options]
 
 Total size and largest layer per dtype, as `accelerate estimate-memory` prints them: floating
-tensors counted at each row's width, integer and bool tensors at their own; shared tensors once.)";
+tensors counted at each row's width, integer and bool tensors and the buffers the model computes
+(rotary inv_freq, position ids) at their own; shared tensors once. With a config.json the model is
+built as transformers builds it (ties, computed buffers, no-split classes from the catalog).)";
 
 struct LoadedModel {
   accel::ModuleTree tree;
@@ -98,6 +101,33 @@ inline LoadedModel load_model(const ParsedArgs& a, const char* command, std::opt
   }
   if (a.has("config")) throw accel::usage_error(std::string(command) + ": --config goes with --checkpoint");
   return {accel::read_skeleton(*a.value("skeleton")), *a.value("skeleton"), std::nullopt};
+}
+
+// The no-split blocks: given classes/names/globs (each must match), 'none', or the catalog's
+// classes (`catalog_blocks`), else numbered children. Returns (specs, automatic, description).
+struct BlockChoice {
+  std::vector<std::string> specs;
+  bool automatic = true;
+  std::string note;
+};
+inline BlockChoice choose_blocks(const ParsedArgs& a, const LoadedModel& model, bool catalog_blocks, const char* command) {
+  BlockChoice b{a.values("no-split"), true, {}};
+  const auto* arch = model.checkpoint ? model.checkpoint->architecture : nullptr;
+  if (std::find(b.specs.begin(), b.specs.end(), "none") != b.specs.end()) {
+    if (b.specs.size() > 1)
+      throw accel::usage_error(std::string(command) + ": --no-split none cannot be combined with other --no-split values");
+    b = {{}, false, "none (--no-split none)"};
+  } else if (!b.specs.empty()) {
+    accel::check_no_split_specs(model.tree, b.specs);
+    b.automatic = false;
+    b.note = accel::text::join(b.specs) + " (--no-split)";
+  } else if (arch && catalog_blocks) {
+    b = {model.checkpoint->no_split_classes(), false, {}};
+    b.note = (b.specs.empty() ? std::string("none") : accel::text::join(b.specs)) + " (catalog)";
+  } else {
+    b.note = "numbered children (automatic: architecture unknown)";
+  }
+  return b;
 }
 
 // The dtype argument: nullopt = not given; "auto" = auto.
@@ -138,7 +168,6 @@ inline int run_plan(std::span<char*> argv) {
   const bool defaulted = !a.has("max-memory");
   opts.max_memory = defaulted ? measured_budgets() : accel::parse_max_memory(*a.value("max-memory"));
   const auto mode = accel::parse_device_map_mode(a.value("device-map").value_or("auto"));
-  const auto* arch = model.checkpoint ? model.checkpoint->architecture : nullptr;
   // dtype: explicit; `auto` (the default with a config.json, as from_pretrained) = the config's
   // dtype, else the checkpoint's first floating dtype; without either, tensors keep their own.
   opts.dtype = explicit_dtype(a);
@@ -147,27 +176,13 @@ inline int run_plan(std::span<char*> argv) {
   opts.keep_in_fp32 = a.values("keep-in-fp32");
   if (model.checkpoint)
     for (auto& k : model.checkpoint->keep_in_fp32(opts.dtype)) opts.keep_in_fp32.push_back(std::move(k));
-  // no-split: given classes/names/globs (each must match), 'none', or the catalog's classes.
-  opts.no_split = a.values("no-split");
-  std::string blocks_note;
-  if (std::find(opts.no_split.begin(), opts.no_split.end(), "none") != opts.no_split.end()) {
-    if (opts.no_split.size() > 1) throw accel::usage_error("plan: --no-split none cannot be combined with other --no-split values");
-    opts.no_split.clear();
-    opts.auto_no_split = false;
-    blocks_note = "none (--no-split none)";
-  } else if (!opts.no_split.empty()) {
-    accel::check_no_split_specs(model.tree, opts.no_split);
-    blocks_note = accel::text::join(opts.no_split) + " (--no-split)";
-  } else if (arch && like == "transformers") {
-    opts.no_split = model.checkpoint->no_split_classes();
-    opts.auto_no_split = false;
-    blocks_note = (opts.no_split.empty() ? std::string("none") : accel::text::join(opts.no_split)) + " (catalog)";
-  } else if (like == "accelerate") {
-    opts.auto_no_split = false;
-    blocks_note = "none (--like accelerate without --no-split)";
-  } else {
-    blocks_note = "numbered children (automatic: architecture unknown)";
-  }
+  // no-split: given (each must match), 'none', the catalog's classes, or numbered children;
+  // accelerate as called without no_split_module_classes has no blocks.
+  auto blocks = choose_blocks(a, model, like == "transformers", "plan");
+  if (like == "accelerate" && blocks.automatic) blocks = {{}, false, "none (--like accelerate without --no-split)"};
+  opts.no_split = blocks.specs;
+  opts.auto_no_split = blocks.automatic;
+  const std::string& blocks_note = blocks.note;
   if (like == "transformers") opts.rules = accel::PlanRules::transformers;
   else opts.accelerate_dtype_rule = true;
   opts.offload_buffers = a.has("offload-buffers");
@@ -243,7 +258,8 @@ inline int run_estimate_memory(std::span<char*> argv) {
   }
   const auto cached = tree.index();
   const accel::TreeIndex& ix = *cached;
-  const auto no_split = accel::no_split_modules(tree, a.values("no-split"));
+  const auto blocks = choose_blocks(a, model, true, "estimate-memory");
+  const auto no_split = accel::no_split_modules(tree, blocks.specs, blocks.automatic);
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   std::string table = "dtype       largest layer                          total size\n";
   for (const auto& row : rows) {
@@ -257,7 +273,8 @@ inline int run_estimate_memory(std::span<char*> argv) {
     for (std::size_t t = 0; t < tree.tensors().size(); ++t) {
       if (ix.canonical[t] != t) continue;
       const auto& ten = tree.tensors()[t];
-      const std::uint64_t bytes = accel::is_integral(ten.dtype) ? ten.numel() * accel::bit_size(ten.dtype) / 8 : ten.numel() * bits / 8;
+      const bool own = accel::is_integral(ten.dtype) || (ten.buffer && !ten.persistent);  // computed buffers keep theirs
+      const std::uint64_t bytes = own ? ten.numel() * accel::bit_size(ten.dtype) / 8 : ten.numel() * bits / 8;
       sizes.tensor[t] = bytes;
       sizes.module[ten.module] += bytes;
     }
@@ -277,8 +294,10 @@ inline int run_estimate_memory(std::span<char*> argv) {
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
-  std::printf("memory for %s (%zu tensors, headers only; shared tensors counted once)\n\n%s", model.label.c_str(),
-              tree.tensors().size(), table.c_str());
+  std::printf("memory for %s (%zu tensors, headers only; shared tensors counted once)\n", model.label.c_str(),
+              tree.tensors().size());
+  if (model.checkpoint) std::printf("architecture: %s\n", model.checkpoint->architecture_note.c_str());
+  std::printf("blocks: %s\n\n%s", blocks.note.c_str(), table.c_str());
   return 0;
 }
 

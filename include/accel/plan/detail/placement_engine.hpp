@@ -514,9 +514,10 @@ class PlacementEngine {
     return true;
   }
 
-  // Does not fit alone: put its parts at the front instead.
+  // Does not fit alone (transformers: or with its partners, none of which could be split): put
+  // its parts at the front instead.
   bool split_itself(const Candidate& c, const Device& dev, const Room& room) {
-    if (dev.used + clamped(c.size) < room.limit) return false;
+    if (opts_.rules != PlanRules::transformers && dev.used + clamped(c.size) < room.limit) return false;
     if (log_)
       *log_ << "Not enough space on " << dev.where.to_string() << " to put " << name_of(c.node) << " (space available "
             << room.limit - dev.used << ", module size " << c.size << ").\n";
