@@ -532,3 +532,17 @@ TEST_CASE("transformers splits a module that fits alone when its tied partners c
   o.rules = accel::PlanRules::transformers;
   CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"m.part":0,"m.tied":1,"head":1})");
 }
+
+TEST_CASE("transformers' reserve: recomputed over modules only once the largest layers are taken", "[planner][transformers]") {
+  // Two loose tensors at the root: accel (accelerate rules) keeps room for w2 on GPU 0 and sends
+  // w1 on; transformers counts loose tensors only in its first computation, drops w1 when it takes
+  // it, finds no module left, and keeps no room (taken from transformers' own code over a
+  // stand-in model: tests/compat/diff_transformers_planner.py).
+  accel::ModuleTree t;
+  t.add_parameter("w1", DType::F32, {29});  // 116
+  t.add_parameter("w2", DType::F32, {7});   // 28
+  auto o = budgets("0=130,1=82,cpu=205");
+  CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"":"cpu"})");
+  o.rules = accel::PlanRules::transformers;
+  CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"w1":0,"w2":1})");
+}
