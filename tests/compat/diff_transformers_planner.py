@@ -213,8 +213,10 @@ def main():
                 skipped += 1
                 continue
             total = sum(p["shape"][0] * 4 for p in skeleton["parameters"] if p["name"] not in model.all_tied_weights_keys)
-            mode = rng.choice(["sequential", "auto", "balanced_low_0"])
-            mm = {0: rng.randint(total // 8, total), 1: rng.randint(total // 8, total), "cpu": rng.randint(total // 4, 2 * total)}
+            mode = rng.choice(["sequential", "auto", "balanced", "balanced_low_0"])
+            mm = {g: rng.randint(total // 8, total) for g in range(rng.randint(1, 3))}
+            if rng.random() < 0.8:
+                mm["cpu"] = rng.randint(total // 4, 2 * total)
             no_split = ["Block"] if any(m.get("class") == "Block" for m in skeleton["modules"]) else []
             try:
                 theirs = plan(model, mode, mm, no_split)
