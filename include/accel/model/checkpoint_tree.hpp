@@ -209,7 +209,7 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
   }
   std::vector<std::vector<std::string>> ties;
   if (arch) {
-    std::unordered_map<std::string_view, std::size_t> present;
+    std::unordered_map<std::string, std::size_t> present;  // owning keys: `entries` grows below
     for (std::size_t i = 0; i < entries.size(); ++i) present.emplace(entries[i].name, i);
     auto config = *out.config;
     if (opts.tie_word_embeddings) config.tie_word_embeddings = opts.tie_word_embeddings;
