@@ -166,7 +166,7 @@ TEST_CASE("an unknown architecture keeps the header heuristics and says why", "[
   CHECK_THAT(accel::read_checkpoint_model(bare.path()).architecture_note, accel_test::contains("no config.json"));
 }
 
-TEST_CASE("--config points at a config.json elsewhere", "[checkpoint_tree]") {
+TEST_CASE("a config.json elsewhere is read through config_file (accel plan --config)", "[checkpoint_tree]") {
   accel_test::TempDir dir, cfg;
   write_checkpoint(dir.path(), {"transformer.wte.weight", "transformer.h.0.attn.c_attn.weight"}, "");
   accel_test::write_text(cfg / "gpt2.json", R"({"architectures": ["GPT2LMHeadModel"], "n_layer": 1})");
