@@ -187,7 +187,7 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
     auto match = find_architecture(*out.config);
     arch = match.architecture;
     out.architecture_note = match.known() ? detail::concat(arch->name, " (architecture catalog, transformers ",
-                                                           architecture_catalog().transformers_version, ")")
+                                                           catalog_transformers_version(), ")")
                                           : match.reason;
   }
   out.architecture = arch;
