@@ -25,7 +25,7 @@
 
 #include "support/catch.hpp"
 #include "support/files.hpp"
-#include "support/spawn.hpp"
+#include "support/processes.hpp"
 
 extern "C" char** environ;
 
@@ -38,78 +38,9 @@ const std::string child = std::string(ACCEL_TEST_CHILD_DIR) + "/collectives_chil
 
 using accel_test::read_file;
 
-int free_port() {
-  auto fd = accel::detail::listen_tcp("127.0.0.1", 0);
-  return accel::detail::socket_port(fd.get());
-}
-
-struct TempDir : accel_test::ScratchDir {
-  TempDir() : ScratchDir("collectives_mp") {}
-};
-
-using Env = std::map<std::string, std::string>;
-
-// Starts one process per argv with its own environment additions; collects exit codes and output.
-struct Processes {
-  TempDir dir;
-  std::vector<pid_t> pids;
-  std::vector<std::optional<int>> codes;
-
-  void start(const std::vector<std::string>& argv, const Env& extra) {
-    const std::size_t i = pids.size();
-    std::vector<std::string> envs;
-    for (char** e = environ; *e; ++e) {
-      const std::string entry = *e;
-      const std::string name = entry.substr(0, entry.find('='));
-      if (!extra.count(name) && name.rfind("ACCEL_", 0) != 0 && name != "RANK" && name != "WORLD_SIZE") envs.push_back(entry);
-    }
-    for (const auto& [k, v] : extra) envs.push_back(k + "=" + v);
-    const pid_t pid = accel_test::spawn_redirected(argv, std::move(envs), "/dev/null", out_file(i), err_file(i));
-    REQUIRE(pid > 0);
-    pids.push_back(pid);
-    codes.emplace_back();
-  }
-  std::string out_file(std::size_t i) const { return dir.path + "/" + std::to_string(i) + ".out"; }
-  std::string err_file(std::size_t i) const { return dir.path + "/" + std::to_string(i) + ".err"; }
-  std::string out(std::size_t i) const { return read_file(out_file(i)); }
-  std::string err(std::size_t i) const { return read_file(err_file(i)); }
-
-  // Exit code per process (128+signal when killed). A process still running after the limit is
-  // killed and fails the test: a hang is the bug these tests exist to catch.
-  std::vector<int> wait(int limit_s = 60) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(limit_s);
-    bool hung = false;
-    for (std::size_t i = 0; i < pids.size(); ++i) {
-      while (!codes[i]) {
-        int st = 0;
-        if (::waitpid(pids[i], &st, WNOHANG) == pids[i]) {
-          codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-          break;
-        }
-        if (std::chrono::steady_clock::now() > until) {
-          ::kill(pids[i], SIGKILL);
-          ::waitpid(pids[i], &st, 0);
-          codes[i] = -1;
-          hung = true;
-          break;
-        }
-        std::this_thread::sleep_for(10ms);
-      }
-    }
-    if (hung) {
-      std::string all;
-      for (std::size_t i = 0; i < pids.size(); ++i) all += "process " + std::to_string(i) + " stderr: " + err(i) + "\n";
-      FAIL("a process did not finish within " << limit_s << " s (hung collective?)\n" << all);
-    }
-    std::vector<int> out;
-    for (auto& c : codes) out.push_back(*c);
-    return out;
-  }
-  ~Processes() {
-    for (std::size_t i = 0; i < pids.size(); ++i)
-      if (!codes[i]) ::kill(pids[i], SIGKILL), ::waitpid(pids[i], nullptr, 0);
-  }
-};
+using accel_test::Env;
+using accel_test::free_port;
+using accel_test::Processes;
 
 Env rank_env(int rank, int world, int port, int timeout_s) {
   return {{"RANK", std::to_string(rank)},        {"WORLD_SIZE", std::to_string(world)},
@@ -223,7 +154,9 @@ TEST_CASE("a rank that dies mid-collective is named by the others at once, not a
   REQUIRE(codes[1] == 9);
   for (std::size_t r : {0u, 2u}) {
     REQUIRE(codes[r] == 2);
-    REQUIRE_THAT(p.err(r), contains("[accel.comm] rank 1 disconnected (crashed or was killed) before joining gather_object #2"));
+    REQUIRE_THAT(p.err(r), contains("[accel.comm] rank 1 lost its connection to the store without saying goodbye (the process "
+                                    "crashed, was killed, or ended without destroying its DistributedState), so it cannot join "
+                                    "gather_object #2"));
   }
 }
 
@@ -235,6 +168,7 @@ TEST_CASE("when the rank hosting the store dies the others report the lost store
   for (std::size_t r : {1u, 2u}) {
     REQUIRE(codes[r] == 2);
     REQUIRE_THAT(p.err(r), contains("lost the connection to the store at 127.0.0.1:"));
+    REQUIRE_THAT(p.err(r), contains("rank 0, which hosts it, exited or crashed"));
   }
 }
 

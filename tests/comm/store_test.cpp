@@ -221,11 +221,12 @@ TEST_CASE("store: a client that dies is noticed at once by waiters, not after th
   std::this_thread::sleep_for(50ms);
   const auto t0 = std::chrono::steady_clock::now();
   fd.reset();
-  REQUIRE_THROWS_WITH(waiting.get(), accel_test::contains("rank 1 disconnected (crashed or was killed) while this process "
-                                                          "waited for store key 'from-rank-1'"));
+  REQUIRE_THROWS_WITH(waiting.get(), accel_test::contains("rank 1 lost its connection to the store without saying goodbye (the "
+                                                          "process crashed, was killed, or ended without destroying its "
+                                                          "DistributedState) while this process waited for store key 'from-rank-1'"));
   REQUIRE(std::chrono::steady_clock::now() - t0 < 30s);
   // Later waits fail at once too; keys already present are still served.
-  REQUIRE_THROWS_WITH(r0.get("other"), accel_test::contains("rank 1 disconnected earlier"));
+  REQUIRE_THROWS_WITH(r0.get("other"), accel_test::contains("rank 1 lost its connection to the store without saying goodbye"));
   r0.set("present", std::string_view("yes"));
   REQUIRE(r0.get_string("present") == "yes");
 }
@@ -278,7 +279,9 @@ TEST_CASE("store: an exchange fails at once when a missing rank exits or dies", 
     auto f = std::async(std::launch::async, [&] { return r0.exchange("k2", 0, 2, {}, "gather_object #4"); });
     std::this_thread::sleep_for(50ms);
     fd.reset();
-    REQUIRE_THROWS_WITH(f.get(), accel_test::contains("rank 1 disconnected (crashed or was killed) before joining gather_object #4"));
+    REQUIRE_THROWS_WITH(f.get(), accel_test::contains("rank 1 lost its connection to the store without saying goodbye (the process "
+                                                      "crashed, was killed, or ended without destroying its DistributedState), so "
+                                                      "it cannot join gather_object #4"));
   }
 }
 

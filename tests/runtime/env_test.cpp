@@ -54,6 +54,14 @@ TEST_CASE("accel launch is recognised and its own variables are read", "[env]") 
   CHECK(e.timeout == std::chrono::milliseconds(2500));
 }
 
+TEST_CASE("the join timeout comes from ACCEL_JOIN_TIMEOUT_S, 60 s by default", "[env]") {
+  CHECK(read(accel_test::torchrun_vars(0, 2, 2)).join_timeout == std::chrono::seconds(60));
+  CHECK(read(with(accel_test::torchrun_vars(0, 2, 2), {{"ACCEL_JOIN_TIMEOUT_S", "0.5"}})).join_timeout == std::chrono::milliseconds(500));
+  CHECK(accel::join_timeout_from(accel::map_env({{"ACCEL_JOIN_TIMEOUT_S", "120"}})) == std::chrono::seconds(120));
+  REQUIRE_THROWS_WITH(read({{"ACCEL_JOIN_TIMEOUT_S", "0"}}),
+                      accel_test::contains("ACCEL_JOIN_TIMEOUT_S='0' is not a positive number of seconds"));
+}
+
 TEST_CASE("MPICH / Intel MPI variables are read", "[env]") {
   const auto e = read({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}});
   CHECK(e.launcher == Launcher::mpich);

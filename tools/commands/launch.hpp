@@ -170,6 +170,7 @@ inline int run_launch(std::span<char*> args) {
     if (plan.num_machines > 1) return std::nullopt;
     accel::StoreServerOptions o;
     o.world_size = plan.world_size;
+    o.join_timeout = accel::join_timeout_from(accel::process_env());  // the children read the same variable
     o.log = [](const std::string& m) { std::fprintf(stderr, "accel launch: store: %s\n", m.c_str()); };
     store = std::make_unique<accel::StoreServer>("127.0.0.1", std::uint16_t{0}, plan.job_token, std::move(o));
     return store->address();

@@ -97,11 +97,12 @@ inline std::shared_ptr<Communicator> make_communicator(const DistributedState& s
   }
   if (backend == CommBackend::nccl) {
     ACCEL_EXPECTS(state.device().is_cuda(), "the NCCL backend needs a CUDA device but this process uses ", state.device());
-    auto store = env.world_size > 1 ? connect_job_store(env) : nullptr;
+    auto store = env.world_size > 1 ? (state.job_store() ? state.job_store() : connect_job_store(env)) : nullptr;
     return std::make_shared<NcclCommunicator>(std::move(store), env.rank, env.world_size, state.device().index(), env.timeout,
                                               options.nccl);
   }
-  return std::make_shared<CpuCommunicator>(connect_job_store(env), env.rank, env.world_size, options.cpu);
+  return std::make_shared<CpuCommunicator>(state.job_store() ? state.job_store() : connect_job_store(env), env.rank, env.world_size,
+                                           options.cpu);
 }
 
 /// @brief Creates `state`'s communicator with explicit options and attaches it (replacing any).

@@ -41,8 +41,10 @@
 #include <accel/comm/detail/socket.hpp>
 #include <accel/comm/store_core.hpp>
 #include <accel/comm/wire.hpp>
+#include <accel/runtime/distributed_state.hpp>
 #include <accel/runtime/env.hpp>
 #include <accel/runtime/error.hpp>
+#include <accel/runtime/text.hpp>
 #include <accel/comm/blobs.hpp>
 
 ACCEL_NAMESPACE_BEGIN
@@ -66,6 +68,9 @@ struct StoreServerOptions {
   /// Largest world size a hello or exchange may name while the job's world size is unknown.
   int max_world_size = 1 << 20;
   std::string job_id;  ///< the job served (LaunchEnv::job_id), named when another job's process is refused
+  /// Every rank must connect within this long of the first connection, or the collectives that
+  /// wait for it fail naming it (LaunchEnv::join_timeout, ACCEL_JOIN_TIMEOUT_S); 0: no deadline.
+  std::chrono::milliseconds join_timeout{0};
 };
 
 /// @brief The store server: listens on one address, serves any number of clients from one thread.
@@ -90,7 +95,8 @@ class StoreServer {
                                        .log = options_.log,
                                        .handshake_timeout = options_.handshake_timeout,
                                        .max_world_size = options_.max_world_size,
-                                       .job_id = options_.job_id}) {
+                                       .job_id = options_.job_id,
+                                       .join_timeout = options_.join_timeout}) {
     listener_ = detail::listen_tcp(host_, port);
     port_ = static_cast<std::uint16_t>(detail::socket_port(listener_.get()));
     int p[2];
@@ -356,13 +362,16 @@ class StoreClient {
   /// @param rank this process's rank (registered so its death is reported), -1 for none
   /// @param world_size the job's world size, 0 if unknown
   /// @param job_id this process's job (LaunchEnv::job_id), named by a store of another job that refuses it
+  /// @param connect_timeout bound on reaching the store and its answer to the hello (default: `timeout`)
   /// @throws timeout_error when the store is not reachable within the timeout
   /// @throws comm_error when the store refuses the connection (wrong token, other job, other version)
   StoreClient(std::string host, int port, std::string job_token, std::chrono::milliseconds timeout = std::chrono::seconds(300),
-              int rank = -1, int world_size = 0, const std::string& job_id = {})
+              int rank = -1, int world_size = 0, const std::string& job_id = {},
+              std::optional<std::chrono::milliseconds> connect_timeout = std::nullopt)
       : host_(std::move(host)), port_(port), timeout_(timeout), rank_(rank) {
-    fd_ = detail::connect_tcp(host_, port_, Clock::now() + timeout_);
-    const auto reply = round_trip(detail::encode_hello(job_token, rank, world_size, job_id), Clock::now() + timeout_, "handshake");
+    const auto reach_by = Clock::now() + connect_timeout.value_or(timeout_);
+    fd_ = detail::connect_tcp(host_, port_, reach_by);
+    const auto reply = round_trip(detail::encode_hello(job_token, rank, world_size, job_id), reach_by, "handshake");
     expect(reply, detail::Msg::ok, "handshake");
   }
   StoreClient(const StoreClient&) = delete;
@@ -469,6 +478,8 @@ class StoreClient {
   [[nodiscard]] std::string address() const { return detail::host_port(host_, port_); }
   /// @brief Keeps `owner` alive as long as this client (rank 0 holds the server it hosts this way).
   void keep_alive(std::shared_ptr<void> owner) { owner_ = std::move(owner); }
+  /// @brief Who hosts the store ("rank 0", "accel launch"), named when the connection is lost.
+  void set_host_description(std::string who) { host_description_ = std::move(who); }
 
  private:
   using Clock = detail::StoreClock;
@@ -505,8 +516,10 @@ class StoreClient {
 
   [[noreturn]] void lost(const std::string& what, const std::string& why) {
     fd_.reset();
-    detail::throw_error<comm_error>("lost the connection to the store at ", address(), " during ", what, " (", why,
-                                    "); the process hosting it (accel launch, or rank 0) exited or crashed");
+    detail::throw_error<comm_error>("lost the connection to the store at ", address(), " during ", what, " (", why, "); ",
+                                    host_description_.empty() ? std::string("the process hosting it (accel launch, or rank 0)")
+                                                              : host_description_ + ", which hosts it,",
+                                    " exited or crashed");
   }
 
   // Turns a failure reply into the matching exception; checks the reply type otherwise.
@@ -536,6 +549,7 @@ class StoreClient {
   std::mutex mutex_;
   detail::Fd fd_;
   std::shared_ptr<void> owner_;
+  std::string host_description_;
 };
 
 /// @brief Parses "host:port" or "[v6]:port".
@@ -572,8 +586,11 @@ inline StorePlan plan_job_store(const LaunchEnv& env) {
 
 /// @brief Connects to the job's store (see plan_job_store), hosting it first on rank 0 when no
 /// launcher does. Rank 0's server lives as long as the returned client, and on shutdown waits
-/// (at most the timeout) for the other ranks to disconnect.
-/// @throws comm_error / timeout_error when the store cannot be reached or refuses this process
+/// (at most the timeout) for the other ranks to disconnect. The connection is the rank's
+/// membership: the store tells the others when it closes (with or without a goodbye), and
+/// declares ranks that do not connect within env.join_timeout never joined.
+/// @throws comm_error / timeout_error when the store cannot be reached within the join timeout
+///         (and the timeout), or refuses this process
 inline std::shared_ptr<StoreClient> connect_job_store(const LaunchEnv& env) {
   const StorePlan plan = plan_job_store(env);
   std::shared_ptr<StoreServer> server;
@@ -582,13 +599,35 @@ inline std::shared_ptr<StoreClient> connect_job_store(const LaunchEnv& env) {
     o.world_size = env.world_size;
     o.linger = env.timeout;
     o.job_id = env.job_id;
+    o.join_timeout = env.join_timeout;
     // Said once per job: the rank hosting the store is the one whose address is shared.
     if (!env.rendezvous_warning.empty() && o.log) o.log("warning: " + env.rendezvous_warning);
     server = std::make_shared<StoreServer>(plan.host, static_cast<std::uint16_t>(plan.port), env.job_token, std::move(o));
   }
-  auto client = std::make_shared<StoreClient>(plan.host, plan.port, env.job_token, env.timeout, env.rank, env.world_size, env.job_id);
+  const auto reach_within = env.join_timeout.count() > 0 ? std::min(env.join_timeout, env.timeout) : env.timeout;
+  std::shared_ptr<StoreClient> client;
+  try {
+    client = std::make_shared<StoreClient>(plan.host, plan.port, env.job_token, env.timeout, env.rank, env.world_size, env.job_id,
+                                           reach_within);
+  } catch (const timeout_error& e) {
+    if (plan.host_here) throw;
+    std::string why = e.what();  // without its "[accel.comm.timeout] " prefix: the new message has one
+    if (const auto end = why.find("] "); !why.empty() && why.front() == '[' && end != std::string::npos) why.erase(0, end + 2);
+    detail::throw_error<timeout_error>(
+        "rank ", env.rank, " could not join the job within ", text::format_ms(static_cast<std::uint64_t>(reach_within.count())),
+        " (ACCEL_JOIN_TIMEOUT_S): ", env.store_address ? "the store accel launch hosts" : "rank 0, which hosts the store,",
+        " did not answer; rank 0 did not start, or exited before creating its DistributedState (", why, ")");
+  }
+  client->set_host_description(env.store_address ? "accel launch" : "rank 0");
   if (server) client->keep_alive(std::move(server));
   return client;
 }
+
+namespace detail {
+/// @brief Makes every DistributedState of a program that includes this header join its job's store
+/// when created (runtime/distributed_state.hpp's seam), before any DistributedState defined after
+/// this include is constructed.
+inline const bool job_joiner_installed = (job_joiner() = &connect_job_store, true);
+}  // namespace detail
 
 ACCEL_NAMESPACE_END

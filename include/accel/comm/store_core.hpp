@@ -44,6 +44,10 @@ struct StoreCoreOptions {
   /// is not known; once it is, nothing beyond it is accepted.
   int max_world_size = 1 << 20;
   std::string job_id;  ///< the job this store serves, named when another job's process is refused
+  /// Every rank of the job must say hello within this long of the first connection; the ranks
+  /// that did not are then declared never joined, which fails every exchange and wait that needs
+  /// them (0: no join deadline, a missing rank is only reported when a wait times out).
+  std::chrono::milliseconds join_timeout{0};
 };
 
 /// @brief Lets one log line through per period and counts the ones held back, so a flood of
@@ -95,6 +99,7 @@ class StoreCore {
   /// @brief A client connected from `peer` at `now`; it has the handshake timeout to say hello.
   /// Ids must grow with time (oldest_pending() relies on it).
   void open(ConnId id, std::string peer, StoreClock::time_point now = StoreClock::now()) {
+    if (!join_deadline_ && options_.join_timeout.count() > 0) join_deadline_ = now + options_.join_timeout;
     conns_.emplace(id, Conn(std::move(peer), options_.max_handshake_bytes, now + options_.handshake_timeout));
     pending_.insert(id);
   }
@@ -108,7 +113,7 @@ class StoreCore {
   }
 
   /// @brief The connection closed (by the peer, by an error, or after a refusal was flushed).
-  void closed(ConnId id, StoreClock::time_point now) {
+  void closed(ConnId id, [[maybe_unused]] StoreClock::time_point now) {
     auto it = conns_.find(id);
     if (it == conns_.end()) return;
     const Conn c = std::move(it->second);
@@ -123,17 +128,19 @@ class StoreCore {
     if (--info.live > 0) return;
     if (c.said_bye) {
       if (info.status != RankStatus::died) info.status = RankStatus::left;
-      on_rank_gone(c.rank, false, now);
+      on_rank_gone(c.rank, false);
     } else {
       info.status = RankStatus::died;
-      log(concat("rank ", c.rank, " (", c.peer, ") disconnected without saying goodbye"));
-      on_rank_gone(c.rank, true, now);
+      log(concat("rank ", c.rank, " (", c.peer, ") ", gone_text(RankStatus::died)));
+      on_rank_gone(c.rank, true);
     }
+
   }
 
   /// @brief Fails every wait whose deadline has passed and closes connections that did not say
   /// hello in time.
   void tick(StoreClock::time_point now) {
+    check_join_deadline(now);
     for (ConnId id : pending_) {
       Conn& c = conns_.at(id);
       if (c.handshake_deadline > now || c.drop) continue;
@@ -179,6 +186,7 @@ class StoreCore {
     std::optional<StoreClock::time_point> best;
     auto take = [&](StoreClock::time_point t) { best = best ? std::min(*best, t) : t; };
     for (const auto& w : waiters_) take(w.deadline);
+    if (join_deadline_ && !join_checked_) take(*join_deadline_);
     for (ConnId id : pending_)
       if (const Conn& c = conns_.at(id); !c.drop) take(c.handshake_deadline);
     for (const auto& [key, ex] : exchanges_)
@@ -203,7 +211,7 @@ class StoreCore {
   [[nodiscard]] bool contains(const std::string& key) const { return kv_.count(key) != 0; }
 
  private:
-  enum class RankStatus { connected, left, died };
+  enum class RankStatus { connected, left, died, never_joined };
   struct RankInfo {
     int live = 0;
     RankStatus status = RankStatus::connected;
@@ -262,8 +270,27 @@ class StoreCore {
       case RankStatus::connected: return "connected";
       case RankStatus::left: return "exited";
       case RankStatus::died: return "disconnected";
+      case RankStatus::never_joined: return "never joined";
     }
     return "?";
+  }
+  // What happened to a rank that is gone, as the rest of a sentence that starts "rank N ".
+  std::string gone_text(RankStatus status) const {
+    switch (status) {
+      case RankStatus::left: return "exited";
+      case RankStatus::died:
+        // A rank's client says goodbye when its DistributedState (or store client) is destroyed;
+        // a plain exit code alone does not tell whether destructors ran, so no cause is claimed.
+        return "lost its connection to the store without saying goodbye (the process crashed, was killed, or ended "
+               "without destroying its DistributedState)";
+      case RankStatus::never_joined:
+        return concat("never joined the job: it did not connect to the store within ",
+                      text::format_ms(static_cast<std::uint64_t>(options_.join_timeout.count())),
+                      " (ACCEL_JOIN_TIMEOUT_S) of the first rank; it did not start, or exited or hung before creating its "
+                      "DistributedState");
+      case RankStatus::connected: break;
+    }
+    return "is connected";
   }
   std::string ranks_summary() const {
     std::vector<int> up, down;
@@ -329,7 +356,7 @@ class StoreCore {
           if (auto dead = first_dead()) {
             waiters_.pop_back();
             fail(id, FailureKind::peer_gone,
-                 concat("rank ", *dead, " disconnected earlier (crashed or killed?), so the awaited store key may never be set"));
+                 concat("rank ", *dead, " ", gone_text(ranks_.at(*dead).status), " earlier, so the awaited store key may never be set"));
           }
         } else {
           waiters_.pop_back();
@@ -389,6 +416,12 @@ class StoreCore {
     if (q.rank >= options_.max_world_size)
       return refuse(id, FailureKind::refused,
                     concat("rank ", q.rank, " exceeds the store's limit of ", options_.max_world_size, " ranks"));
+    if (auto late = ranks_.find(q.rank); late != ranks_.end() && late->second.status == RankStatus::never_joined)
+      return refuse(id, FailureKind::refused,
+                    concat("rank ", q.rank, " arrived after the join timeout (",
+                           text::format_ms(static_cast<std::uint64_t>(options_.join_timeout.count())),
+                           ", ACCEL_JOIN_TIMEOUT_S) and the other ranks were already told it never joined; start every rank "
+                           "within the join timeout, create the DistributedState first thing in main, or raise ACCEL_JOIN_TIMEOUT_S"));
     if (q.world > 0) world_ = q.world;
     c.authenticated = true;
     pending_.erase(id);
@@ -423,8 +456,23 @@ class StoreCore {
 
   std::optional<int> first_dead() const {
     for (const auto& [r, info] : ranks_)
-      if (info.status == RankStatus::died) return r;
+      if (info.status == RankStatus::died || info.status == RankStatus::never_joined) return r;
     return std::nullopt;
+  }
+
+  // At the join deadline, every rank of the job that never said hello is declared never joined.
+  void check_join_deadline(StoreClock::time_point now) {
+    if (!join_deadline_ || join_checked_ || now < *join_deadline_) return;
+    join_checked_ = true;  // once: with the world size still unknown there is nobody to name
+    std::vector<int> missing;
+    for (int r = 0; r < world_; ++r)
+      if (!ranks_.count(r)) missing.push_back(r);
+    if (missing.empty()) return;
+    for (int r : missing) ranks_[r].status = RankStatus::never_joined;
+    log(concat(missing.size() == 1 ? "rank " : "ranks ", text::join(missing), " never connected within ",
+               text::format_ms(static_cast<std::uint64_t>(options_.join_timeout.count())),
+               " (ACCEL_JOIN_TIMEOUT_S); failing the collectives that wait for ", missing.size() == 1 ? "it" : "them"));
+    for (int r : missing) on_rank_gone(r, true);
   }
 
   bool try_wake(const Waiter& w) {
@@ -490,11 +538,12 @@ class StoreCore {
       if (ex.slots[r].present) continue;
       auto info = ranks_.find(static_cast<int>(r));
       if (info == ranks_.end() || info->second.status == RankStatus::connected) continue;
-      const bool died = info->second.status == RankStatus::died;
+      const RankStatus status = info->second.status;
       return abandon(key, FailureKind::peer_gone,
-                     died ? concat("rank ", r, " disconnected (crashed or was killed) before joining ", ex.label)
-                          : concat("rank ", r, " exited without joining ", ex.label,
-                                   " (was the collective called on only some ranks, e.g. inside if (is_main_process())?)"));
+                     status == RankStatus::left
+                         ? concat("rank ", r, " exited without joining ", ex.label,
+                                  " (was the collective called on only some ranks, e.g. inside if (is_main_process())?)")
+                         : concat("rank ", r, " ", gone_text(status), ", so it cannot join ", ex.label));
     }
   }
 
@@ -507,14 +556,15 @@ class StoreCore {
       if (s.present && s.conn != 0) fail(s.conn, kind, why), s.conn = 0;
   }
 
-  void on_rank_gone(int rank, bool died, StoreClock::time_point now) {
-    (void)now;
+  // A rank that died or never joined may be the one that would have set any awaited key, so
+  // every wait fails; one that exited cleanly fails only the exchanges it is missing from.
+  void on_rank_gone(int rank, bool died) {
     if (died) {
       std::vector<Waiter> failed;
       std::swap(failed, waiters_);
       for (const auto& w : failed)
         fail(w.conn, FailureKind::peer_gone,
-             concat("rank ", rank, " disconnected (crashed or was killed) while this process waited for store key '",
+             concat("rank ", rank, " ", gone_text(ranks_.at(rank).status), " while this process waited for store key '",
                     w.keys.front(), "'"));
     }
     std::vector<std::string> keys;
@@ -545,6 +595,8 @@ class StoreCore {
   std::deque<ConnId> pending_resume_;
   std::set<ConnId> pending_;  ///< connections without a completed hello, oldest (lowest id) first
   LogThrottle idle_log_;
+  std::optional<StoreClock::time_point> join_deadline_;  ///< first connection + join timeout
+  bool join_checked_ = false;                             ///< the join deadline has been applied
 };
 
 }  // namespace detail

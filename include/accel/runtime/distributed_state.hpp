@@ -27,12 +27,28 @@
 ACCEL_NAMESPACE_BEGIN
 
 class Communicator;  // comm/communicator.hpp; attached lazily by the collectives
+class StoreClient;   // comm/store.hpp; the job's store, joined when the state is created
+
+namespace detail {
+/// @brief How a DistributedState joins its job's store when it is created. <accel/comm/store.hpp>
+/// (which the collectives include) installs connect_job_store here, since the runtime layer cannot
+/// call the comm layer; in a program without collectives it stays null and nothing is joined.
+using JobJoiner = std::shared_ptr<StoreClient> (*)(const LaunchEnv&);
+inline JobJoiner& job_joiner() noexcept {
+  static JobJoiner joiner = nullptr;
+  return joiner;
+}
+}  // namespace detail
 
 /// @brief Options for constructing a DistributedState.
 struct StateOptions {
   bool cpu = false;                ///< use the CPU even when GPUs are visible
   bool allow_gpu_sharing = false;  ///< allow more local processes than GPUs (processes share GPUs round-robin)
   bool make_current = true;        ///< call cudaSetDevice on the chosen GPU
+  /// Join the job's store now (in a program that includes the collectives, with more than one
+  /// process), so that a rank that exits, dies or never starts is reported to the others' collectives
+  /// within seconds. false: join at the first collective, as a state from injected sources does.
+  bool join_job = true;
 };
 
 /// @brief The device decision: which logical GPU (or the CPU) a process uses (pure function).
@@ -60,10 +76,15 @@ inline Device choose_device(const LaunchEnv& env, int visible_gpus, const Visibl
 /// @brief What this process is in the job: ranks, sizes, machine, and its own device (made current).
 class DistributedState {
  public:
-  /// @brief Reads the real environment and devices.
+  /// @brief Reads the real environment and devices, and joins the job (see StateOptions::join_job).
   /// @throws config_error when the launcher variables are malformed or the GPUs cannot be shared out
+  /// @throws comm_error / timeout_error when the job's store cannot be reached within the join
+  ///         timeout (ACCEL_JOIN_TIMEOUT_S) or refuses this process
+  /// @note with join_job, every rank of the job must create its state within the join timeout of the first
   explicit DistributedState(StateOptions options = {})
-      : DistributedState(process_env(), default_device_query(), options, process_launcher_query()) {}
+      : DistributedState(process_env(), default_device_query(), options, process_launcher_query()) {
+    if (options.join_job && env_.world_size > 1 && detail::job_joiner()) store_ = detail::job_joiner()(env_);
+  }
 
   /// @brief From injected sources (tests, or a planned child environment).
   /// @param query questions read_launch_env may ask the system (default: none)
@@ -118,6 +139,12 @@ class DistributedState {
                                           static_cast<std::size_t>(env_.world_size), options);
   }
 
+  /// @brief The job's store this process joined (null when it has not joined yet); the collectives'
+  /// communicator runs on it.
+  [[nodiscard]] const std::shared_ptr<StoreClient>& job_store() const noexcept { return store_; }
+  /// @brief Installs the store connection the communicator will run on.
+  void attach_job_store(std::shared_ptr<StoreClient> store) noexcept { store_ = std::move(store); }
+
   /// @brief The communicator the collectives use; null until the first collective creates one.
   [[nodiscard]] Communicator* communicator() const noexcept { return comm_.get(); }
   /// @brief Installs the communicator the collectives will use from now on.
@@ -144,6 +171,7 @@ class DistributedState {
   std::string device_status_;
   std::string gpu_name_;
   std::string physical_;
+  std::shared_ptr<StoreClient> store_;  // before comm_: the communicator's destructor still uses it
   std::shared_ptr<Communicator> comm_;
 };
 

@@ -74,6 +74,9 @@ inline const char* launcher_name(Launcher l) noexcept {
   return "?";
 }
 
+/// @brief How long the ranks of a job have to join its store when ACCEL_JOIN_TIMEOUT_S is unset.
+inline constexpr std::chrono::milliseconds default_join_timeout{60'000};
+
 /// @brief Ranks, sizes and rendezvous facts of this process.
 struct LaunchEnv {
   Launcher launcher = Launcher::none;
@@ -97,7 +100,10 @@ struct LaunchEnv {
   /// One sentence when this job's store address is shared by every job without an identity (no
   /// job_id, no MASTER_PORT, no ACCEL_STORE, several processes) and how to fix it; else "".
   std::string rendezvous_warning;
-  std::chrono::milliseconds timeout{300'000};  ///< ACCEL_TIMEOUT_S (default 300 s)
+  std::chrono::milliseconds timeout{300'000};  ///< ACCEL_TIMEOUT_S (default 300 s): how long a live rank may be late
+  /// ACCEL_JOIN_TIMEOUT_S (default 60 s): every rank must join the job's store within this long of
+  /// the first one (a DistributedState joins when created), or the others' collectives fail naming it.
+  std::chrono::milliseconds join_timeout{default_join_timeout};
   bool torchelastic_agent_store = false;       ///< TORCHELASTIC_USE_AGENT_STORE=True
   bool use_cpu = false;                        ///< ACCEL_USE_CPU is truthy
   std::vector<std::string> diagnostics;        ///< assumptions made, one sentence each
@@ -158,6 +164,17 @@ inline std::optional<int> env_int(const EnvSource& env, const std::string& name,
     throw_error<config_error>(name, "='", *raw, "' is not ", min_value > 0 ? "a positive" : "a non-negative",
                               " integer; fix or unset ", name);
   return *v;
+}
+
+/// @brief Reads a positive number of seconds (fractions allowed); config_error naming the variable when malformed.
+inline std::optional<std::chrono::milliseconds> env_seconds(const EnvSource& env, const std::string& name) {
+  auto t = env(name);
+  if (!t) return std::nullopt;
+  char* end = nullptr;
+  const double s = std::strtod(t->c_str(), &end);
+  if (t->empty() || end != t->c_str() + t->size() || !(s > 0) || s > 1e7)
+    throw_error<config_error>(name, "='", *t, "' is not a positive number of seconds");
+  return std::chrono::milliseconds(static_cast<long long>(s * 1000.0 + 0.5));
 }
 
 /// @brief accelerate's str_to_bool: y/yes/t/true/on/1 and n/no/f/false/off/0, any case.
@@ -318,6 +335,12 @@ inline JobIdentity launcher_identity(const EnvSource& env, const LaunchEnv& e, c
 
 }  // namespace detail
 
+/// @brief ACCEL_JOIN_TIMEOUT_S, else default_join_timeout (a launcher hosting the store reads it too).
+/// @throws config_error when it is not a positive number of seconds
+inline std::chrono::milliseconds join_timeout_from(const EnvSource& env) {
+  return detail::env_seconds(env, "ACCEL_JOIN_TIMEOUT_S").value_or(default_join_timeout);
+}
+
 /// @brief Reads the launcher environment (pure: everything comes through `env` and `query`).
 /// @param query questions for the system; the default asks none (then a Hydra job has no identity)
 /// @throws config_error naming the variable and its value when a value is malformed, out of range,
@@ -423,13 +446,8 @@ inline LaunchEnv read_launch_env(const EnvSource& env, const LauncherQuery& quer
     out.master_port = job_port(out.job_id);
     out.master_port_derived = true;
   }
-  if (auto t = env("ACCEL_TIMEOUT_S")) {
-    char* end = nullptr;
-    const double s = std::strtod(t->c_str(), &end);
-    if (t->empty() || end != t->c_str() + t->size() || !(s > 0) || s > 1e7)
-      throw_error<config_error>("ACCEL_TIMEOUT_S='", *t, "' is not a positive number of seconds");
-    out.timeout = std::chrono::milliseconds(static_cast<long long>(s * 1000.0 + 0.5));
-  }
+  if (auto t = env_seconds(env, "ACCEL_TIMEOUT_S")) out.timeout = *t;
+  out.join_timeout = join_timeout_from(env);
   out.torchelastic_agent_store = env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
   out.use_cpu = env_bool(env, "ACCEL_USE_CPU").value_or(false);
   return out;

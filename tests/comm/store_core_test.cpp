@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// The store's state machine without sockets: rank membership and liveness. Time is passed in, so
+// the join deadline is tested at exact instants, and a connection "closing" is one call.
+#include <accel/comm/store_core.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+
+using namespace std::chrono_literals;
+using accel::detail::FailureKind;
+using accel::detail::Msg;
+using accel::detail::StoreClock;
+using accel::detail::StoreCore;
+using accel::detail::StoreCoreOptions;
+using accel::detail::WireReader;
+using accel::detail::WireWriter;
+
+namespace {
+
+// One reply as the client would read it: its type, and for a failure its kind and message.
+struct Reply {
+  Msg type{};
+  FailureKind kind{};
+  std::string message;
+};
+
+struct Harness {
+  StoreCore core;
+  StoreClock::time_point t0 = StoreClock::time_point{} + 1000h;
+  std::vector<std::string> log;
+
+  explicit Harness(std::chrono::milliseconds join_timeout, int world = 3) : core(options(join_timeout, world)) {}
+
+  StoreCoreOptions options(std::chrono::milliseconds join_timeout, int world) {
+    StoreCoreOptions o;
+    o.job_token = "tok";
+    o.world_size = world;
+    o.log = [this](const std::string& m) { log.push_back(m); };
+    o.join_timeout = join_timeout;
+    return o;
+  }
+
+  StoreClock::time_point at(std::chrono::milliseconds since_start) const { return t0 + since_start; }
+
+  // Replies queued on connection `id` since the last call.
+  std::vector<Reply> replies(StoreCore::ConnId id) {
+    std::vector<Reply> out;
+    auto& conns = core.connections();
+    auto it = conns.find(id);
+    if (it == conns.end()) return out;
+    for (const auto& chunk : it->second.out) {
+      WireReader r(std::span<const std::byte>(*chunk).subspan(accel::detail::frame_header_bytes));
+      Reply rep;
+      rep.type = static_cast<Msg>(r.u8());
+      if (rep.type == Msg::failure) rep.kind = static_cast<FailureKind>(r.u8()), rep.message = r.str();
+      out.push_back(rep);
+    }
+    it->second.out.clear();
+    return out;
+  }
+
+  void send(StoreCore::ConnId id, const std::vector<std::byte>& frame, StoreClock::time_point now) {
+    core.receive(id, frame, now);
+    core.resume(now);
+  }
+
+  // Connection `id` opens at `now` and says hello as `rank`.
+  void join(StoreCore::ConnId id, int rank, StoreClock::time_point now, int world = 3) {
+    core.open(id, "peer" + std::to_string(id), now);
+    send(id, accel::detail::encode_hello("tok", rank, world), now);
+    const auto r = replies(id);
+    REQUIRE(r.size() == 1);
+    REQUIRE(r[0].type == Msg::ok);
+  }
+
+  void exchange(StoreCore::ConnId id, int rank, const std::string& label, StoreClock::time_point now, int world = 3) {
+    send(id, WireWriter(Msg::exchange).str("k/" + label).i32(rank).i32(world).u64(300'000).str(label).str("v").finish(), now);
+  }
+
+  void bye(StoreCore::ConnId id, StoreClock::time_point now) { send(id, WireWriter(Msg::bye).finish(), now); }
+};
+
+}  // namespace
+
+TEST_CASE("store core: a rank that never connects within the join timeout fails the exchanges waiting for it", "[store][liveness]") {
+  Harness h(60s);
+  h.join(1, 0, h.at(0ms));
+  h.join(2, 1, h.at(10ms));
+  h.exchange(1, 0, "gather_object #1", h.at(20ms));
+  h.exchange(2, 1, "gather_object #1", h.at(20ms));
+  REQUIRE(h.core.next_deadline() == h.at(60s));  // the join deadline comes before the 300 s exchange deadline
+  h.core.tick(h.at(59'999ms));
+  REQUIRE(h.replies(1).empty());
+  h.core.tick(h.at(60s));
+  h.core.resume(h.at(60s));
+  for (StoreCore::ConnId id : {1u, 2u}) {
+    const auto r = h.replies(id);
+    REQUIRE(r.size() == 1);
+    REQUIRE(r[0].kind == FailureKind::peer_gone);
+    REQUIRE_THAT(r[0].message, accel_test::contains("rank 2 never joined the job: it did not connect to the store within 60 s "
+                                                    "(ACCEL_JOIN_TIMEOUT_S) of the first rank"));
+    REQUIRE_THAT(r[0].message, accel_test::contains("so it cannot join gather_object #1"));
+  }
+  REQUIRE(h.log.size() == 1);
+  REQUIRE_THAT(h.log[0], accel_test::contains("rank 2 never connected within 60 s"));
+  // The next collective fails at once as well, and a rank arriving late is refused with the reason.
+  h.exchange(1, 0, "gather_object #2", h.at(61s));
+  REQUIRE_THAT(h.replies(1).at(0).message, accel_test::contains("rank 2 never joined the job"));
+  h.core.open(3, "late", h.at(62s));
+  h.send(3, accel::detail::encode_hello("tok", 2, 3), h.at(62s));
+  const auto late = h.replies(3);
+  REQUIRE(late.at(0).kind == FailureKind::refused);
+  REQUIRE_THAT(late.at(0).message, accel_test::contains("rank 2 arrived after the join timeout (60 s, ACCEL_JOIN_TIMEOUT_S)"));
+}
+
+TEST_CASE("store core: ranks that all join in time are never blamed, however late their first collective", "[store][liveness]") {
+  Harness h(2s);
+  h.join(1, 0, h.at(0ms));
+  h.join(2, 1, h.at(1s));
+  h.join(3, 2, h.at(1999ms));
+  h.core.tick(h.at(2s));
+  h.core.tick(h.at(1h));
+  REQUIRE(h.log.empty());
+  REQUIRE_FALSE(h.core.next_deadline().has_value());  // nothing left to wake up for
+  for (StoreCore::ConnId id : {1u, 2u, 3u}) h.exchange(id, static_cast<int>(id) - 1, "barrier #1", h.at(1h));
+  for (StoreCore::ConnId id : {1u, 2u, 3u}) REQUIRE(h.replies(id).at(0).type == Msg::list);
+}
+
+TEST_CASE("store core: without a join timeout a missing rank is only named when the wait times out", "[store][liveness]") {
+  Harness h(0ms);
+  h.join(1, 0, h.at(0ms));
+  h.exchange(1, 0, "barrier #1", h.at(0ms));
+  h.core.tick(h.at(299s));
+  REQUIRE(h.replies(1).empty());
+  h.core.tick(h.at(300s));
+  const auto r = h.replies(1);
+  REQUIRE(r.at(0).kind == FailureKind::timeout);
+  REQUIRE_THAT(r.at(0).message, accel_test::contains("ranks 1 (never connected), 2 (never connected) have not arrived"));
+}
+
+TEST_CASE("store core: the join deadline fails key waits too, since the missing rank may be the one to set the key", "[store][liveness]") {
+  Harness h(5s, 2);
+  h.join(1, 1, h.at(0ms), 2);
+  h.send(1, WireWriter(Msg::get).str("nccl-id").u64(300'000).finish(), h.at(1s));
+  h.core.tick(h.at(5s));
+  const auto r = h.replies(1);
+  REQUIRE(r.at(0).kind == FailureKind::peer_gone);
+  REQUIRE_THAT(r.at(0).message, accel_test::contains("rank 0 never joined the job"));
+  REQUIRE_THAT(r.at(0).message, accel_test::contains("while this process waited for store key 'nccl-id'"));
+}
+
+TEST_CASE("store core: a rank gone without a goodbye is reported without claiming it crashed", "[store][liveness]") {
+  Harness h(60s);
+  h.join(1, 0, h.at(0ms));
+  h.join(2, 1, h.at(0ms));
+  h.join(3, 2, h.at(0ms));
+  h.exchange(1, 0, "gather_object #1", h.at(1s));
+  h.core.closed(2, h.at(2s));  // rank 1: exit(3) without destructors, or SIGKILL: the store cannot tell which
+  h.core.resume(h.at(2s));
+  const auto r = h.replies(1);
+  REQUIRE(r.at(0).kind == FailureKind::peer_gone);
+  REQUIRE_THAT(r.at(0).message, accel_test::contains("rank 1 lost its connection to the store without saying goodbye (the process "
+                                                     "crashed, was killed, or ended without destroying its DistributedState), so it "
+                                                     "cannot join gather_object #1"));
+  REQUIRE(r.at(0).message.find("crashed or was killed") == std::string::npos);
+}
+
+TEST_CASE("store core: a rank that says goodbye after the last collective is not blamed while others finish it", "[store][liveness]") {
+  Harness h(60s);
+  h.join(1, 0, h.at(0ms));
+  h.join(2, 1, h.at(0ms));
+  h.join(3, 2, h.at(0ms));
+  // Every rank is in the last collective; it completes when rank 2 arrives, and rank 2 leaves at once.
+  h.exchange(1, 0, "wait_for_everyone #9", h.at(1s));
+  h.exchange(2, 1, "wait_for_everyone #9", h.at(1s));
+  h.exchange(3, 2, "wait_for_everyone #9", h.at(1s));
+  h.bye(3, h.at(1s));
+  h.core.closed(3, h.at(1s));
+  h.core.resume(h.at(1s));
+  for (StoreCore::ConnId id : {1u, 2u}) {
+    const auto r = h.replies(id);
+    REQUIRE(r.size() == 1);
+    REQUIRE(r[0].type == Msg::list);
+  }
+  // A collective after it is one rank 2 can never join: named as an exit, not a crash.
+  h.exchange(1, 0, "gather_object #10", h.at(2s));
+  REQUIRE_THAT(h.replies(1).at(0).message, accel_test::contains("rank 2 exited without joining gather_object #10"));
+  REQUIRE(h.log.empty());
+}

@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// Child program of tests/comm/liveness_mp_test.cpp and benchmarks/failure_detection.sh: one rank of
+// a job in which rank VICTIM leaves before its first collective while the others wait in one.
+//   early_exit VICTIM HOW [MS]
+// Every rank creates its DistributedState (which joins the job). The victim then waits MS
+// milliseconds (default 300: the others are inside gather_object by then) and
+//   exit0   returns 0 from main (destructors run, so it says goodbye to the store)
+//   exit3   returns 3 from main
+//   _exit3  std::_Exit(3): no destructors, no goodbye
+//   kill    raises SIGKILL
+//   never   (no wait) exits 0 before creating its DistributedState: it never joins
+//   last    takes part in every collective, then leaves at once (the others must all succeed)
+// The victim prints "left <unix ns>" on stdout just before it goes. The others gather (20 rounds
+// with "last"); on failure they print "failed <unix ns>" on stdout and "rank R: <error>" on stderr
+// and exit 2; on success rank 0 prints "ok".
+#include <accel/comm/collectives.hpp>
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+namespace {
+long long unix_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+void say_left() {
+  std::printf("left %lld\n", unix_ns());
+  std::fflush(stdout);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: early_exit VICTIM exit0|exit3|_exit3|kill|never|last [MS]\n");
+    return 64;
+  }
+  const int victim = std::atoi(argv[1]);
+  const std::string how = argv[2];
+  const int pause_ms = argc > 3 ? std::atoi(argv[3]) : 300;
+  const char* rank_var = std::getenv("RANK") ? "RANK" : std::getenv("OMPI_COMM_WORLD_RANK") ? "OMPI_COMM_WORLD_RANK" : "PMI_RANK";
+  const int env_rank = std::getenv(rank_var) ? std::atoi(std::getenv(rank_var)) : -1;
+  if (how == "never" && env_rank == victim) {
+    say_left();
+    return 0;
+  }
+  int rank = -1;
+  try {
+    accel::DistributedState state;
+    rank = state.process_index();
+    if (rank == victim && how != "last") {
+      std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+      say_left();
+      if (how == "exit0") return 0;
+      if (how == "exit3") return 3;
+      if (how == "_exit3") std::_Exit(3);
+      if (how == "kill") ::raise(SIGKILL);
+      std::fprintf(stderr, "unknown mode %s\n", how.c_str());
+      return 64;
+    }
+    const int rounds = how == "last" ? 20 : 1;
+    for (int i = 0; i < rounds; ++i) {
+      const auto all = accel::gather_object(state, std::string(static_cast<std::size_t>(i + rank), 'x'));
+      if (all.size() != static_cast<std::size_t>(state.num_processes())) return 4;
+    }
+    if (how == "last" && rank == victim) {
+      say_left();
+      return 0;
+    }
+    if (how == "last") std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));  // the victim is gone by now
+    accel::print(state, "ok");
+    return 0;
+  } catch (const accel::error& e) {
+    std::printf("failed %lld\n", unix_ns());
+    std::fflush(stdout);
+    std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+    return 2;
+  }
+}
