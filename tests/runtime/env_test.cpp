@@ -204,10 +204,50 @@ TEST_CASE("a multi-machine job without MASTER_ADDR is diagnosed", "[env]") {
   CHECK_THAT(e.diagnostics.back(), accel_test::contains("MASTER_ADDR is unset"));
 }
 
+TEST_CASE("SLURM: rank 0's host is the first of the step's node list, else the job's", "[env]") {
+  const Vars base = {{"SLURM_JOB_ID", "7"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"},
+                     {"SLURM_LOCALID", "1"}, {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_NODEID", "0"}, {"SLURM_NNODES", "2"}};
+  CHECK(read(with(base, {{"SLURM_STEP_NODELIST", "gpu[07-08]"}, {"SLURM_JOB_NODELIST", "gpu[01-08]"}})).master_addr == "gpu07");
+  CHECK(read(with(base, {{"SLURM_JOB_NODELIST", "rack[2-3]-gpu[05,9]"}})).master_addr == "rack2-gpu05");
+  CHECK(read(with(base, {{"SLURM_NODELIST", "tux,tux2"}})).master_addr == "tux");
+  CHECK(read(with(base, {{"MASTER_ADDR", "10.0.0.1"}, {"SLURM_JOB_NODELIST", "gpu1"}})).master_addr == "10.0.0.1");
+  REQUIRE_THROWS_WITH(read(with(base, {{"SLURM_JOB_NODELIST", "gpu[1-"}})), accel_test::contains("SLURM node list 'gpu[1-' has an unclosed '['"));
+}
+
+TEST_CASE("a bare sbatch script (a SLURM job without an srun step) gets a one-line hint", "[env]") {
+  const auto e = read({{"SLURM_JOB_ID", "42"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_JOB_NODELIST", "n[1-2]"}});
+  CHECK(e.launcher == Launcher::none);
+  CHECK(e.world_size == 1);
+  REQUIRE(e.diagnostics.size() == 1);
+  CHECK_THAT(e.diagnostics[0], accel_test::contains("SLURM_JOB_ID=42 is set but this is no srun step (SLURM_STEP_ID is unset): this batch "
+                                                    "script runs as one process; start the ranks with `srun ./program` inside it"));
+  CHECK(read({{"SLURM_JOB_ID", "42"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}).diagnostics.empty());
+  // mpirun inside an sbatch script: its own ranks, no hint.
+  CHECK(read({{"SLURM_JOB_ID", "42"}, {"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "1"}}).diagnostics.empty());
+}
+
+TEST_CASE("MPICH: only a local rank variable set is a config error naming it, not a crash", "[env]") {
+  REQUIRE_THROWS_WITH(read({{"MPI_LOCALRANKID", "0"}}),
+                      accel_test::contains("MPI_LOCALRANKID=0 is set but neither PMI_RANK nor PMI_SIZE is (MPICH/Intel MPI sets all of "
+                                           "them); set PMI_RANK and PMI_SIZE or unset MPI_LOCALRANKID"));
+  REQUIRE_THROWS_WITH(read({{"MPI_LOCALNRANKS", "2"}}), accel_test::contains("MPI_LOCALNRANKS=2 is set but neither PMI_RANK nor PMI_SIZE"));
+  REQUIRE_THROWS_WITH(read({{"LOCAL_RANK", "0"}}), accel_test::contains("LOCAL_RANK=0 is set but neither RANK nor WORLD_SIZE"));
+}
+
 TEST_CASE("the SLURM helpers parse host lists and task counts", "[env]") {
   CHECK(accel::detail::slurm_first_host("node[01-04,07],gpu1") == "node01");
   CHECK(accel::detail::slurm_first_host("gpu1,node[2-5]") == "gpu1");
   CHECK(accel::detail::slurm_first_host("tux[12]") == "tux12");
+  CHECK(accel::detail::slurm_first_host("a[1-2]-b[3-4]") == "a1-b3");
+  CHECK(accel::detail::slurm_first_host("rack[7,2]-n[08-10]") == "rack7-n08");
+  CHECK(accel::detail::slurm_expand_hosts("node[01-03,7],gpu1") == std::vector<std::string>{"node01", "node02", "node03", "node7", "gpu1"});
+  CHECK(accel::detail::slurm_expand_hosts("n[8-11]") == std::vector<std::string>{"n8", "n9", "n10", "n11"});
+  CHECK(accel::detail::slurm_expand_hosts("n[098-101]") == std::vector<std::string>{"n098", "n099", "n100", "n101"});
+  CHECK(accel::detail::slurm_expand_hosts("a[1-2]-b[3-4]") == std::vector<std::string>{"a1-b3", "a1-b4", "a2-b3", "a2-b4"});
+  CHECK(accel::detail::slurm_expand_hosts("x[1-1000000]", 3) == std::vector<std::string>{"x1", "x2", "x3"});
+  for (const char* bad : {"", "node[01-03", "node]1", "a,,b", "n[]", "n[3-1]", "n[a-b]", "n[1-]", "n[[1]]"})
+    REQUIRE_THROWS_AS(accel::detail::slurm_expand_hosts(bad), accel::config_error);
+  REQUIRE_THROWS_WITH(accel::detail::slurm_first_host("n[3-1]"), accel_test::contains("SLURM node list 'n[3-1]' has a malformed range '3-1'"));
   CHECK(accel::detail::slurm_expand_counts("2(x3),1", "X") == std::vector<int>{2, 2, 2, 1});
   REQUIRE_THROWS_AS(accel::detail::slurm_expand_counts("2(x0)", "X"), accel::config_error);
 }

@@ -50,9 +50,21 @@ TEST_CASE("accel env reads torchrun variables and reports malformed ones with ex
   const auto ok = run_command("RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 " + accel_cli("env"));
   CHECK_THAT(ok.output, accel_test::contains("launcher: torchrun"));
   CHECK_THAT(ok.output, accel_test::contains("rank 1 of 2, local rank 1 of 2"));
+  CHECK_THAT(ok.output, accel_test::contains("store: 127.0.0.1:29500, hosted by rank 0"));
   const auto bad = run_command("RANK=abc WORLD_SIZE=2 " + accel_cli("env"));
   CHECK(bad.status == 3);
   CHECK_THAT(bad.output, accel_test::contains("[accel.config] RANK='abc' is not a non-negative integer"));
+}
+
+TEST_CASE("accel env under torchrun shows the store's effective port, one above torchrun's agent store", "[cli]") {
+  const auto r = run_command("env -u ACCEL_STORE RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 "
+                             "MASTER_PORT=29650 TORCHELASTIC_USE_AGENT_STORE=True TORCHELASTIC_RUN_ID=none ACCEL_JOIN_TIMEOUT_S=7 " +
+                             accel_cli("env"));
+  CHECK(r.status == 0);
+  CHECK_THAT(r.output, accel_test::contains("rendezvous: 127.0.0.1:29650"));
+  CHECK_THAT(r.output, accel_test::contains("store: 127.0.0.1:29651, hosted by rank 0 (MASTER_PORT+1: torchrun's agent store holds "
+                                            "MASTER_PORT)"));
+  CHECK_THAT(r.output, accel_test::contains("join timeout: 7.0 s (ACCEL_JOIN_TIMEOUT_S)"));
 }
 
 TEST_CASE("accel env --help explains itself and rejects unknown options", "[cli]") {

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include <accel/comm/store.hpp>
 #include <accel/runtime/version.hpp>
 #include <accel/state.hpp>
 
@@ -79,7 +80,8 @@ inline int run_env(std::span<char*> args) {
   }
   for (const auto& d : visible.diagnostics) std::printf("  warning: %s\n", d.c_str());
   try {
-    const accel::DistributedState state(accel::StateOptions{.make_current = false});
+    // Describes the job without joining it: `accel env` is no rank of it.
+    const accel::DistributedState state(accel::StateOptions{.make_current = false, .join_job = false});
     const auto& e = state.launch_env();
     std::printf("launcher: %s\n", accel::launcher_name(e.launcher));
     std::printf("  rank %d of %d, local rank %d of %d, machine %d of %d\n", e.rank, e.world_size, e.local_rank, e.local_world_size,
@@ -88,9 +90,22 @@ inline int run_env(std::span<char*> args) {
                 e.master_port_derived ? " (port derived from the job id)" : "",
                 e.store_address ? (", accel store " + *e.store_address).c_str() : "",
                 e.job_token.empty() ? "" : ", job token set");
+    if (e.world_size > 1) {
+      // Where the collectives will meet, as connect_job_store decides it (torchrun's agent store
+      // holds MASTER_PORT itself, so the job's store is one port up).
+      try {
+        const accel::StorePlan plan = accel::plan_job_store(e);
+        std::printf("  store: %s, hosted by %s%s\n", accel::detail::host_port(plan.host, plan.port).c_str(),
+                    e.store_address ? "accel launch" : "rank 0",
+                    e.torchelastic_agent_store && !e.store_address ? " (MASTER_PORT+1: torchrun's agent store holds MASTER_PORT)" : "");
+      } catch (const accel::config_error& err) {
+        std::printf("  store: unknown (%s)\n", err.what());
+      }
+    }
     std::printf("  job id: %s\n", e.job_id.empty() ? "none" : e.job_id.c_str());
     if (!e.rendezvous_warning.empty()) std::printf("  warning: %s\n", e.rendezvous_warning.c_str());
-    std::printf("  timeout: %.1f s\n", static_cast<double>(e.timeout.count()) / 1000.0);
+    std::printf("  timeout: %.1f s (ACCEL_TIMEOUT_S), join timeout: %.1f s (ACCEL_JOIN_TIMEOUT_S)\n",
+                static_cast<double>(e.timeout.count()) / 1000.0, static_cast<double>(e.join_timeout.count()) / 1000.0);
     for (const auto& d : e.diagnostics) std::printf("  note: %s\n", d.c_str());
     std::printf("this process: %s\n", state.to_string().c_str());
   } catch (const accel::config_error& err) {

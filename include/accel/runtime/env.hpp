@@ -12,6 +12,7 @@
 /// without MASTER_PORT, its port derive from that name, so two jobs on one machine never meet.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -188,16 +189,101 @@ inline std::optional<bool> env_bool(const EnvSource& env, const std::string& nam
   throw_error<config_error>(name, "='", *raw, "' is not a boolean; use 1/0, true/false, yes/no or on/off");
 }
 
-/// @brief First host of a SLURM hostlist: "node[01-04,07],gpu1" → "node01".
-inline std::string slurm_first_host(std::string_view list) {
-  const auto comma = list.find(',');
-  const auto bracket = list.find('[');
-  if (bracket == std::string_view::npos || (comma != std::string_view::npos && comma < bracket))
-    return std::string(list.substr(0, comma));
-  const auto end = list.find_first_of(",-]", bracket + 1);
-  if (end == std::string_view::npos) throw_error<config_error>("SLURM node list '", list, "' has an unclosed '['");
-  return std::string(list.substr(0, bracket)) + std::string(list.substr(bracket + 1, end - bracket - 1));
+/// @brief One item of a SLURM host list split into literal text and bracket groups: "a[1-2]-b[07]"
+/// → pieces {"a", "-b"} around groups {"1-2", "07"} (pieces.size() == groups.size() + 1).
+struct SlurmHostPattern {
+  std::vector<std::string> pieces;
+  std::vector<std::string> groups;
+};
+
+/// @brief Splits a SLURM host list ("node[01-03,7],gpu1") into its items at the commas outside
+/// brackets, each item into literal pieces and bracket groups.
+/// @throws config_error naming the list when it is empty, a bracket is unbalanced or a group empty
+inline std::vector<SlurmHostPattern> slurm_host_patterns(std::string_view list) {
+  const auto bad = [&](const char* why) { throw_error<config_error>("SLURM node list '", list, "' ", why); };
+  std::vector<SlurmHostPattern> out;
+  SlurmHostPattern item{{""}, {}};
+  std::size_t i = 0;
+  while (i <= list.size()) {
+    if (i == list.size() || list[i] == ',') {
+      if (item.groups.empty() && item.pieces.front().empty()) bad("has an empty host name");
+      out.push_back(std::move(item));
+      item = SlurmHostPattern{{""}, {}};
+      ++i;
+      if (i > list.size()) break;
+      continue;
+    }
+    if (list[i] == ']') bad("has a ']' without its '['");
+    if (list[i] != '[') {
+      item.pieces.back() += list[i++];
+      continue;
+    }
+    const auto close = list.find(']', i + 1);
+    if (close == std::string_view::npos) bad("has an unclosed '['");
+    const std::string_view group = list.substr(i + 1, close - i - 1);
+    if (group.empty() || group.find('[') != std::string_view::npos) bad("has an empty or nested bracket group");
+    item.groups.emplace_back(group);
+    item.pieces.emplace_back();
+    i = close + 1;
+  }
+  return out;
 }
+
+/// @brief The numbers of one bracket group ("01-03,7" → "01","02","03","7"), each range padded to
+/// the width of its first bound as SLURM writes it, stopping after `limit` names.
+/// @throws config_error naming the list when a range is not digits or runs backwards
+inline std::vector<std::string> slurm_group_names(std::string_view group, std::string_view list, std::size_t limit) {
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  while (pos <= group.size() && out.size() < limit) {
+    const auto comma = std::min(group.find(',', pos), group.size());
+    const std::string_view range = group.substr(pos, comma - pos);
+    pos = comma + 1;
+    const auto dash = range.find('-');
+    const std::string_view lo_text = range.substr(0, dash);
+    const std::string_view hi_text = dash == std::string_view::npos ? lo_text : range.substr(dash + 1);
+    const auto lo = text::parse_integer<std::uint64_t>(lo_text), hi = text::parse_integer<std::uint64_t>(hi_text);
+    const bool digits = !lo_text.empty() && !hi_text.empty() && lo_text.find_first_not_of("0123456789") == std::string_view::npos &&
+                        hi_text.find_first_not_of("0123456789") == std::string_view::npos;
+    if (!digits || !lo || !hi || *hi < *lo)
+      throw_error<config_error>("SLURM node list '", list, "' has a malformed range '", range, "' (expected forms like 7 or 01-12)");
+    for (std::uint64_t n = *lo; n <= *hi && out.size() < limit; ++n) {
+      std::string digits_of_n = std::to_string(n);
+      if (digits_of_n.size() < lo_text.size()) digits_of_n.insert(0, lo_text.size() - digits_of_n.size(), '0');
+      out.push_back(std::move(digits_of_n));
+    }
+  }
+  return out;
+}
+
+/// @brief Every host of a SLURM host list, in SLURM's order ("a[1-2]-b[3-4]" → a1-b3, a1-b4,
+/// a2-b3, a2-b4), at most `limit` of them.
+/// @throws config_error naming the list when it is malformed
+inline std::vector<std::string> slurm_expand_hosts(std::string_view list, std::size_t limit = 1u << 16) {
+  std::vector<std::string> out;
+  for (const auto& item : slurm_host_patterns(list)) {
+    std::vector<std::string> names{item.pieces.front()};
+    for (std::size_t g = 0; g < item.groups.size(); ++g) {
+      const auto numbers = slurm_group_names(item.groups[g], list, limit);
+      std::vector<std::string> next;
+      for (const auto& prefix : names)
+        for (const auto& n : numbers) {
+          if (next.size() >= limit) break;
+          next.push_back(prefix + n + item.pieces[g + 1]);
+        }
+      names = std::move(next);
+    }
+    for (auto& n : names) {
+      if (out.size() >= limit) return out;
+      out.push_back(std::move(n));
+    }
+  }
+  return out;
+}
+
+/// @brief First host of a SLURM host list: "node[01-04,07],gpu1" → "node01" (where rank 0 runs).
+/// @throws config_error naming the list when it is malformed
+inline std::string slurm_first_host(std::string_view list) { return slurm_expand_hosts(list, 1).front(); }
 
 /// @brief Expands SLURM's compressed task counts: "2(x3),1" → {2, 2, 2, 1}.
 inline std::vector<int> slurm_expand_counts(std::string_view text, const std::string& var) {
@@ -254,6 +340,12 @@ inline RawRanks read_convention(const EnvSource& env, const ConventionVars& c) {
   auto rank = env_int(env, c.rank);
   const bool step_size = c.launcher == Launcher::slurm && env("SLURM_STEP_NUM_TASKS");
   auto size = env_int(env, step_size ? "SLURM_STEP_NUM_TASKS" : c.size, 1);
+  if (!rank && !size) {
+    // Only a local variable is set (MPI_LOCALRANKID alone, say): name the one that is.
+    const char* have = env(c.local_rank) ? c.local_rank : c.local_size;
+    throw_error<config_error>(have, "=", env(have).value_or(""), " is set but neither ", c.rank, " nor ", c.size, " is (",
+                              launcher_name(c.launcher), " sets all of them); set ", c.rank, " and ", c.size, " or unset ", have);
+  }
   if (!rank || !size) {
     const char* have = rank ? c.rank : c.size;
     const char* missing = rank ? c.size : c.rank;
@@ -407,11 +499,19 @@ inline LaunchEnv read_launch_env(const EnvSource& env, const LauncherQuery& quer
                                   out.world_size, "; unset the stale one");
     }
   }
+  if (out.launcher == Launcher::none && env("SLURM_JOB_ID") && !env("SLURM_STEP_ID") && !env("SLURM_STEPID"))
+    out.diagnostics.push_back(concat("SLURM_JOB_ID=", *env("SLURM_JOB_ID"),
+                                     " is set but this is no srun step (SLURM_STEP_ID is unset): this batch script runs as one "
+                                     "process; start the ranks with `srun ./program` inside it"));
   if (auto addr = env("MASTER_ADDR")) {
     if (addr->empty()) throw_error<config_error>("MASTER_ADDR is set but empty; set it to rank 0's host name or address");
     out.master_addr = *addr;
-  } else if (out.launcher == Launcher::slurm && env("SLURM_STEP_NODELIST")) {
-    out.master_addr = slurm_first_host(*env("SLURM_STEP_NODELIST"));
+  } else if (const char* var = out.launcher != Launcher::slurm    ? nullptr
+                               : env("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST"
+                               : env("SLURM_JOB_NODELIST")  ? "SLURM_JOB_NODELIST"
+                               : env("SLURM_NODELIST")      ? "SLURM_NODELIST"
+                                                            : nullptr) {
+    out.master_addr = slurm_first_host(*env(var));
   } else if (out.num_machines > 1) {
     out.master_addr.clear();
     out.diagnostics.push_back("MASTER_ADDR is unset on a multi-machine job: collectives need rank 0's address in MASTER_ADDR");
