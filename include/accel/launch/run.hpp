@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include <accel/comm/shm_cleanup.hpp>
 #include <accel/launch/detail/adoption.hpp>
 #include <accel/launch/detail/process.hpp>
 #include <accel/launch/detail/supervisor.hpp>
@@ -175,6 +176,13 @@ inline int run(const LaunchOptions& options, const LaunchHooks& hooks = {}) {
     throw;
   }
   sup.supervise();
+  // A rank killed before its communicator ended (SIGKILL, or the SIGTERM that stops the rest of a
+  // failed job) leaves its shared-memory segments; nobody else would unlink them.
+  std::vector<pid_t> pids;
+  for (const auto& c : sup.children) pids.push_back(c.pid);
+  if (const std::size_t n = accel::remove_shm_segments_of(pids))
+    say(accel::detail::concat("removed ", n, n == 1 ? " shared-memory segment" : " shared-memory segments",
+                              " the job's processes left in /dev/shm"));
   return sup.report();
 }
 

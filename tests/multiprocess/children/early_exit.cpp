@@ -11,14 +11,18 @@
 //   kill    raises SIGKILL
 //   never   (no wait) exits 0 before creating its DistributedState: it never joins
 //   last    takes part in every collective, then leaves at once (the others must all succeed)
+//   shm-kill  every rank first gathers 64 KiB (through shared memory, so each has segments) and
+//           prints "pid <pid>"; then the victim raises SIGKILL and the others gather again
 // The victim prints "left <unix ns>" on stdout just before it goes. The others gather (20 rounds
 // with "last"); on failure they print "failed <unix ns>" on stdout and "rank R: <error>" on stderr
 // and exit 2; on success rank 0 prints "ok".
 #include <accel/comm/collectives.hpp>
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -36,7 +40,7 @@ void say_left() {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: early_exit VICTIM exit0|exit3|_exit3|kill|never|last [MS]\n");
+    std::fprintf(stderr, "usage: early_exit VICTIM exit0|exit3|_exit3|kill|never|last|shm-kill [MS]\n");
     return 64;
   }
   const int victim = std::atoi(argv[1]);
@@ -52,7 +56,17 @@ int main(int argc, char** argv) {
   try {
     accel::DistributedState state;
     rank = state.process_index();
-    if (rank == victim && how != "last") {
+    if (how == "shm-kill") {
+      accel::gather_object(state, std::vector<std::uint8_t>(64 * 1024, static_cast<std::uint8_t>(rank)));
+      std::printf("pid %d\n", static_cast<int>(::getpid()));
+      std::fflush(stdout);
+      if (rank == victim) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+        say_left();
+        ::raise(SIGKILL);
+      }
+    }
+    if (rank == victim && how != "last" && how != "shm-kill") {
       std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
       say_left();
       if (how == "exit0") return 0;

@@ -170,12 +170,11 @@ inline std::string unique_shm_prefix() {
   return concat("/accel.", pid_namespace_id(), ".", ::getpid(), ".", counter++);
 }
 
-/// @brief Unlinks the segments in `dir` that processes of this user and PID namespace left behind
-/// when they were killed before they could unlink them (their pid no longer exists). Peers that
-/// still map such a segment keep their mapping. Rank 0 of every CPU communicator whose ranks share
-/// a machine calls it when the communicator starts.
+/// @brief Unlinks the segments in `dir` that processes of this user and PID namespace created,
+/// for which `should_remove(pid of the creator)` holds. Peers that still map such a segment keep their mapping.
 /// @return how many segments were removed
-inline std::size_t remove_stale_shm_segments(const char* dir = "/dev/shm") noexcept {
+template <class Pred>
+std::size_t remove_shm_segments_if(Pred&& should_remove, const char* dir = "/dev/shm") noexcept {
   const unsigned long ns = pid_namespace_id();
   if (ns == 0) return 0;
   DIR* d = ::opendir(dir);
@@ -189,13 +188,24 @@ inline std::size_t remove_stale_shm_segments(const char* dir = "/dev/shm") noexc
     std::size_t i = mine.size();
     for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && pid < (1LL << 31); ++i) pid = pid * 10 + (name[i] - '0');
     if (i == mine.size() || i == name.size() || name[i] != '.' || pid <= 0 || pid >= (1LL << 31)) continue;
-    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // alive (EPERM: alive, another user's)
+    if (!should_remove(static_cast<pid_t>(pid))) continue;
     struct stat st {};
     if (::fstatat(::dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_uid != ::geteuid()) continue;
     if (::shm_unlink(concat("/", name).c_str()) == 0) ++removed;
   }
   ::closedir(d);
   return removed;
+}
+
+/// @brief Whether no process has this pid any more (EPERM: it exists, another user's).
+inline bool process_gone(pid_t pid) noexcept { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+/// @brief Unlinks the segments in `dir` that processes of this user and PID namespace left behind
+/// when they were killed before they could unlink them (their pid no longer exists). Rank 0 of
+/// every CPU communicator whose ranks share a machine calls it when the communicator starts.
+/// @return how many segments were removed
+inline std::size_t remove_stale_shm_segments(const char* dir = "/dev/shm") noexcept {
+  return remove_shm_segments_if(process_gone, dir);
 }
 
 }  // namespace detail
