@@ -3,6 +3,8 @@
 // The TCP store: protocol, security, limits, timeouts, dead clients, the collective exchange.
 #include <accel/comm/store.hpp>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -229,6 +231,26 @@ TEST_CASE("store: a client that dies is noticed at once by waiters, not after th
   REQUIRE_THROWS_WITH(r0.get("other"), accel_test::contains("rank 1 lost its connection to the store without saying goodbye"));
   r0.set("present", std::string_view("yes"));
   REQUIRE(r0.get_string("present") == "yes");
+}
+
+TEST_CASE("store: connections probe a silent peer, so a machine that vanished counts as gone", "[store]") {
+  Log log;
+  StoreServer server("127.0.0.1", 0, "tok", log.options());
+  auto fd = raw_connect(server.port());
+  int on = 0, idle = 0, probes = 0;
+  unsigned user_timeout = 0;
+  socklen_t n = sizeof on;
+  REQUIRE(::getsockopt(fd.get(), SOL_SOCKET, SO_KEEPALIVE, &on, &n) == 0);
+  n = sizeof idle;
+  REQUIRE(::getsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPIDLE, &idle, &n) == 0);
+  n = sizeof probes;
+  REQUIRE(::getsockopt(fd.get(), IPPROTO_TCP, TCP_KEEPCNT, &probes, &n) == 0);
+  n = sizeof user_timeout;
+  REQUIRE(::getsockopt(fd.get(), IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, &n) == 0);
+  CHECK(on == 1);
+  CHECK(idle == 10);
+  CHECK(probes == 3);
+  CHECK(user_timeout == 25'000u);
 }
 
 TEST_CASE("store: exchange returns every rank's value in rank order", "[store]") {

@@ -229,6 +229,7 @@ class StoreServer {
       const int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd >= 0) {
         detail::set_nodelay(fd);
+        detail::set_liveness_probes(fd);
         const auto id = next_id_++;
         fds_.emplace(id, detail::Fd(fd));
         core_.open(id, detail::socket_address(fd, true), now);

@@ -49,6 +49,23 @@ inline void set_nodelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+/// @brief How long a store connection to a machine that vanished (power loss, network cut: no
+/// FIN, no RST) may stay silent before it counts as closed: keepalive probes after 10 s idle, every
+/// 5 s, 3 unanswered; data unacknowledged for as long fails the same way.
+inline constexpr int keepalive_idle_s = 10, keepalive_interval_s = 5, keepalive_probes = 3;
+
+/// @brief Makes a store connection notice a peer machine that vanished (see keepalive_idle_s):
+/// a process that dies is noticed at once anyway (its kernel closes the connection).
+inline void set_liveness_probes(int fd) {
+  int on = 1, idle = keepalive_idle_s, interval = keepalive_interval_s, probes = keepalive_probes;
+  unsigned user_timeout_ms = static_cast<unsigned>((keepalive_idle_s + keepalive_interval_s * keepalive_probes) * 1000);
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, sizeof user_timeout_ms);
+}
+
 /// @brief "host:port" for messages, bracketing IPv6 literals.
 inline std::string host_port(const std::string& host, int port) {
   return host.find(':') != std::string::npos ? concat('[', host, "]:", port) : concat(host, ':', port);
@@ -163,6 +180,7 @@ inline Fd connect_tcp(const std::string& host, int port, std::chrono::steady_clo
       last = connect_until(fd.get(), a->ai_addr, a->ai_addrlen, deadline);
       if (last == 0) {
         set_nodelay(fd.get());
+        set_liveness_probes(fd.get());
         return fd;
       }
     }
