@@ -5,6 +5,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdlib.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -251,6 +252,40 @@ TEST_CASE("store: connections probe a silent peer, so a machine that vanished co
   CHECK(idle == 10);
   CHECK(probes == 3);
   CHECK(user_timeout == 25'000u);
+}
+
+TEST_CASE("store: every DistributedState of a process joins the job through one shared connection", "[store]") {
+  Log log;
+  StoreServer server("127.0.0.1", 0, "0123456789abcdef", log.options(2));
+  // This process as rank 1 of an accel launch job whose store the test hosts.
+  const std::pair<const char*, std::string> vars[] = {
+      {"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}, {"ACCEL_LAUNCHED", "1"},
+      {"ACCEL_STORE", server.address()}, {"ACCEL_JOB_TOKEN", "0123456789abcdef"}, {"ACCEL_USE_CPU", "1"}};
+  for (const auto& [k, v] : vars) REQUIRE(::setenv(k, v.c_str(), 1) == 0);
+  struct Restore {
+    const std::pair<const char*, std::string>* begin;
+    const std::pair<const char*, std::string>* end;
+    ~Restore() {
+      for (auto p = begin; p != end; ++p) ::unsetenv(p->first);
+    }
+  } restore{std::begin(vars), std::end(vars)};
+  {
+    accel::DistributedState a;
+    REQUIRE(a.job_store() != nullptr);
+    {
+      accel::DistributedState b;
+      REQUIRE(b.job_store() == a.job_store());
+    }
+    // b is gone but a still holds the membership: rank 1 has not said goodbye.
+    StoreClient r0("127.0.0.1", server.port(), "0123456789abcdef", 5s, 0, 2);
+    auto f = std::async(std::launch::async, [&] { return a.job_store()->exchange("shared", 1, 2, {}, "barrier #1"); });
+    REQUIRE(r0.exchange("shared", 0, 2, {}, "barrier #1").size() == 2);
+    REQUIRE(f.get().size() == 2);
+  }
+  accel::DistributedState c;
+  REQUIRE(c.job_store() != nullptr);
+  accel::DistributedState detached(accel::StateOptions{.join_job = false});
+  REQUIRE(detached.job_store() == nullptr);
 }
 
 TEST_CASE("store: exchange returns every rank's value in rank order", "[store]") {

@@ -625,10 +625,26 @@ inline std::shared_ptr<StoreClient> connect_job_store(const LaunchEnv& env) {
 }
 
 namespace detail {
+/// @brief The job's store connection of this process, shared by every DistributedState alive in it:
+/// a second state (a helper's, say) neither hosts a second store on rank 0 nor, when it is
+/// destroyed, says goodbye for a process that is still running.
+inline std::shared_ptr<StoreClient> join_job_store(const LaunchEnv& env) {
+  static std::mutex mutex;
+  static std::weak_ptr<StoreClient> current;
+  static std::string current_key;
+  const std::string key = concat(env.job_id, '|', env.rank, '|', env.world_size, '|', env.store_address.value_or(""), '|',
+                                 env.master_addr, ':', env.master_port);
+  std::lock_guard lock(mutex);
+  if (auto client = current.lock(); client && key == current_key) return client;
+  auto client = connect_job_store(env);
+  current = client, current_key = key;
+  return client;
+}
+
 /// @brief Makes every DistributedState of a program that includes this header join its job's store
 /// when created (runtime/distributed_state.hpp's seam), before any DistributedState defined after
 /// this include is constructed.
-inline const bool job_joiner_installed = (job_joiner() = &connect_job_store, true);
+inline const bool job_joiner_installed = (job_joiner() = &join_job_store, true);
 }  // namespace detail
 
 ACCEL_NAMESPACE_END

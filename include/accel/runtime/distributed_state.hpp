@@ -47,7 +47,9 @@ struct StateOptions {
   bool make_current = true;        ///< call cudaSetDevice on the chosen GPU
   /// Join the job's store now (in a program that includes the collectives, with more than one
   /// process), so that a rank that exits, dies or never starts is reported to the others' collectives
-  /// within seconds. false: join at the first collective, as a state from injected sources does.
+  /// within seconds. The states of one process share one connection; the process says goodbye
+  /// when the last of them is destroyed. false: join at the first collective, as a state from
+  /// injected sources does.
   bool join_job = true;
 };
 
