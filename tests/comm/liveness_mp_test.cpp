@@ -2,21 +2,20 @@
 // SPDX-FileCopyrightText: accel contributors
 // A rank that leaves before its first collective (returns 0 or 3, _exits, is SIGKILLed, or never
 // starts) must make every other rank's pending collective fail within seconds, naming it, under
-// every launcher: started directly with torchrun's variables (rank 0 hosts the store), under the
-// real `accel launch`, Open MPI's mpirun and MPICH's mpiexec. The collective timeout is 300 s in
-// every job, so the wait bound of 20 s tells a detected failure from a hang (it is a bound on a
-// hang, not a performance claim). A clean job whose ranks leave right after the last collective
-// still succeeds.
+// every launcher: started directly with torchrun's variables (rank 0 hosts the store), and under the
+// real `accel launch`, Open MPI's mpirun, MPICH's mpiexec, SLURM's srun and torchrun (those not
+// installed are skipped). The collective timeout is 300 s (30 s under the real launchers), so the
+// wait bound of 20 s tells a detected failure from a hang (a bound on a hang, not a performance
+// claim). A clean job whose ranks leave right after the last collective still succeeds.
+#include <algorithm>
 #include <chrono>
-#include <initializer_list>
-#include <optional>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "support/catch.hpp"
 #include "support/launchers.hpp"
 #include "support/processes.hpp"
-#include "support/run_command.hpp"
 
 using accel_test::contains;
 using accel_test::Env;
@@ -27,9 +26,7 @@ namespace {
 const std::string child = std::string(ACCEL_TEST_CHILD_DIR) + "/early_exit";
 constexpr int hang_bound_s = 20;
 
-Env common_env() {
-  return {{"ACCEL_USE_CPU", "1"}, {"ACCEL_TIMEOUT_S", "300"}, {"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
-}
+Env common_env() { return {{"ACCEL_USE_CPU", "1"}, {"ACCEL_TIMEOUT_S", "300"}}; }
 
 // A 3-rank job in torchrun style: rank 0 hosts the store at MASTER_ADDR:MASTER_PORT.
 void start_direct(Processes& p, const std::vector<std::string>& args, const Env& more = {}) {
@@ -43,15 +40,6 @@ void start_direct(Processes& p, const std::vector<std::string>& args, const Env&
     argv.insert(argv.end(), args.begin(), args.end());
     p.start(argv, env);
   }
-}
-
-// A job started by `launcher` (argv before the program) with 3 ranks; one process to wait for.
-void start_launched(Processes& p, std::vector<std::string> launcher, const std::vector<std::string>& args, const Env& more = {}) {
-  launcher.push_back(child);
-  launcher.insert(launcher.end(), args.begin(), args.end());
-  Env env = common_env();
-  for (const auto& [k, v] : more) env[k] = v;
-  p.start(launcher, env);
 }
 
 struct Scenario {
@@ -69,27 +57,42 @@ const Scenario scenarios[] = {
     {"never", "rank 1 never joined the job: it did not connect to the store within 2 s (ACCEL_JOIN_TIMEOUT_S)"},
 };
 
-std::optional<std::string> open_mpi_mpirun() {
-  if (auto m = accel_test::find_program({"mpirun.openmpi", "orterun"})) return m;
-  auto generic = accel_test::find_program({"mpirun"});
-  if (generic && accel_test::run_command("'" + *generic + "' --version 2>&1").output.find("Open MPI") != std::string::npos) return generic;
-  return std::nullopt;
+// Under a real launcher (its own environment: ACCEL_TIMEOUT_S=30, above the 20 s bound): for each
+// way rank 1 leaves, the job ends within the bound and fails, and its output names rank 1 as the
+// others saw it. A launcher that ends the job on a non-zero exit or a signal may stop the others
+// before they print; then the launcher's own report must name rank 1's end: all of `blame(how)`.
+// Then a clean job whose rank 1 leaves right after the last collective succeeds.
+void check_real_launcher(const accel_test::RealLauncher& launcher,
+                         const std::function<std::vector<std::string>(const std::string&)>& blame,
+                         const std::vector<std::string>& only = {}) {
+  if (!launcher.skip.empty()) {
+    WARN("test skipped: " << launcher.skip);
+    return;
+  }
+  for (const auto& s : scenarios) {
+    if (!only.empty() && std::find(only.begin(), only.end(), s.how) == only.end()) continue;
+    accel_test::ScratchDir dir("liveness");
+    auto argv = launcher.argv;
+    argv.insert(argv.end(), {child, "1", s.how, "300", "2"});
+    const auto job = accel_test::run_job(argv, dir, std::chrono::seconds(hang_bound_s));
+    const std::string said = job.err + job.out;  // Hydra and torchrun report on stdout
+    INFO(launcher.name << ", rank 1 " << s.how << "; output:\n" << said);
+    REQUIRE(job.code != -1);  // -1: still running at the bound, a hang
+    REQUIRE(job.code != 0);
+    const auto needles = blame(s.how);
+    bool launcher_said_it = !needles.empty();
+    for (const auto& needle : needles) launcher_said_it = launcher_said_it && said.find(needle) != std::string::npos;
+    REQUIRE((said.find(s.message) != std::string::npos || launcher_said_it));
+  }
+  accel_test::ScratchDir dir("liveness");
+  auto argv = launcher.argv;
+  argv.insert(argv.end(), {child, "1", "last", "500"});
+  const auto job = accel_test::run_job(argv, dir, std::chrono::seconds(hang_bound_s));
+  INFO(launcher.name << " clean job; output:\n" << job.err << job.out);
+  REQUIRE(job.code == 0);
 }
 
-// Under a real launcher: the job ends within the bound, fails, and its output names rank 1 as the
-// others saw it. A launcher that ends the job on a non-zero exit or a signal may stop the others
-// before they print; then the launcher's own report must name rank 1's end: every one of `blame`.
-void check_launched(const std::vector<std::string>& launcher, const Scenario& s, const std::vector<std::string>& blame) {
-  Processes p;
-  start_launched(p, launcher, {"1", s.how}, {{"ACCEL_JOIN_TIMEOUT_S", "2"}});
-  const auto codes = p.wait(hang_bound_s);
-  const std::string err = p.err(0) + p.out(0);  // Hydra reports on stdout
-  INFO("launcher " << launcher.front() << ", rank 1 " << s.how << "; output:\n" << err);
-  REQUIRE(codes[0] != 0);
-  bool launcher_said_it = !blame.empty();
-  for (const auto& needle : blame) launcher_said_it = launcher_said_it && err.find(needle) != std::string::npos;
-  REQUIRE((err.find(s.message) != std::string::npos || launcher_said_it));
-}
+std::vector<std::string> no_blame(const std::string&) { return {}; }
 
 }  // namespace
 
@@ -151,52 +154,35 @@ TEST_CASE("a rank that leaves right after the last collective does not fail the 
 }
 
 TEST_CASE("under accel launch a rank that leaves early fails the job within seconds, naming it", "[liveness][mp]") {
-  const std::vector<std::string> launch = {ACCEL_TEST_CLI, "launch", "--cpu", "--num_processes", "3", "--timeout", "300"};
-  for (const auto& s : scenarios) {
-    const std::string how = s.how;
-    // accel launch itself blames a non-zero exit or a signal at once (and stops the others).
-    std::vector<std::string> blame;
-    if (how == "exit3" || how == "_exit3") blame = {"rank 1 (local rank 1, pid", "exited with code 3"};
-    if (how == "kill") blame = {"rank 1 (local rank 1, pid", "was killed by signal 9"};
-    check_launched(launch, s, blame);
-  }
-  Processes p;
-  start_launched(p, launch, {"1", "last", "500"});
-  REQUIRE(p.wait(hang_bound_s)[0] == 0);
-  REQUIRE_THAT(p.out(0), contains("ok\n"));
+  // The launcher hosts the store and reads the join timeout itself: `env` hands it over.
+  const accel_test::RealLauncher launch{
+      "accel launch", {"/usr/bin/env", "ACCEL_JOIN_TIMEOUT_S=2", ACCEL_TEST_CLI, "launch", "--cpu", "--num_processes", "3"}, ""};
+  // accel launch itself blames a non-zero exit or a signal at once (and stops the others).
+  check_real_launcher(launch, [](const std::string& how) {
+    if (how == "exit3" || how == "_exit3") return std::vector<std::string>{"rank 1 (local rank 1, pid", "exited with code 3"};
+    if (how == "kill") return std::vector<std::string>{"rank 1 (local rank 1, pid", "was killed by signal 9"};
+    return std::vector<std::string>{};
+  });
 }
 
 TEST_CASE("under Open MPI's mpirun a rank that leaves early fails the job within seconds, naming it", "[liveness][mp][launchers]") {
-  const auto mpirun = open_mpi_mpirun();
-  if (!mpirun) {
-    WARN("test skipped: Open MPI's mpirun is not installed (Debian: openmpi-bin)");
-    return;
-  }
-  for (const auto& s : scenarios) {
-    const std::string how = s.how;
-    check_launched({*mpirun, "--oversubscribe", "-np", "3"}, s,
-                   how == "kill" ? std::vector<std::string>{"process rank 1 with PID", "exited on signal 9"} : std::vector<std::string>{});
-  }
-  Processes p;
-  start_launched(p, {*mpirun, "--oversubscribe", "-np", "3"}, {"1", "last", "500"});
-  INFO("output: " << p.err(0));
-  REQUIRE(p.wait(hang_bound_s)[0] == 0);
+  check_real_launcher(accel_test::open_mpi_launcher(3), [](const std::string& how) {
+    return how == "kill" ? std::vector<std::string>{"process rank 1 with PID", "exited on signal 9"} : std::vector<std::string>{};
+  });
 }
 
 TEST_CASE("under MPICH's mpiexec a rank that leaves early fails the job within seconds, naming it", "[liveness][mp][launchers]") {
-  const auto mpiexec = accel_test::find_program({"mpiexec.mpich", "mpiexec.hydra"});
-  if (!mpiexec) {
-    WARN("test skipped: MPICH's mpiexec.mpich / mpiexec.hydra is not installed (Debian: mpich)");
-    return;
-  }
-  for (const auto& s : scenarios) {
-    // Hydra names the pid, not the rank, of a process a signal killed.
-    const std::string how = s.how;
-    check_launched({*mpiexec, "-n", "3"}, s,
-                   how == "kill" ? std::vector<std::string>{"BAD TERMINATION", "Killed (signal 9)"} : std::vector<std::string>{});
-  }
-  Processes p;
-  start_launched(p, {*mpiexec, "-n", "3"}, {"1", "last", "500"});
-  INFO("output: " << p.err(0));
-  REQUIRE(p.wait(hang_bound_s)[0] == 0);
+  // Hydra names the pid, not the rank, of a process a signal killed.
+  check_real_launcher(accel_test::mpich_launcher(3), [](const std::string& how) {
+    return how == "kill" ? std::vector<std::string>{"BAD TERMINATION", "Killed (signal 9)"} : std::vector<std::string>{};
+  });
+}
+
+TEST_CASE("under SLURM's srun a rank that leaves early fails the job within seconds, naming it", "[liveness][mp][launchers]") {
+  check_real_launcher(accel_test::slurm_launcher(3), no_blame);
+}
+
+TEST_CASE("under torchrun a rank that leaves early fails the job within seconds, naming it", "[liveness][mp][launchers]") {
+  // torchrun takes seconds to start each job: the ways of leaving that differ most.
+  check_real_launcher(accel_test::torchrun_launcher(3), no_blame, {"exit0", "kill", "never"});
 }

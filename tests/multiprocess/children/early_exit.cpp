@@ -2,7 +2,8 @@
 // SPDX-FileCopyrightText: accel contributors
 // Child program of tests/comm/liveness_mp_test.cpp and benchmarks/failure_detection.sh: one rank of
 // a job in which rank VICTIM leaves before its first collective while the others wait in one.
-//   early_exit VICTIM HOW [MS]
+//   early_exit VICTIM HOW [MS [JOIN_S]]
+// (JOIN_S: ACCEL_JOIN_TIMEOUT_S for this job, set here when a launcher does not pass it through.)
 // Every rank creates its DistributedState (which joins the job). The victim then waits MS
 // milliseconds (default 300: the others are inside gather_object by then) and
 //   exit0   returns 0 from main (destructors run, so it says goodbye to the store)
@@ -19,6 +20,7 @@
 #include <accel/comm/collectives.hpp>
 
 #include <signal.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -40,15 +42,14 @@ void say_left() {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: early_exit VICTIM exit0|exit3|_exit3|kill|never|last|shm-kill [MS]\n");
+    std::fprintf(stderr, "usage: early_exit VICTIM exit0|exit3|_exit3|kill|never|last|shm-kill [MS [JOIN_S]]\n");
     return 64;
   }
   const int victim = std::atoi(argv[1]);
   const std::string how = argv[2];
   const int pause_ms = argc > 3 ? std::atoi(argv[3]) : 300;
-  const char* rank_var = std::getenv("RANK") ? "RANK" : std::getenv("OMPI_COMM_WORLD_RANK") ? "OMPI_COMM_WORLD_RANK" : "PMI_RANK";
-  const int env_rank = std::getenv(rank_var) ? std::atoi(std::getenv(rank_var)) : -1;
-  if (how == "never" && env_rank == victim) {
+  if (argc > 4) ::setenv("ACCEL_JOIN_TIMEOUT_S", argv[4], 1);
+  if (how == "never" && accel::read_launch_env(accel::process_env()).rank == victim) {
     say_left();
     return 0;
   }
