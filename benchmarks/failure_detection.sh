@@ -7,7 +7,7 @@
 # and to the second in runs where both came (a launcher that ends the job on the first failure may
 # stop the other rank before it prints). ACCEL_TIMEOUT_S is 300 throughout, so without detection a
 # run would take 300 s. Prints median and p90 (nearest rank) in ms per launcher and way of leaving.
-# Usage: benchmarks/failure_detection.sh BUILD_DIR [--runs N]
+# Usage: benchmarks/failure_detection.sh BUILD_DIR [--runs N]   (export SLURM_CONF for the srun row)
 set -euo pipefail
 build=${1:?usage: failure_detection.sh BUILD_DIR [--runs N]}
 shift
@@ -28,6 +28,9 @@ trap 'rm -rf "$tmp"' EXIT
 launchers=("accel launch:$accel launch --cpu --num_processes 3 --timeout 300")
 command -v mpirun.openmpi >/dev/null && launchers+=("mpirun (Open MPI):mpirun.openmpi --oversubscribe -np 3")
 command -v mpiexec.mpich >/dev/null && launchers+=("mpiexec (MPICH):mpiexec.mpich -n 3")
+# srun when a controller answers (SLURM_CONF may name a private cluster: tests/support/slurm_cluster.sh).
+command -v srun >/dev/null && timeout 10 scontrol ping 2>/dev/null | grep -q "is UP" &&
+  launchers+=("srun (SLURM):srun -n 3 --overcommit --immediate=60")
 
 stats() {  # file label -> "n median p90" of the numbers in file
   sort -n "$1" | awk '{v[NR]=$1} END{if (NR==0) {printf "%2d %8s %8s", 0, "-", "-"; exit}
