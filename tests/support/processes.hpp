@@ -5,7 +5,10 @@
 /// additions, output captured to files, exit codes collected with a bound that catches hangs.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,8 +18,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <accel/comm/detail/socket.hpp>
 
 #include "catch.hpp"
 #include "files.hpp"
@@ -28,10 +29,18 @@ namespace accel_test {
 
 using Env = std::map<std::string, std::string>;
 
-/// @brief A TCP port on loopback that nobody listens on right now.
+/// @brief A TCP port on loopback that nobody listens on right now (the kernel's pick for port 0).
 inline int free_port() {
-  auto fd = accel::detail::listen_tcp("127.0.0.1", 0);
-  return accel::detail::socket_port(fd.get());
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  ::close(fd);
+  REQUIRE(ok);
+  return ntohs(a.sin_port);
 }
 
 /// @brief Starts one process per argv with its own environment additions (the test's own ACCEL_*,
