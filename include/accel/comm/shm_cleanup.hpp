@@ -30,7 +30,7 @@ ACCEL_NAMESPACE_BEGIN
 /// @return how many segments were removed
 inline std::size_t remove_shm_segments_of(std::span<const pid_t> pids, const char* dir = "/dev/shm") noexcept {
   return detail::remove_shm_segments_if(
-      [&](pid_t pid) { return std::find(pids.begin(), pids.end(), pid) != pids.end() && detail::process_gone(pid); }, dir);
+      [&](pid_t pid) { return std::find(pids.begin(), pids.end(), pid) != pids.end() && detail::pid_unused(pid); }, dir);
 }
 
 ACCEL_NAMESPACE_END

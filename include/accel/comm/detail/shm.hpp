@@ -198,14 +198,14 @@ std::size_t remove_shm_segments_if(Pred&& should_remove, const char* dir = "/dev
 }
 
 /// @brief Whether no process has this pid any more (EPERM: it exists, another user's).
-inline bool process_gone(pid_t pid) noexcept { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+inline bool pid_unused(pid_t pid) noexcept { return ::kill(pid, 0) != 0 && errno == ESRCH; }
 
 /// @brief Unlinks the segments in `dir` that processes of this user and PID namespace left behind
 /// when they were killed before they could unlink them (their pid no longer exists). Rank 0 of
 /// every CPU communicator whose ranks share a machine calls it when the communicator starts.
 /// @return how many segments were removed
 inline std::size_t remove_stale_shm_segments(const char* dir = "/dev/shm") noexcept {
-  return remove_shm_segments_if(process_gone, dir);
+  return remove_shm_segments_if(pid_unused, dir);
 }
 
 }  // namespace detail
