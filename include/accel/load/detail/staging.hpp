@@ -131,13 +131,18 @@ class Stager {
       return n;
     }, on_chunk);
   }
-  /// @brief Converts `count` elements (`from` → `to`) into the ring and copies them to the device.
+  /// @brief Reads `count` elements of `from` at `offset` of `file` (pread, in pieces) and copies
+  ///        them converted to `to` through the ring to the device.
   template <class OnChunk>
-  void convert(void* dst, const std::byte* src, DType from, DType to, std::uint64_t count, OnChunk&& on_chunk) {
+  void convert(void* dst, const MappedFile& file, std::uint64_t offset, DType from, DType to, std::uint64_t count,
+               OnChunk&& on_chunk) {
     const std::uint64_t in_size = element_size_bytes(from), out_size = element_size_bytes(to);
     stage(dst, count * out_size, out_size, [&](std::byte* buf, std::uint64_t at, std::uint64_t n) {
-      convert_elements(from, to, src + at / out_size * in_size, buf, n / out_size);
-      return n / out_size * in_size;
+      const std::uint64_t elements = n / out_size, first = at / out_size;
+      scratch_.resize(static_cast<std::size_t>(std::max<std::uint64_t>(scratch_.size(), elements * in_size)));
+      file.read_exact({scratch_.data(), static_cast<std::size_t>(elements * in_size)}, offset + first * in_size);
+      convert_elements(from, to, scratch_.data(), buf, elements);
+      return elements * in_size;
     }, on_chunk);
   }
   /// @brief Waits for every copy enqueued so far. @note blocking
@@ -153,6 +158,7 @@ class Stager {
   std::vector<Event> events_;
   std::vector<bool> used_;
   std::size_t next_ = 0;
+  std::vector<std::byte> scratch_;  // file bytes read for a conversion
 };
 
 }  // namespace detail
