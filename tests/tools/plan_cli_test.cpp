@@ -165,3 +165,12 @@ TEST_CASE("accel plan on hostile JSON exits 3 with a short message, never a sign
     CHECK_THAT(b.output, accel_test::contains("use a whole byte count"));
   }
 }
+
+TEST_CASE("accel plan --skeleton naming a folder is a config error (3) with one prefix, not an internal error", "[cli][plan]") {
+  accel_test::TempDir dir;
+  auto r = accel_test::run_command(accel_test::accel_cli("plan --skeleton " + quoted(dir.path()) + " 2>&1"));
+  INFO(r.output);
+  CHECK(r.status == 3);
+  CHECK(r.output.find("accel plan: [accel.config] cannot read model skeleton '" + dir.path().string() + "': it is a folder") !=
+        std::string::npos);
+}
