@@ -507,7 +507,7 @@ TEST_CASE("a shard truncated while it is being loaded is a checkpoint error nami
   SECTION("gpu, raw through the staging ring") { map = R"({"m": 1})"; }
   INFO(map);
   REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), accel::DeviceMap::from_json(map), opts),
-                      accel_test::contains((dir / "model.safetensors").string() + "' shrank while it was being loaded: it was " +
+                      accel_test::contains((dir / "model.safetensors").string() + "' shrank while it was being read: it was " +
                                            std::to_string(full) + " bytes when its header was checked and is now 200 bytes"));
 }
 
@@ -550,4 +550,18 @@ TEST_CASE("a symbolic link loop as the checkpoint or inside its folder is a chec
   REQUIRE_THROWS_AS(accel::load_checkpoint_and_dispatch(dir / "ckpt", map, small_staging({})), accel::checkpoint_error);
   REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir / "ckpt", map, small_staging({})),
                       accel_test::contains("model.safetensors' cannot be resolved: Too many levels of symbolic links"));
+}
+
+TEST_CASE("fetching a disk block whose shard was truncated after loading is a checkpoint error, not a SIGBUS",
+          "[dispatch][fetch][truncation]") {
+  accel_test::TempDir dir;
+  const auto shards = model_shards();
+  accel_test::write_sharded(dir.path(), shards);
+  auto devices = sim(1 << 20, 1 << 20);
+  auto model = accel::load_checkpoint_and_dispatch(dir.path(), model_map(), small_staging(devices));
+  REQUIRE(model.at("model.layers.3.w").storage == Storage::mmap_view);
+  fs::resize_file(dir / "model-00003-of-00003.safetensors", 100);
+  REQUIRE_THROWS_WITH(model.fetch("model.layers.3"),
+                      accel_test::contains("model-00003-of-00003.safetensors' shrank while it was being read") &&
+                          accel_test::contains("is now 100 bytes"));
 }

@@ -284,6 +284,7 @@ class LoadExecutor {
   // One handle per planned tensor, pointing where copy_tensors() put its bytes.
   void make_handles() {
     state_->tensors.reserve(plan_.tensors.size());
+    state_->shard_spans.reserve(plan_.tensors.size());
     for (const auto& t : plan_.tensors) {
       TensorHandle h{t.name, t.dtype, t.shape, t.bytes, t.placement, t.block, t.storage, nullptr, {}};
       switch (t.storage) {
@@ -298,6 +299,7 @@ class LoadExecutor {
       ++totals.tensors;
       state_->by_name.emplace(t.name, state_->tensors.size());
       state_->tensors.push_back(std::move(h));
+      state_->shard_spans.push_back({t.location.shard, t.file_offset});
     }
     for (const auto& [alias, target] : options_.tied)
       if (!state_->by_name.count(alias)) state_->aliases.emplace(alias, target);

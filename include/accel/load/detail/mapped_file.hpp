@@ -48,7 +48,7 @@ inline void pread_exact(int fd, std::span<std::byte> out, std::uint64_t offset, 
     if (n < 0)
       throw_error<checkpoint_error>("cannot read '", label.string(), "' at offset ", offset + done, ": ", std::strerror(errno));
     if (n == 0)
-      throw_error<checkpoint_error>("'", label.string(), "' shrank while it was being loaded: it was ", expected_size,
+      throw_error<checkpoint_error>("'", label.string(), "' shrank while it was being read: it was ", expected_size,
                                     " bytes when its header was checked and is now ", current_file_size(fd),
                                     " bytes (it ended at offset ", offset + done, "); something truncated or rewrote it: "
                                     "load again once the file is complete");
