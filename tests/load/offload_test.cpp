@@ -425,3 +425,30 @@ TEST_CASE("tensor names that cannot be offload file names are refused before any
                                                            "it contains a NUL byte"));
   REQUIRE(fs::is_empty(folder.path()));
 }
+
+TEST_CASE("accelerate's reader loads a folder the loader wrote through its journal, after a killed run",
+          "[offload][journal][python]") {
+  if (!python_with_torch()) {
+    WARN("/usr/bin/python3 with torch and numpy not importable: compatibility not checked");
+    return;
+  }
+  accel_test::TempDir ckpt, folder;
+  accel_test::write_safetensors(ckpt / "model.safetensors", disk_model());
+  (void)in_child([&] {
+    auto o = disk_options(folder.path(), DType::F16);
+    o.on_progress = [](std::uint64_t done, std::uint64_t) {
+      if (done > 256 * 4) ::raise(SIGKILL);
+    };
+    (void)accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, o);
+    return 0;
+  });
+  (void)accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, disk_options(folder.path(), DType::BF16));
+  const auto read = nlohmann::json::parse(run_capture("/usr/bin/python3 " + script + " read " + folder.path().string()));
+  REQUIRE(read.size() == disk_model().size());
+  for (const auto& s : disk_model()) {
+    INFO(s.name);
+    REQUIRE(read.at(s.name)["dtype"] == "bfloat16");
+    REQUIRE(read.at(s.name)["shape"] == nlohmann::json(s.shape));
+    REQUIRE(read.at(s.name)["fnv"] == fnv1a(as_dtype(s, DType::BF16)));
+  }
+}
