@@ -1,14 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
-// gather_object latency/throughput and barrier latency between real processes on the CPU backend.
+// gather_object latency/throughput, barrier latency and all_reduce (float32, in place, sum) between
+// real processes on the CPU backend.
 //
-//   collectives_bench [--procs 2,4] [--quick] [--case raw_bytes|struct_list|struct_fields|barrier] [--size BYTES]
+//   collectives_bench [--procs 2,4] [--quick] [--case raw_bytes|struct_list|struct_fields|barrier|all_reduce] [--size BYTES]
 //
 // --case and --size (each repeatable) run only those cases and payload sizes (for profiling one).
 // --quick runs a tenth of the iterations.
 // The parent hosts the job's store (as accel launch does) and starts N copies of itself as ranks;
-// rank 0 prints one CSV line per case: impl,case,procs,payload_bytes,iters,mean_us,MB_per_s
-// (MB/s = bytes every rank receives per gather / mean time). benchmarks/compare/torch_gather.py
+// rank 0 prints one CSV line per case: impl,case,procs,payload_bytes,iters,mean_us,MB_per_s,median_us,p90_us
+// (MB/s = bytes every rank receives per gather / mean time; for all_reduce, the buffer's bytes /
+// median time; median and p90 over the iterations as rank 0 timed each). benchmarks/compare/torch_gather.py
 // runs this and torch.distributed's all_gather_object on gloo with the same payloads.
 #include <accel/comm/collectives.hpp>
 
@@ -21,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -63,14 +66,29 @@ int iterations(std::size_t bytes, bool structs, bool quick) {
   return quick ? std::max(1, n / 10) : n;
 }
 
+struct Stats {
+  double mean = 0, median = 0, p90 = 0;
+};
+
 template <class F>
-double time_us(accel::DistributedState& state, int iters, F&& op) {
+Stats time_us(accel::DistributedState& state, int iters, F&& op) {
   op();  // warm-up (first-touch of buffers and segments)
   accel::wait_for_everyone(state);
+  std::vector<double> each;
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) op();
-  const auto t1 = std::chrono::steady_clock::now();
-  return std::chrono::duration<double, std::micro>(t1 - t0).count() / iters;
+  auto last = t0;
+  for (int i = 0; i < iters; ++i) {
+    op();
+    const auto now = std::chrono::steady_clock::now();
+    each.push_back(std::chrono::duration<double, std::micro>(now - last).count());
+    last = now;
+  }
+  Stats s;
+  s.mean = std::chrono::duration<double, std::micro>(last - t0).count() / iters;
+  std::sort(each.begin(), each.end());
+  s.median = each[each.size() / 2];
+  s.p90 = each[std::min(each.size() - 1, static_cast<std::size_t>(0.9 * static_cast<double>(each.size())))];
+  return s;
 }
 
 struct Filter {
@@ -86,29 +104,45 @@ struct Filter {
 int worker(bool quick, const Filter& only) {
   accel::DistributedState state;
   const int n = state.num_processes(), rank = state.process_index();
-  auto report = [&](const char* name, std::size_t bytes, int iters, double us) {
-    const double received = static_cast<double>(bytes) * n;
-    if (rank == 0)
-      std::printf("accel,%s,%d,%zu,%d,%.1f,%.1f\n", name, n, bytes, iters, us, us > 0 ? received / us : 0.0);
+  auto report = [&](const char* name, std::size_t bytes, int iters, Stats t, double mb_per_s) {
+    if (rank == 0) std::printf("accel,%s,%d,%zu,%d,%.1f,%.1f,%.1f,%.1f\n", name, n, bytes, iters, t.mean, mb_per_s, t.median, t.p90);
     std::fflush(stdout);
   };
   const int barrier_iters = quick ? 100 : 1000;
   if (only.wants("barrier", 0))
-    report("barrier", 0, barrier_iters, time_us(state, barrier_iters, [&] { accel::wait_for_everyone(state); }));
+    report("barrier", 0, barrier_iters, time_us(state, barrier_iters, [&] { accel::wait_for_everyone(state); }), 0);
   // One gather case: the value is made only when the case runs; every call checks what came back.
   auto run_case = [&](const char* name, std::size_t bytes, bool cbor_structs, auto make) {
     if (!only.wants(name, bytes)) return;
     const auto value = make();
     const int iters = iterations(bytes, cbor_structs, quick);
-    report(name, bytes, iters, time_us(state, iters, [&] {
-             auto all = accel::gather_object(state, value);
-             if (all.size() != static_cast<std::size_t>(n) || all.back().size() != value.size()) std::abort();
-           }));
+    const Stats t = time_us(state, iters, [&] {
+      auto all = accel::gather_object(state, value);
+      if (all.size() != static_cast<std::size_t>(n) || all.back().size() != value.size()) std::abort();
+    });
+    report(name, bytes, iters, t, static_cast<double>(bytes) * n / t.mean);  // every rank receives n payloads
   };
   for (std::size_t bytes : {std::size_t{100}, std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
     run_case("raw_bytes", bytes, false, [&] { return std::vector<std::uint8_t>(bytes, static_cast<std::uint8_t>(rank)); });
     run_case("struct_list", bytes, true, [&] { return make_items(bytes, rank); });
     run_case("struct_fields", bytes, false, [&] { return make_items<FieldsItem>(bytes, rank); });
+  }
+  // all_reduce: float32 sum in place; the warm-up call is checked (rank r contributes r + 1).
+  for (std::size_t bytes : {std::size_t{1} << 20, std::size_t{16} << 20, std::size_t{64} << 20}) {
+    if (!only.wants("all_reduce", bytes)) continue;
+    std::vector<float> data(bytes / sizeof(float), static_cast<float>(rank + 1));
+    bool first = true;
+    const int iters = quick ? 5 : bytes <= (1u << 20) ? 100 : bytes <= (16u << 20) ? 30 : 15;
+    const Stats t = time_us(state, iters, [&] {
+      accel::all_reduce(state, std::span(data), accel::ReduceOp::sum);
+      if (first && (data.front() != static_cast<float>(n * (n + 1) / 2) || data.back() != data.front())) {
+        std::fprintf(stderr, "all_reduce returned %g, expected %d\n", static_cast<double>(data.front()), n * (n + 1) / 2);
+        std::abort();
+      }
+      if (first) std::fill(data.begin(), data.end(), 0.0f);  // keep the timed sums finite
+      first = false;
+    });
+    report("all_reduce", bytes, iters, t, static_cast<double>(bytes) / t.median);
   }
   return 0;
 }
@@ -177,7 +211,7 @@ int main(int argc, char** argv) {
     if (is_worker) return worker(quick, only);
     char self[4096] = {};
     if (::readlink("/proc/self/exe", self, sizeof self - 1) <= 0) std::strncpy(self, argv[0], sizeof self - 1);
-    std::printf("impl,case,procs,payload_bytes,iters,mean_us,MB_per_s\n");
+    std::printf("impl,case,procs,payload_bytes,iters,mean_us,MB_per_s,median_us,p90_us\n");
     std::fflush(stdout);
     for (int p : procs)
       if (run_job(self, p, quick, filter_args) != 0) return 1;

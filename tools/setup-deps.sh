@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Installs what building and testing accel needs, from Debian packages, when it is missing
-# (clang is for the libFuzzer harnesses, which the test suite runs briefly; openmpi-bin and mpich
-# for the tests that start concurrent jobs with the real mpirun and mpiexec. SLURM is left out:
-# its tests need a running slurmctld, slurmd and munged, and skip with a warning without them).
-# Usage: tools/setup-deps.sh [--bench]   (--bench adds google benchmark and python3-torch)
+# (clang is for the libFuzzer harnesses, which the test suite runs briefly; openmpi-bin, mpich,
+# SLURM (munge, slurmctld, slurmd, slurm-client) and python3-torch (torchrun) for the tests that run
+# jobs under the real launchers: the test suite starts a private one-host SLURM cluster itself).
+# Usage: tools/setup-deps.sh [--bench]   (--bench adds google benchmark and numpy)
 set -euo pipefail
-pkgs=(cmake g++ make python3 nlohmann-json3-dev catch2 clang libclang-rt-14-dev openmpi-bin mpich)
-if [[ "${1:-}" == "--bench" ]]; then pkgs+=(libbenchmark-dev python3-torch python3-numpy); fi
+pkgs=(cmake g++ make python3 nlohmann-json3-dev catch2 clang libclang-rt-14-dev openmpi-bin mpich
+      munge slurmctld slurmd slurm-client python3-torch iproute2)
+if [[ "${1:-}" == "--bench" ]]; then pkgs+=(libbenchmark-dev python3-numpy); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

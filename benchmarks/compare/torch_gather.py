@@ -1,14 +1,16 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: accel contributors
-"""torch.distributed all_gather_object (gloo, CPU) on the payloads of collectives_bench, in the same
-run, and the ratio to accel's gather_object.
+"""torch.distributed all_gather_object and all_reduce (gloo, CPU) on the payloads of
+collectives_bench, in the same run, and the ratio to accel's gather_object / all_reduce.
 
     /usr/bin/python3 benchmarks/compare/torch_gather.py build/dev/benchmarks/collectives_bench [--procs 2,4] [--quick]
+        [--case all_reduce ...]
 
 Runs collectives_bench first (accel), then the same cases with torch: N processes started with
 torch.multiprocessing, TCP rendezvous on 127.0.0.1, gloo backend. Prints both CSVs and a table of
-mean time per call and accel's speed-up (torch time / accel time).
+time per call (mean, median and p90 over the iterations rank 0 timed) and accel's speed-up
+(torch time / accel time) for each.
 """
 import argparse
 import csv
@@ -36,29 +38,56 @@ def iterations(nbytes, structs, quick):
     return max(1, n // 10) if quick else n
 
 
-def worker(rank, world, port, quick, queue):
+def all_reduce_iterations(nbytes, quick):
+    return 5 if quick else 100 if nbytes <= (1 << 20) else 30 if nbytes <= (16 << 20) else 15  # as collectives_bench
+
+
+def worker(rank, world, port, quick, cases, queue):
+    import torch
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
 
     def timed(iters, op):
+        """(mean, median, p90) microseconds per call, each call timed as collectives_bench does."""
         op()
         dist.barrier()
-        t0 = time.perf_counter()
+        each = []
+        t0 = last = time.perf_counter()
         for _ in range(iters):
             op()
-        return (time.perf_counter() - t0) / iters * 1e6
+            now = time.perf_counter()
+            each.append((now - last) * 1e6)
+            last = now
+        each.sort()
+        return ((last - t0) / iters * 1e6, each[len(each) // 2], each[min(len(each) - 1, int(0.9 * len(each)))])
+
+    def wants(case):
+        return not cases or case in cases
 
     rows = []
     out = [None] * world
     bi = 100 if quick else 1000
-    rows.append(("barrier", 0, bi, timed(bi, dist.barrier)))
+    if wants("barrier"):
+        rows.append(("barrier", 0, bi, timed(bi, dist.barrier)))
     for nbytes in (100, 64 << 10, 1 << 20, 16 << 20):
-        raw = bytes([rank % 256]) * nbytes
-        ri = iterations(nbytes, False, quick)
-        rows.append(("raw_bytes", nbytes, ri, timed(ri, lambda: dist.all_gather_object(out, raw))))
-        items = make_items(nbytes, rank)
-        si = iterations(nbytes, True, quick)
-        rows.append(("struct_list", nbytes, si, timed(si, lambda: dist.all_gather_object(out, items))))
+        if wants("raw_bytes"):
+            raw = bytes([rank % 256]) * nbytes
+            ri = iterations(nbytes, False, quick)
+            rows.append(("raw_bytes", nbytes, ri, timed(ri, lambda: dist.all_gather_object(out, raw))))
+        if wants("struct_list") or wants("struct_fields"):
+            items = make_items(nbytes, rank)
+            si = iterations(nbytes, True, quick)
+            rows.append(("struct_list", nbytes, si, timed(si, lambda: dist.all_gather_object(out, items))))
+    if wants("all_reduce"):
+        for nbytes in (1 << 20, 16 << 20, 64 << 20):
+            t = torch.full((nbytes // 4,), float(rank + 1), dtype=torch.float32)
+            dist.all_reduce(t)
+            expect = world * (world + 1) / 2
+            if t[0].item() != expect or t[-1].item() != expect:
+                raise SystemExit("torch all_reduce returned %g, expected %g" % (t[0].item(), expect))
+            t.zero_()  # as collectives_bench: the timed sums stay finite
+            ai = all_reduce_iterations(nbytes, quick)
+            rows.append(("all_reduce", nbytes, ai, timed(ai, lambda: dist.all_reduce(t))))
     if rank == 0:
         queue.put(rows)
     dist.barrier()
@@ -73,12 +102,12 @@ def free_port():
     return port
 
 
-def run_torch(world, quick):
+def run_torch(world, quick, cases):
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, world, port, quick, queue)) for r in range(world)]
+    procs = [ctx.Process(target=worker, args=(r, world, port, quick, cases, queue)) for r in range(world)]
     for p in procs:
         p.start()
     rows = queue.get()
@@ -92,31 +121,40 @@ def main():
     ap.add_argument("bench", help="path of the collectives_bench binary")
     ap.add_argument("--procs", default="2,4")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--case", action="append", default=[], help="run only this case (repeatable)")
     a = ap.parse_args()
     worlds = [int(x) for x in a.procs.split(",")]
     args = [a.bench, "--procs", a.procs] + (["--quick"] if a.quick else [])
+    for c in a.case:
+        args += ["--case", c]
     ours = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     print(ours, end="")
     accel = {}
     for row in csv.DictReader(io.StringIO(ours)):
-        accel[(row["case"], int(row["procs"]), int(row["payload_bytes"]))] = float(row["mean_us"])
+        accel[(row["case"], int(row["procs"]), int(row["payload_bytes"]))] = tuple(
+            float(row[k]) for k in ("mean_us", "median_us", "p90_us"))
     import torch
     print("# torch %s, gloo" % torch.__version__)
     torch_rows = {}
     for w in worlds:
-        for case, nbytes, iters, us in run_torch(w, a.quick):
-            received = nbytes * w
-            print("torch,%s,%d,%d,%d,%.1f,%.1f" % (case, w, nbytes, iters, us, received / us if us else 0.0))
-            torch_rows[(case, w, nbytes)] = us
+        for case, nbytes, iters, (mean, median, p90) in run_torch(w, a.quick, a.case):
+            rate = nbytes / median if case == "all_reduce" else nbytes * w / mean
+            print("torch,%s,%d,%d,%d,%.1f,%.1f,%.1f,%.1f" % (case, w, nbytes, iters, mean, rate, median, p90))
+            torch_rows[(case, w, nbytes)] = (mean, median, p90)
     print()
-    print("%-13s %5s %10s %14s %14s %9s" % ("case", "procs", "payload", "accel us", "torch us", "speed-up"))
+    print("%-13s %5s %10s %12s %12s %7s %12s %12s %7s %12s %12s %7s" % (
+        "case", "procs", "payload", "accel mean", "torch mean", "ratio", "accel med", "torch med", "ratio",
+        "accel p90", "torch p90", "ratio"))
     for key in sorted(accel, key=lambda k: (k[1], k[0], k[2])):
         # accel's struct_fields (the same items declared with ACCEL_DEFINE_FIELDS) against the same
         # list of dicts that torch's struct_list sends.
         peer = ("struct_list",) + key[1:] if key[0] == "struct_fields" else key
         if peer in torch_rows:
-            print("%-13s %5d %10d %14.1f %14.1f %8.1fx" % (key[0], key[1], key[2], accel[key], torch_rows[peer],
-                                                           torch_rows[peer] / accel[key]))
+            ours_t, theirs = accel[key], torch_rows[peer]
+            cells = []
+            for i in range(3):
+                cells += [ours_t[i], theirs[i], theirs[i] / ours_t[i] if ours_t[i] else 0.0]
+            print(("%-13s %5d %10d" + " %12.1f %12.1f %6.1fx" * 3) % ((key[0], key[1], key[2]) + tuple(cells)))
 
 
 if __name__ == "__main__":

@@ -179,6 +179,32 @@ TEST_CASE("large payloads between processes go through shared memory intact", "[
   REQUIRE(p.out(0) == "sum " + std::to_string((1ull << 20) * (1 + 2 + 3 + 4)) + "\n");
 }
 
+TEST_CASE("processes all_reduce and all_gather buffers through shared memory", "[collectives][mp]") {
+  Processes p;
+  start_job(p, 3, {"all_reduce"});
+  const auto codes = p.wait();
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r << " stderr: " << p.err(static_cast<std::size_t>(r)));
+    REQUIRE(codes[static_cast<std::size_t>(r)] == 0);
+  }
+  REQUIRE(p.out(0) == "sum 6 6 ids 0 2\n");
+}
+
+TEST_CASE("a rank that dies during a buffer collective is named by the others, not waited for", "[collectives][mp]") {
+  Processes p;
+  start_job(p, 3, {"die-reduce"}, 300);  // a 300 s timeout: only noticing the death can end this within the wait limit
+  const auto codes = p.wait(60);
+  REQUIRE(codes[1] == 9);
+  for (std::size_t r : {0u, 2u}) {
+    INFO("rank " << r << " stderr: " << p.err(r));
+    REQUIRE(codes[r] == 2);
+    // Mid-transfer (the usual case) or, on a slow machine, before it joined the descriptor round.
+    const std::string e = p.err(r);
+    const bool named = e.find("rank 1 (pid ") != std::string::npos || e.find("rank 1 disconnected") != std::string::npos;
+    REQUIRE(named);
+  }
+}
+
 TEST_CASE("a rank whose value fails to serialize makes every process fail naming it", "[collectives][mp]") {
   Processes p;
   start_job(p, 3, {"throw"});

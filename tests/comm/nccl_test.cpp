@@ -37,3 +37,246 @@ TEST_CASE("nccl: without NCCL or without a GPU the communicator refuses with how
   REQUIRE_THROWS_WITH(accel::NcclCommunicator(nullptr, 0, 1, 0, std::chrono::seconds(1)),
                       accel_test::contains("NCCL needs a CUDA device but none is visible to this process; use the CPU backend"));
 }
+
+#if ACCEL_HAS_NCCL()
+#include <accel/comm/collectives.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "support/thread_world.hpp"
+
+// A simulation of the CUDA and NCCL calls the backend makes: host memory stands in for device
+// memory, every collective acts as on a one-rank world (recv = send), and every call is logged so
+// the tests can check the argument mapping and the order of cleanup without a GPU.
+namespace fake {
+
+std::mutex mutex;
+std::vector<std::string> calls;
+thread_local int current_device = 7;
+int next_id = 0;
+ncclResult_t collective_result = ncclSuccess;
+
+void note(const std::string& s) {
+  std::lock_guard lock(mutex);
+  calls.push_back(s);
+}
+std::vector<std::string> take() {
+  std::lock_guard lock(mutex);
+  return std::exchange(calls, {});
+}
+std::size_t type_bytes(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8:
+    case ncclUint8: return 1;
+    case ncclFloat16:
+    case ncclBfloat16: return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32: return 4;
+    default: return 8;
+  }
+}
+std::string ptr(const void* p) { return std::to_string(reinterpret_cast<std::uintptr_t>(p)); }
+
+accel::NcclApi api() {
+  accel::NcclApi a;
+  a.get_device_count = [](int* n) { return *n = 8, cudaSuccess; };
+  a.get_device = [](int* d) { return *d = current_device, cudaSuccess; };
+  a.set_device = [](int d) { return note("cudaSetDevice " + std::to_string(d)), current_device = d, cudaSuccess; };
+  a.get_last_error = [] { return cudaSuccess; };
+  a.error_name = [](cudaError_t) { return "cudaErrorFake"; };
+  a.error_string = [](cudaError_t) { return "fake"; };
+  a.stream_create = [](cudaStream_t* s, unsigned) { return *s = reinterpret_cast<cudaStream_t>(new char), cudaSuccess; };
+  a.stream_destroy = [](cudaStream_t s) { return note("cudaStreamDestroy"), delete reinterpret_cast<char*>(s), cudaSuccess; };
+  a.stream_query = [](cudaStream_t) { return cudaSuccess; };
+  a.event_create = [](cudaEvent_t* e, unsigned) { return *e = reinterpret_cast<cudaEvent_t>(new char), cudaSuccess; };
+  a.event_record = [](cudaEvent_t, cudaStream_t s) { return note("cudaEventRecord stream=" + ptr(s)), cudaSuccess; };
+  a.event_query = [](cudaEvent_t) { return cudaSuccess; };
+  a.event_destroy = [](cudaEvent_t e) { return delete reinterpret_cast<char*>(e), cudaSuccess; };
+  a.malloc = [](void** p, std::size_t n) { return note("cudaMalloc"), *p = std::malloc(n), cudaSuccess; };
+  a.free = [](void* p) { return note("cudaFree"), std::free(p), cudaSuccess; };
+  a.memcpy_async = [](void* d, const void* s, std::size_t n, cudaMemcpyKind, cudaStream_t) { return std::memcpy(d, s, n), cudaSuccess; };
+  a.get_unique_id = [](ncclUniqueId* id) {
+    std::memset(id->internal, 0, sizeof id->internal);
+    std::lock_guard lock(mutex);
+    std::snprintf(id->internal, sizeof id->internal, "fake-id-%d", ++next_id);
+    return ncclSuccess;
+  };
+  a.comm_init_rank_config = [](ncclComm_t* c, int n, ncclUniqueId id, int rank, ncclConfig_t* config) {
+    note("ncclCommInitRankConfig nranks=" + std::to_string(n) + " rank=" + std::to_string(rank) + " id=" + id.internal +
+         " blocking=" + std::to_string(config->blocking));
+    *c = reinterpret_cast<ncclComm_t>(new char);
+    return ncclInProgress;  // non-blocking: the backend polls
+  };
+  a.comm_get_async_error = [](ncclComm_t, ncclResult_t* r) { return *r = ncclSuccess, ncclSuccess; };
+  a.comm_finalize = [](ncclComm_t) { return note("ncclCommFinalize"), ncclSuccess; };
+  a.comm_destroy = [](ncclComm_t c) { return note("ncclCommDestroy"), delete reinterpret_cast<char*>(c), ncclSuccess; };
+  a.comm_abort = [](ncclComm_t c) { return note("ncclCommAbort"), delete reinterpret_cast<char*>(c), ncclSuccess; };
+  a.result_string = [](ncclResult_t) { return "fake nccl failure"; };
+  a.last_error = [](ncclComm_t) { return "peer 1 vanished"; };
+  a.all_gather = [](const void* s, void* r, std::size_t n, ncclDataType_t t, ncclComm_t, cudaStream_t st) {
+    note("ncclAllGather count=" + std::to_string(n) + " type=" + std::to_string(t) + " stream=" + ptr(st));
+    std::memmove(r, s, n * type_bytes(t));
+    return collective_result;
+  };
+  a.all_reduce = [](const void* s, void* r, std::size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t, cudaStream_t st) {
+    note("ncclAllReduce count=" + std::to_string(n) + " type=" + std::to_string(t) + " op=" + std::to_string(op) + " stream=" + ptr(st));
+    std::memmove(r, s, n * type_bytes(t));
+    return collective_result;
+  };
+  a.broadcast = [](const void* s, void* r, std::size_t n, ncclDataType_t t, int root, ncclComm_t, cudaStream_t) {
+    note("ncclBroadcast count=" + std::to_string(n) + " type=" + std::to_string(t) + " root=" + std::to_string(root));
+    std::memmove(r, s, n * type_bytes(t));
+    return collective_result;
+  };
+  a.reduce_scatter = [](const void* s, void* r, std::size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t, cudaStream_t) {
+    note("ncclReduceScatter count=" + std::to_string(n) + " type=" + std::to_string(t) + " op=" + std::to_string(op));
+    std::memmove(r, s, n * type_bytes(t));
+    return collective_result;
+  };
+  return a;
+}
+
+accel::NcclCommOptions options(const std::string& name = "default") {
+  accel::NcclCommOptions o;
+  o.name = name;
+  o.api = std::make_shared<const accel::NcclApi>(api());
+  return o;
+}
+
+bool logged(const std::vector<std::string>& log, const std::string& call) {
+  return std::find(log.begin(), log.end(), call) != log.end();
+}
+
+}  // namespace fake
+
+TEST_CASE("simulated nccl: buffer collectives map element type, operator, count and root onto NCCL's", "[nccl]") {
+  fake::take();
+  accel::NcclCommunicator comm(nullptr, 0, 1, 1, std::chrono::seconds(5), fake::options());
+  REQUIRE(comm.device_buffers());
+  REQUIRE(fake::logged(fake::take(), "ncclCommInitRankConfig nranks=1 rank=0 id=fake-id-" + std::to_string(fake::next_id) + " blocking=0"));
+
+  std::vector<accel::half> h(5, accel::half(1.5f));
+  accel::all_reduce(comm, std::span(h), accel::ReduceOp::avg);
+  std::vector<accel::bfloat16> b(3);
+  accel::all_reduce(comm, std::span(b), accel::ReduceOp::max);
+  std::vector<std::int64_t> l(4, 9);
+  accel::broadcast(comm, std::span(l), 0);
+  std::vector<std::uint8_t> send(6, 2), recv(6);
+  accel::all_gather(comm, std::span<const std::uint8_t>(send), std::span(recv));
+  std::vector<double> d(8, 1.0), part(8);
+  accel::reduce_scatter(comm, std::span<const double>(d), std::span(part), accel::ReduceOp::prod);
+  std::vector<std::int32_t> i(2);
+  accel::all_reduce_async(comm, std::span(i), accel::ReduceOp::min).wait();
+  std::vector<std::uint32_t> u(2);
+  accel::all_reduce(comm, std::span(u), accel::ReduceOp::sum);
+  std::vector<float> f(7);
+  int marker = 0;
+  const auto user_stream = reinterpret_cast<cudaStream_t>(&marker);
+  accel::all_reduce(comm, std::span(f), accel::ReduceOp::sum, user_stream);
+  std::vector<std::int8_t> c(1);
+  std::vector<std::uint64_t> ul(1);
+  accel::all_reduce(comm, std::span(c), accel::ReduceOp::sum);
+  accel::all_reduce(comm, std::span(ul), accel::ReduceOp::sum);
+
+  const auto log = fake::take();
+  auto has = [&](const std::string& prefix) {
+    return std::any_of(log.begin(), log.end(), [&](const std::string& s) { return s.rfind(prefix, 0) == 0; });
+  };
+  CHECK(has("ncclAllReduce count=5 type=" + std::to_string(ncclFloat16) + " op=" + std::to_string(ncclAvg)));
+  CHECK(has("ncclAllReduce count=3 type=" + std::to_string(ncclBfloat16) + " op=" + std::to_string(ncclMax)));
+  CHECK(has("ncclBroadcast count=4 type=" + std::to_string(ncclInt64) + " root=0"));
+  CHECK(has("ncclAllGather count=6 type=" + std::to_string(ncclUint8)));
+  CHECK(has("ncclReduceScatter count=8 type=" + std::to_string(ncclFloat64) + " op=" + std::to_string(ncclProd)));
+  CHECK(has("ncclAllReduce count=2 type=" + std::to_string(ncclInt32) + " op=" + std::to_string(ncclMin)));
+  CHECK(has("ncclAllReduce count=2 type=" + std::to_string(ncclUint32) + " op=" + std::to_string(ncclSum)));
+  CHECK(has("ncclAllReduce count=1 type=" + std::to_string(ncclInt8)));
+  CHECK(has("ncclAllReduce count=1 type=" + std::to_string(ncclUint64)));
+  // The stream overload enqueues on the caller's stream and records the completion event there.
+  CHECK(has("ncclAllReduce count=7 type=" + std::to_string(ncclFloat32) + " op=" + std::to_string(ncclSum) +
+            " stream=" + fake::ptr(user_stream)));
+  CHECK(has("cudaEventRecord stream=" + fake::ptr(user_stream)));
+  CHECK(l == std::vector<std::int64_t>(4, 9));
+  CHECK(recv == send);
+}
+
+TEST_CASE("simulated nccl: gather_object through the padded all-gather, the caller's device restored", "[nccl]") {
+  fake::current_device = 7;
+  fake::take();
+  {
+    accel::NcclCommunicator comm(nullptr, 0, 1, 2, std::chrono::seconds(5), fake::options());
+    REQUIRE(fake::current_device == 7);
+    REQUIRE(accel::gather_object(comm, std::string("hello")) == std::vector<std::string>{"hello"});
+    const std::string big(100'000, 'y');
+    REQUIRE(accel::gather_object(comm, big) == std::vector<std::string>{big});
+    REQUIRE(fake::current_device == 7);
+    std::vector<float> f(3);
+    accel::all_reduce(comm, std::span(f), accel::ReduceOp::sum);
+    REQUIRE(fake::current_device == 7);
+  }
+  const auto log = fake::take();
+  REQUIRE(fake::logged(log, "cudaSetDevice 2"));
+  REQUIRE(fake::logged(log, "cudaSetDevice 7"));
+  REQUIRE(log.back() != "cudaSetDevice 2");
+}
+
+TEST_CASE("simulated nccl: a failing collective aborts the communicator at once, before its buffers are freed", "[nccl]") {
+  fake::take();
+  {
+    accel::NcclCommunicator comm(nullptr, 0, 1, 0, std::chrono::seconds(5), fake::options());
+    const std::string big(100'000, 'x');  // past the inline limit: allocates the device buffers
+    REQUIRE(accel::gather_object(comm, big) == std::vector<std::string>{big});
+    REQUIRE(fake::logged(fake::take(), "cudaMalloc"));
+    fake::collective_result = ncclSystemError;
+    std::vector<float> f(3);
+    REQUIRE_THROWS_WITH(accel::all_reduce(comm, std::span(f), accel::ReduceOp::sum),
+                        accel_test::contains("ncclAllReduce failed on rank 0: fake nccl failure (peer 1 vanished); the NCCL "
+                                             "communicator was aborted"));
+    fake::collective_result = ncclSuccess;
+    const auto at_failure = fake::take();
+    REQUIRE(fake::logged(at_failure, "ncclCommAbort"));  // now, not at destruction
+    REQUIRE_FALSE(fake::logged(at_failure, "cudaFree"));
+    REQUIRE_THROWS_WITH(accel::gather_object(comm, 1), accel_test::contains("aborted after an earlier failure"));
+  }
+  const auto after = fake::take();
+  REQUIRE(fake::logged(after, "cudaFree"));
+  REQUIRE_FALSE(fake::logged(after, "ncclCommAbort"));     // once is enough
+  REQUIRE_FALSE(fake::logged(after, "ncclCommFinalize"));  // an aborted communicator is not finalized
+}
+
+TEST_CASE("simulated nccl: a re-created communicator never picks up an earlier instance's unique id", "[nccl]") {
+  accel::StoreServerOptions quiet;
+  quiet.log = [](const std::string&) {};
+  accel::StoreServer server("127.0.0.1", 0, "tok", quiet);
+  // One connection per rank for the whole test: a rank whose connection closed counts as exited.
+  std::shared_ptr<accel::StoreClient> clients[2];
+  for (int r = 0; r < 2; ++r)
+    clients[r] = std::make_shared<accel::StoreClient>("127.0.0.1", server.port(), "tok", std::chrono::seconds(10), r, 2);
+  auto client = [&](int rank) { return clients[rank]; };
+  fake::take();
+  for (int instance = 0; instance < 2; ++instance) {
+    // Rank 0 (which creates the id) arrives late in the second instance: rank 1 must wait for the
+    // new id instead of reading the first instance's.
+    auto r0 = std::async(std::launch::async, [&] {
+      if (instance == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      accel::NcclCommunicator comm(client(0), 0, 2, 0, std::chrono::seconds(10), fake::options("again"));
+    });
+    accel::NcclCommunicator comm(client(1), 1, 2, 1, std::chrono::seconds(10), fake::options("again"));
+    r0.get();
+  }
+  std::vector<std::string> ids;
+  for (const auto& s : fake::take())
+    if (s.rfind("ncclCommInitRankConfig", 0) == 0) ids.push_back(s.substr(s.find(" id=") + 4));
+  REQUIRE(ids.size() == 4);
+  std::sort(ids.begin(), ids.end());
+  REQUIRE(ids[0] == ids[1]);
+  REQUIRE(ids[2] == ids[3]);
+  REQUIRE(ids[1] != ids[2]);
+}
+#endif

@@ -2,14 +2,17 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: accel contributors
 """Plans every golden-map scenario with `accel plan --json` (from the fixture's headers-only
-checkpoint and config.json) and prints how many checkpoint tensors land where transformers put
-them. Expected to differ until the planner reads the architecture catalog; it fails only when
-accel plan itself fails or a fixture is malformed.
+checkpoint and config.json, with accel's defaults: the catalog's no-split classes, dtype as
+given or `auto`) and compares, tensor by tensor, where each checkpoint tensor lands with where
+transformers put it. Fails on any scenario that is not parameter-identical unless KNOWN_DIFFERENCES
+lists it with the reason (each is documented in tests/compat/README.md), and on a listed scenario
+that now agrees (so the list never goes stale).
 
   compare_golden_maps.py ACCEL_BINARY [FIXTURE_DIR]
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -18,7 +21,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from gen_golden_maps import write_headers_only  # noqa: E402  (pure Python; needs no torch)
 
-CATALOG = os.path.join(os.path.dirname(os.path.dirname(HERE)), "include/accel/model/data/catalog.json")
+
+# (architecture, scenario) -> why accel's map differs from transformers' on purpose.
+KNOWN_DIFFERENCES = {
+    # T5 keeps its feed-forward output projections (`wo`) in float32 when loaded in float16
+    # (_keep_in_fp32_modules). transformers 5.25 sizes the map before it applies that, so it counts
+    # them at 2 bytes: in two_gpus_auto_fp16 its map puts 427904 loaded bytes on GPU 1 (budget
+    # 375321); in gpu_cpu_disk_sequential the fill boundaries move. accel sizes them at the dtype
+    # they are loaded in and stays in budget.
+    ("T5ForConditionalGeneration", "two_gpus_auto_fp16"): "keep-in-fp32 `wo` sized at float32 (transformers: float16)",
+    ("T5ForConditionalGeneration", "gpu_cpu_disk_sequential"): "keep-in-fp32 `wo` sized at float32 (transformers: float16)",
+}
 
 
 def device_of(name, device_map):
@@ -31,12 +44,38 @@ def device_of(name, device_map):
     return where
 
 
+CATALOG = os.path.join(os.path.dirname(os.path.dirname(HERE)), "include/accel/model/data/catalog.json")
+BYTES = {"F32": 4, "F16": 2, "BF16": 2}
+TORCH = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+def over_budget(tensors, device_map, scenario, keep_in_fp32):
+    """Devices whose checkpoint tensors, at the dtype they are loaded in, exceed the budget."""
+    load = TORCH.get(scenario["dtype"])
+    keep = []
+    if load == "F16" or (load is None and tensors and tensors[0][1] == "F16"):
+        keep = keep_in_fp32[0] + keep_in_fp32[1]
+    elif load == "BF16" or (load is None and tensors and tensors[0][1] == "BF16"):
+        keep = keep_in_fp32[1]
+    used = {}
+    for name, dtype, shape in tensors:
+        size = 4 if any(re.search(k.replace("*", ".*"), name) for k in keep) else BYTES[load or dtype]
+        for d in shape:
+            size *= d
+        where = str(device_of(name, device_map))
+        used[where] = used.get(where, 0) + size
+    return [f"{d}: {b} bytes > budget {scenario['max_memory'][d]}" for d, b in used.items()
+            if d in scenario["max_memory"] and b > scenario["max_memory"][d]]
+
+
 def main():
     accel = sys.argv[1]
     folder = sys.argv[2] if len(sys.argv) > 2 else os.path.join(HERE, "fixtures", "golden_maps")
     with open(CATALOG) as f:
-        no_split = {a["architecture"]: a["no_split_modules"] for a in json.load(f)["architectures"]}
+        fp32 = {a["architecture"]: (a["keep_in_fp32_modules"], a["keep_in_fp32_modules_strict"])
+                for a in json.load(f)["architectures"]}
     agree_all = total_all = maps_equal = maps = 0
+    failures = []
     for file in sorted(os.listdir(folder)):
         with open(os.path.join(folder, file)) as f:
             fixture = json.load(f)
@@ -51,8 +90,6 @@ def main():
                        "--max-memory", json.dumps(scenario["max_memory"])]
                 if scenario["dtype"] != "auto":
                     cmd += ["--dtype", scenario["dtype"]]
-                for cls in no_split[arch]:
-                    cmd += ["--no-split", cls]
                 run = subprocess.run(cmd, capture_output=True, text=True)
             if run.returncode != 0:
                 print(f"{arch} {scenario['name']}: accel plan failed ({run.returncode}): {run.stderr.strip()}")
@@ -63,9 +100,20 @@ def main():
             total_all += len(tensors)
             maps += 1
             maps_equal += agree == len(tensors)
-            print(f"{arch} {scenario['name']}: {agree}/{len(tensors)} tensors agree")
+            known = KNOWN_DIFFERENCES.get((arch, scenario["name"]))
+            note = f" (known difference: {known})" if known and agree != len(tensors) else ""
+            print(f"{arch} {scenario['name']}: {agree}/{len(tensors)} tensors agree{note}")
+            if agree != len(tensors) and not known:
+                differ = [n for n, _, _ in tensors if device_of(n, ours) != device_of(n, theirs)]
+                failures.append(f"{arch} {scenario['name']}: {len(differ)} tensors differ, e.g. {differ[:3]}")
+            for over in over_budget(tensors, ours, scenario, fp32[arch]):
+                failures.append(f"{arch} {scenario['name']}: accel's map is over budget at the loaded dtype on {over}")
+            if agree == len(tensors) and known:
+                failures.append(f"{arch} {scenario['name']}: now agrees; remove it from KNOWN_DIFFERENCES and the README")
     print(f"golden maps: {maps_equal}/{maps} maps agree on every tensor; {agree_all}/{total_all} tensors agree")
-    return 0
+    for f in failures:
+        print("FAIL " + f)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -291,3 +291,35 @@ TEST_CASE("a tree rebuilt from headers gets classes and its non-persistent buffe
   CHECK(inv.shape == std::vector<std::int64_t>{4});
   CHECK(accel::annotate_module_classes(tree, a) == 1);  // the new model.rotary_emb
 }
+
+TEST_CASE("an entry parsed alone from the embedded text equals the whole catalog's", "[architecture][catalog]") {
+  // find_architecture parses only the entry a plan needs; it must be the same entry.
+  const auto& cat = accel::architecture_catalog();
+  for (const auto& a : cat.architectures) {
+    INFO(a.name);
+    const auto* e = accel::detail::embedded_architecture(a.name);
+    REQUIRE(e != nullptr);
+    CHECK(e->model_type == a.model_type);
+    CHECK(e->defaults == a.defaults);
+    CHECK(e->attribute_map == a.attribute_map);
+    CHECK(e->no_split_modules == a.no_split_modules);
+    CHECK(e->keep_in_fp32_modules == a.keep_in_fp32_modules);
+    CHECK(e->keep_in_fp32_modules_strict == a.keep_in_fp32_modules_strict);
+    CHECK(e->tied_if_tied == a.tied_if_tied);
+    CHECK(e->tied_if_untied == a.tied_if_untied);
+    CHECK(e->repeats == a.repeats);
+    REQUIRE(e->modules.size() == a.modules.size());
+    for (std::size_t i = 0; i < a.modules.size(); ++i) {
+      CHECK(e->modules[i].path == a.modules[i].path);
+      CHECK(e->modules[i].class_name == a.modules[i].class_name);
+      CHECK(e->modules[i].parameters == a.modules[i].parameters);
+      CHECK(e->modules[i].buffers == a.modules[i].buffers);
+      CHECK(e->modules[i].children == a.modules[i].children);
+    }
+    REQUIRE(e->buffers.size() == a.buffers.size());
+    for (std::size_t i = 0; i < a.buffers.size(); ++i) CHECK(e->buffers[i].shape == a.buffers[i].shape);
+    CHECK(accel::find_architecture(config(R"({"architectures": [")" + a.name + R"("]})")).architecture == e);
+  }
+  CHECK(accel::detail::embedded_architecture("NoSuchModel") == nullptr);
+  CHECK(accel::catalog_transformers_version() == cat.transformers_version);
+}

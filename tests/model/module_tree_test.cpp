@@ -31,8 +31,11 @@ TEST_CASE("module sizes match accelerate's worked values in fp32 and after half(
   auto h = accel::compute_module_sizes(t, {.dtype = DType::F16});
   CHECK(module_size(t, h, "batchnorm") == 40);  // num_batches_tracked stays int64
   CHECK(h.total() == 122);
-  // A larger target dtype never increases the count.
-  CHECK(accel::compute_module_sizes(t, {.dtype = DType::F64}).total() == 236);
+  // Tensors count at the dtype they are loaded in, up as well as down (228 floating bytes → 456).
+  CHECK(accel::compute_module_sizes(t, {.dtype = DType::F64}).total() == 464);
+  // accelerate's rule counts min(target, own): a larger target never increases the count.
+  CHECK(accel::compute_module_sizes(t, {.dtype = DType::F64, .accelerate_rule = true}).total() == 236);
+  CHECK(accel::compute_module_sizes(t, {.dtype = DType::F16, .accelerate_rule = true}).total() == 122);
 }
 
 TEST_CASE("special dtypes and keep-in-fp32 override the target dtype", "[module_tree]") {

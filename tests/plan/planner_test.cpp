@@ -383,3 +383,166 @@ TEST_CASE("property: capped disk either plans within every budget or says why", 
   CHECK(errors > 0);
   CHECK(plans > 0);
 }
+
+TEST_CASE("after a tied partner is split, its parts still count for the largest-layer reserve", "[planner][defect8]") {
+  // emb (40 B) is tied to head.proj; head also holds big (200 B), the largest layer. Placing emb
+  // on GPU 0 splits head: big stays waiting, so GPU 0 keeps 200 B free for it, and the block
+  // (80 B) no longer fits next to emb. (The defect forgot big once head was split: the block
+  // went to GPU 0 and big, offloaded to cpu, had no room left there to run.)
+  accel::ModuleTree t;
+  t.add_parameter("emb.weight", DType::F32, {10});       // 40
+  t.add_module("block", "Block");
+  t.add_parameter("block.w", DType::F32, {20});          // 80
+  t.add_alias("head.proj.weight", "emb.weight");         // 0 (tied)
+  t.add_parameter("head.big.weight", DType::F32, {50});  // 200
+  auto o = budgets("0=250,cpu=10000");
+  o.no_split = {"Block"};
+  const auto plan = accel::plan_device_map(t, o);
+  CHECK(json(plan.device_map) == R"({"emb":0,"block":"cpu","head.proj":0,"head.big":"cpu"})");
+  CHECK(plan.devices[0].reserve == 200);
+}
+
+TEST_CASE("a shape whose size overflows 64 bits is rejected, not sized 0", "[planner][defect8]") {
+  accel::ModuleTree t;
+  CHECK_THROWS_WITH(t.add_parameter("w", DType::F32, {std::int64_t{1} << 32, std::int64_t{1} << 32}),
+                    "[accel.usage] tensor 'w' has shape [4294967296, 4294967296], whose size in bits does not fit in 64 "
+                    "bits; fix the shape");
+  CHECK_THROWS_AS(t.add_buffer("b", DType::I8, {std::int64_t{1} << 40, 1 << 20}), accel::usage_error);
+  CHECK(t.tensors().empty());
+  // Up to the limit, and zero-sized tensors whatever their other dimensions, are fine.
+  t.add_parameter("ok", DType::F64, {std::int64_t{1} << 28, std::int64_t{1} << 29});
+  t.add_parameter("empty", DType::F32, {0, std::int64_t{1} << 62, std::int64_t{1} << 62});
+  CHECK(accel::compute_module_sizes(t).total() == (std::uint64_t{1} << 60));
+}
+
+TEST_CASE("property: ties split under tight budgets stay within every budget and keep the reserve", "[planner][property][defect8]") {
+  // Trees of modules whose tensors are tied across modules, planned under budgets a fraction of
+  // the model: no device exceeds its budget, tied tensors share a device, and the first GPU keeps
+  // room for the largest entry offloaded to cpu or disk (what the reserve is for).
+  std::mt19937 rng(8);
+  int splits = 0;
+  for (int iter = 0; iter < 300; ++iter) {
+    INFO("iteration " << iter);
+    accel::ModuleTree t;
+    std::vector<std::string> weights;
+    const int mods = std::uniform_int_distribution<int>(2, 8)(rng);
+    for (int m = 0; m < mods; ++m) {
+      const int parts = std::uniform_int_distribution<int>(1, 4)(rng);
+      for (int p = 0; p < parts; ++p) {
+        const std::string name = "m" + std::to_string(m) + ".p" + std::to_string(p) + ".weight";
+        if (!weights.empty() && std::uniform_int_distribution<int>(0, 3)(rng) == 0)
+          t.add_alias(name, weights[std::uniform_int_distribution<std::size_t>(0, weights.size() - 1)(rng)]);
+        else {
+          t.add_parameter(name, DType::F32, {std::uniform_int_distribution<int>(1, 64)(rng)});
+          weights.push_back(name);
+        }
+      }
+    }
+    const auto total = accel::compute_module_sizes(t).total();
+    accel::PlanOptions o;
+    std::uniform_int_distribution<std::uint64_t> frac(total / 8, total);
+    o.max_memory.gpus[0] = frac(rng);
+    o.max_memory.gpus[1] = frac(rng);
+    o.max_memory.cpu = frac(rng);
+    if (iter % 2) o.rules = accel::PlanRules::transformers;
+    std::ostringstream trace;
+    o.verbose = &trace;
+    INFO(accel::to_skeleton_json(t) << " budgets " << o.max_memory.to_string());
+    const auto plan = accel::plan_device_map(t, o);
+    splits += trace.str().find("Splitting") != std::string::npos;
+    REQUIRE(accel::check_device_map(t, plan.device_map).warnings.empty());
+    const auto sizes = accel::compute_module_sizes(t);
+    std::map<Placement, std::uint64_t> held;
+    for (std::size_t i = 0; i < t.tensors().size(); ++i) held[*plan.device_map.placement_of(t.tensors()[i].name)] += sizes.tensor[i];
+    // The layers are the leaf modules m<k>.p<j>; the largest one not on a GPU streams through GPU 0.
+    std::uint64_t largest_offloaded = 0;
+    for (std::size_t m = 1; m < t.modules().size(); ++m) {
+      const auto& mod = t.modules()[m];
+      if (!mod.children.empty() || mod.parameters.empty()) continue;
+      if (!plan.device_map.placement_of(t.tensors()[mod.parameters[0]].name)->is_gpu())
+        largest_offloaded = std::max(largest_offloaded, sizes.module[m]);
+    }
+    for (const auto& d : plan.devices)
+      if (d.budget) REQUIRE(held[d.device] <= *d.budget);
+    // (A first GPU too small for the largest layer gets nothing: there is no room to keep.)
+    if (held[Placement::gpu(0)] > 0 && (held.count(Placement::cpu()) || held.count(Placement::disk())))
+      REQUIRE(held[Placement::gpu(0)] + largest_offloaded <= o.max_memory.gpus[0]);
+  }
+  CHECK(splits > 50);
+}
+
+TEST_CASE("transformers' balancing allowance is the largest module's own tensors, not the mean", "[planner][transformers]") {
+  // Two GPUs, 1000 B model: emb 400 B (direct tensors of one module), four blocks of 150 B.
+  accel::ModuleTree t;
+  t.add_parameter("emb.weight", DType::F32, {100});
+  for (int i = 0; i < 4; ++i) {
+    t.add_module("layers." + std::to_string(i), "Block");
+    t.add_parameter("layers." + std::to_string(i) + ".a.weight", DType::F32, {25});
+    t.add_parameter("layers." + std::to_string(i) + ".b.weight", DType::F32, {12});
+    t.add_parameter("layers." + std::to_string(i) + ".b.bias", DType::F32, {1});
+  }
+  auto o = budgets("0=10000,1=10000");
+  o.no_split = {"Block"};
+  const auto total = accel::compute_module_sizes(t).total();
+  REQUIRE(total == 400 + 4 * 152);
+  // accelerate: 1008 / 2 + int(1.25 × max(block 152, mean final module (400 + 8 × 50) / 9 = 88)) = 504 + 190.
+  CHECK(accel::get_balanced_memory(t, o.max_memory, o).gpus.at(0) == 504 + 190);
+  // transformers: 504 + int(1.25 × max(152, largest direct tensors 400)) = 504 + 500.
+  o.rules = accel::PlanRules::transformers;
+  CHECK(accel::get_balanced_memory(t, o.max_memory, o).gpus.at(0) == 504 + 500);
+  // The plan says from what to what and why.
+  const auto plan = accel::plan_device_map(t, accel::DeviceMapMode::balanced, o);
+  REQUIRE(plan.balancing.size() == 1);
+  CHECK(plan.balancing[0] == "GPU 0 budget lowered from 9.77 KiB to 1004 B: balanced share: model 1008 B / 2 GPUs + 1.25 x "
+                             "400 B (largest module's own tensors), so every GPU gets a part; the last GPU keeps its budget");
+}
+
+TEST_CASE("transformers splits tied partners in the sorted order of the tied names", "[planner][transformers]") {
+  // shared is tied to a.embed and b.embed; both partners are splittable. accelerate splits the
+  // first in model order (a), transformers the first in name order of the tied names (b.embed).
+  accel::ModuleTree t;
+  t.add_parameter("shared.weight", DType::F32, {10});  // 40
+  t.add_alias("z.embed.weight", "shared.weight");
+  t.add_parameter("z.rest.weight", DType::F32, {30});  // 120
+  t.add_alias("a.embed.weight", "shared.weight");
+  t.add_parameter("a.rest.weight", DType::F32, {30});  // 120
+  std::ostringstream acc, tf;
+  auto o = budgets("0=200,cpu=10000");
+  o.verbose = &acc;
+  (void)accel::plan_device_map(t, o);
+  o.rules = accel::PlanRules::transformers;
+  o.verbose = &tf;
+  (void)accel::plan_device_map(t, o);
+  const auto first_split = [](const std::string& s) { return s.substr(s.find("Splitting "), 12); };
+  CHECK(first_split(acc.str()) == "Splitting z.");
+  CHECK(first_split(tf.str()) == "Splitting a.");
+}
+
+TEST_CASE("transformers splits a module that fits alone when its tied partners cannot be split", "[planner][transformers]") {
+  // m (a 200 B part + a 40 B tied weight) fits alone, but not with its partner head (a leaf: it
+  // cannot be split). accelerate moves on to the next device with all of m; transformers splits
+  // m, so its untied part stays on GPU 0.
+  accel::ModuleTree t;
+  t.add_parameter("m.part.weight", DType::F32, {50});  // 200
+  t.add_parameter("m.tied.weight", DType::F32, {10});  // 40
+  t.add_alias("head.weight", "m.tied.weight");         // 0: its module still counts as a partner
+  t.add_parameter("head.bias", DType::F32, {60});      // 240
+  auto o = budgets("0=500,1=10000");  // reserve 240 (head) leaves 260: m (240) fits, m + head (480) does not
+  CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"":1})");
+  o.rules = accel::PlanRules::transformers;
+  CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"m.part":0,"m.tied":1,"head":1})");
+}
+
+TEST_CASE("transformers' reserve: recomputed over modules only once the largest layers are taken", "[planner][transformers]") {
+  // Two loose tensors at the root: accel (accelerate rules) keeps room for w2 on GPU 0 and sends
+  // w1 on; transformers counts loose tensors only in its first computation, drops w1 when it takes
+  // it, finds no module left, and keeps no room (taken from transformers' own code over a
+  // stand-in model: tests/compat/diff_transformers_planner.py).
+  accel::ModuleTree t;
+  t.add_parameter("w1", DType::F32, {29});  // 116
+  t.add_parameter("w2", DType::F32, {7});   // 28
+  auto o = budgets("0=130,1=82,cpu=205");
+  CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"":"cpu"})");
+  o.rules = accel::PlanRules::transformers;
+  CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"w1":0,"w2":1})");
+}

@@ -27,7 +27,7 @@ inline std::string read_file(const std::string& path) {
 struct ScratchDir {
   std::string path;
   explicit ScratchDir(const std::string& prefix) {
-    std::string tmpl = std::string(ACCEL_TEST_BINARY_DIR) + "/" + prefix + "_XXXXXX";
+    std::string tmpl = std::string(ACCEL_TEST_BINARY_DIR).append("/").append(prefix).append("_XXXXXX");  // not `+`: GCC 12 -Warray-bounds
     REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
     path = tmpl;
   }

@@ -166,6 +166,43 @@ TEST_CASE("accel plan on hostile JSON exits 3 with a short message, never a sign
   }
 }
 
+TEST_CASE("accel plan reads config.json: catalog blocks, the load dtype, checked no-split names, --like accelerate", "[cli][plan]") {
+  accel_test::TempDir dir;
+  std::vector<accel_test::TensorSpec> t{{"model.embed_tokens.weight", accel::DType::BF16, {64, 16}, {}}};
+  for (int i = 0; i < 4; ++i)
+    for (const char* p : {".self_attn.q_proj.weight", ".mlp.up_proj.weight"})
+      t.push_back({"model.layers." + std::to_string(i) + p, accel::DType::BF16, {16, 16}, {}});
+  t.push_back({"model.norm.weight", accel::DType::BF16, {16}, {}});
+  t.push_back({"lm_head.weight", accel::DType::BF16, {64, 16}, {}});
+  accel_test::write_safetensors(dir / "model.safetensors", t);
+  accel_test::write_text(dir / "config.json", R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 16,
+      "num_attention_heads": 2, "num_hidden_layers": 4, "torch_dtype": "bfloat16"})");
+  const std::string base = "plan --checkpoint " + quoted(dir.path()) + " --max-memory 0=8000,1=8000,cpu=100000";
+  auto r = accel_test::run_command(accel_test::accel_cli(base + " --device-map balanced 2>&1"));
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, accel_test::contains("architecture: LlamaForCausalLM (architecture catalog, transformers 5.25.0)"));
+  CHECK_THAT(r.output, accel_test::contains("blocks: LlamaDecoderLayer (catalog); rules: transformers; dtype: bfloat16"));
+  CHECK_THAT(r.output, accel_test::contains("GPU 0 budget lowered from 7.81 KiB to 6.53 KiB: balanced share"));
+  // bf16 on disk, float32 when loaded: sized at 4 bytes (the defect sized them at 2).
+  auto f32 = accel_test::run_command(accel_test::accel_cli(base + " --dtype float32"));
+  CHECK_THAT(f32.output, accel_test::contains("tensors, 16.09 KiB"));
+  auto acc = accel_test::run_command(accel_test::accel_cli(base + " --dtype float32 --like accelerate"));
+  CHECK_THAT(acc.output, accel_test::contains("tensors, 8.06 KiB"));
+  CHECK_THAT(acc.output, accel_test::contains("blocks: none (--like accelerate without --no-split)"));
+  auto typo = accel_test::run_command(accel_test::accel_cli(base + " --no-split LlamaDecoderLayr 2>&1"));
+  CHECK(typo.status == 2);
+  CHECK_THAT(typo.output, accel_test::contains("no-split 'LlamaDecoderLayr' matches no module of this model"));
+  CHECK_THAT(typo.output, accel_test::contains("did you mean 'LlamaDecoderLayer'?"));
+  auto none = accel_test::run_command(accel_test::accel_cli(base + " --no-split none"));
+  CHECK_THAT(none.output, accel_test::contains("blocks: none (--no-split none)"));
+  auto est = accel_test::run_command(accel_test::accel_cli("estimate-memory --checkpoint " + quoted(dir.path()) + " --json"));
+  REQUIRE(est.status == 0);
+  auto j = nlohmann::json::parse(est.output);
+  CHECK(j[0]["largest_layer"] == "model.embed_tokens");
+  CHECK(j[1]["largest_layer_bytes"] == 2048);
+}
+
 TEST_CASE("accel plan --skeleton naming a folder is a config error (3) with one prefix, not an internal error", "[cli][plan]") {
   accel_test::TempDir dir;
   auto r = accel_test::run_command(accel_test::accel_cli("plan --skeleton " + quoted(dir.path()) + " 2>&1"));

@@ -4,6 +4,7 @@
 // both from checkpoint headers or a model skeleton: weights are never read.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -33,9 +34,14 @@ inline constexpr OptionSpec plan_options[] = {
     {"skeleton", OptionKind::text, "FILE", "model skeleton JSON (modules/parameters/buffers/tied)"},
     {"max-memory", OptionKind::text, "BUDGETS", "'0=20GiB,1=20GiB,cpu=64GiB[,disk=0]' or a JSON object; default: measured"},
     {"device-map", OptionKind::text, "MODE", "auto (default), balanced, balanced_low_0 or sequential"},
-    {"no-split", OptionKind::text, "CLASS_OR_GLOB", "never split these modules (class name or name glob like 'model.layers.*')", true},
-    {"dtype", OptionKind::text, "DTYPE", "size floating tensors as this dtype when smaller (float16, bfloat16, ...)"},
-    {"keep-in-fp32", OptionKind::text, "NAME", "modules whose floating tensors stay float32", true},
+    {"config", OptionKind::text, "FILE", "the model's config.json when it is not next to the checkpoint"},
+    {"no-split", OptionKind::text, "CLASS_OR_GLOB", "never split these modules (class name, module name or glob like "
+                                                    "'model.layers.*'; 'none': no blocks); default: the catalog's classes", true},
+    {"dtype", OptionKind::text, "DTYPE", "dtype floating tensors are loaded in (float16, bfloat16, float32, auto = the "
+                                         "config's; default auto with a config.json, else as stored)"},
+    {"keep-in-fp32", OptionKind::text, "PATTERN", "tensors loaded as float32 (matched as transformers does)", true},
+    {"like", OptionKind::text, "WHO", "transformers (default: from_pretrained's map) or accelerate (infer_auto_device_map "
+                                      "as called with these arguments: its dtype rule, no automatic blocks)"},
     {"offload-buffers", OptionKind::flag, "", "offload the buffers of offloaded modules too"},
     {"fallback", OptionKind::flag, "", "fill an otherwise empty main device with a smaller module"},
     {"gpu-reserve-layers", OptionKind::text, "N", "room kept on the first GPU for N largest layers (default 1, as accelerate; "
@@ -58,8 +64,10 @@ forbids it). Exit status: 0; 2 bad arguments; 3 bad budgets/skeleton; 5 infeasib
 
 inline constexpr OptionSpec estimate_options[] = {
     {"checkpoint", OptionKind::text, "PATH", "safetensors file, index or folder (headers only)"},
+    {"config", OptionKind::text, "FILE", "the model's config.json when it is not next to the checkpoint"},
     {"skeleton", OptionKind::text, "FILE", "model skeleton JSON"},
-    {"no-split", OptionKind::text, "CLASS_OR_GLOB", "blocks for the largest-layer column (default: numbered children)", true},
+    {"no-split", OptionKind::text, "CLASS_OR_GLOB", "blocks for the largest-layer column (default: the catalog's classes, "
+                                                    "else numbered children; 'none': no blocks)", true},
     {"dtypes", OptionKind::text, "LIST", "rows to print (default float32,float16,int8,int4)"},
     {"json", OptionKind::flag, "", "print JSON instead of the table"},
 };
@@ -67,19 +75,66 @@ inline constexpr OptionSpec estimate_options[] = {
 inline constexpr const char* estimate_usage = R"(usage: accel estimate-memory (--checkpoint PATH | --skeleton FILE) [options]
 
 Total size and largest layer per dtype, as `accelerate estimate-memory` prints them: floating
-tensors counted at each row's width, integer and bool tensors at their own; shared tensors once.)";
+tensors counted at each row's width, integer and bool tensors and the buffers the model computes
+(rotary inv_freq, position ids) at their own; shared tensors once. With a config.json the model is
+built as transformers builds it (ties, computed buffers, no-split classes from the catalog).)";
 
 struct LoadedModel {
   accel::ModuleTree tree;
   std::string label;
+  std::optional<accel::CheckpointModel> checkpoint{};  // for --checkpoint: config, catalog entry (tree moved out)
 };
 
-inline LoadedModel load_model(const ParsedArgs& a, const char* command) {
+// `load_dtype`: the dtype the model is loaded in, when given (buffers created in the model's dtype follow it).
+inline LoadedModel load_model(const ParsedArgs& a, const char* command, std::optional<accel::DType> load_dtype = {}) {
   const bool ck = a.has("checkpoint"), sk = a.has("skeleton");
   if (ck == sk)
     throw accel::usage_error(std::string(command) + ": give exactly one of --checkpoint PATH or --skeleton FILE");
-  if (ck) return {accel::read_checkpoint_tree(*a.value("checkpoint")), *a.value("checkpoint")};
-  return {accel::read_skeleton(*a.value("skeleton")), *a.value("skeleton")};
+  if (ck) {
+    accel::CheckpointTreeOptions topts;
+    if (auto c = a.value("config")) topts.config_file = *c;
+    topts.load_dtype = load_dtype;
+    auto m = accel::read_checkpoint_model(*a.value("checkpoint"), topts);
+    LoadedModel out{std::move(m.tree), *a.value("checkpoint"), std::nullopt};
+    out.checkpoint = std::move(m);
+    return out;
+  }
+  if (a.has("config")) throw accel::usage_error(std::string(command) + ": --config goes with --checkpoint");
+  return {accel::read_skeleton(*a.value("skeleton")), *a.value("skeleton"), std::nullopt};
+}
+
+// The no-split blocks: given classes/names/globs (each must match), 'none', or the catalog's
+// classes (`catalog_blocks`), else numbered children. Returns (specs, automatic, description).
+struct BlockChoice {
+  std::vector<std::string> specs;
+  bool automatic = true;
+  std::string note;
+};
+inline BlockChoice choose_blocks(const ParsedArgs& a, const LoadedModel& model, bool catalog_blocks, const char* command) {
+  BlockChoice b{a.values("no-split"), true, {}};
+  const auto* arch = model.checkpoint ? model.checkpoint->architecture : nullptr;
+  if (std::find(b.specs.begin(), b.specs.end(), "none") != b.specs.end()) {
+    if (b.specs.size() > 1)
+      throw accel::usage_error(std::string(command) + ": --no-split none cannot be combined with other --no-split values");
+    b = {{}, false, "none (--no-split none)"};
+  } else if (!b.specs.empty()) {
+    accel::check_no_split_specs(model.tree, b.specs);
+    b.automatic = false;
+    b.note = accel::text::join(b.specs) + " (--no-split)";
+  } else if (arch && catalog_blocks) {
+    b = {model.checkpoint->no_split_classes(), false, {}};
+    b.note = (b.specs.empty() ? std::string("none") : accel::text::join(b.specs)) + " (catalog)";
+  } else {
+    b.note = "numbered children (automatic: architecture unknown)";
+  }
+  return b;
+}
+
+// The dtype argument: nullopt = not given; "auto" = auto.
+inline std::optional<accel::DType> explicit_dtype(const ParsedArgs& a) {
+  auto d = a.value("dtype");
+  if (!d || *d == "auto") return std::nullopt;
+  return accel::dtype_from_string(*d);
 }
 
 inline double parse_rate(const std::optional<std::string>& v, double fallback, const char* option) {
@@ -105,14 +160,31 @@ inline int run_plan(std::span<char*> argv) {
     std::fputs(format_help(plan_usage, plan_options).c_str(), stdout);
     return 0;
   }
-  auto model = load_model(a, "plan");
+  const std::string like = a.value("like").value_or("transformers");
+  if (like != "transformers" && like != "accelerate")
+    throw accel::usage_error("plan: --like '" + like + "' is not transformers or accelerate");
+  auto model = load_model(a, "plan", explicit_dtype(a));
   accel::PlanOptions opts;
   const bool defaulted = !a.has("max-memory");
   opts.max_memory = defaulted ? measured_budgets() : accel::parse_max_memory(*a.value("max-memory"));
   const auto mode = accel::parse_device_map_mode(a.value("device-map").value_or("auto"));
-  opts.no_split = a.values("no-split");
-  if (auto d = a.value("dtype")) opts.dtype = accel::dtype_from_string(*d);
+  // dtype: explicit; `auto` (the default with a config.json, as from_pretrained) = the config's
+  // dtype, else the checkpoint's first floating dtype; without either, tensors keep their own.
+  opts.dtype = explicit_dtype(a);
+  const bool auto_dtype = a.value("dtype") == "auto" || (!a.has("dtype") && model.checkpoint && model.checkpoint->config);
+  if (auto_dtype && model.checkpoint) opts.dtype = model.checkpoint->auto_dtype;
   opts.keep_in_fp32 = a.values("keep-in-fp32");
+  if (model.checkpoint)
+    for (auto& k : model.checkpoint->keep_in_fp32(opts.dtype)) opts.keep_in_fp32.push_back(std::move(k));
+  // no-split: given (each must match), 'none', the catalog's classes, or numbered children;
+  // accelerate as called without no_split_module_classes has no blocks.
+  auto blocks = choose_blocks(a, model, like == "transformers", "plan");
+  if (like == "accelerate" && blocks.automatic) blocks = {{}, false, "none (--like accelerate without --no-split)"};
+  opts.no_split = blocks.specs;
+  opts.auto_no_split = blocks.automatic;
+  const std::string& blocks_note = blocks.note;
+  if (like == "transformers") opts.rules = accel::PlanRules::transformers;
+  else opts.accelerate_dtype_rule = true;
   opts.offload_buffers = a.has("offload-buffers");
   opts.fallback_allocation = a.has("fallback");
   if (auto n = a.value("gpu-reserve-layers"))
@@ -125,6 +197,7 @@ inline int run_plan(std::span<char*> argv) {
 
   // Computed once: the balancing, the placement and the drawing all use them.
   const auto sizes = accel::compute_module_sizes(model.tree, accel::size_options(opts));
+  const auto budgets = opts.max_memory;
   const auto plan = accel::plan_device_map(model.tree, sizes, mode, opts, defaulted);
   const auto report = accel::make_plan_report(plan, bw);
   if (auto svg_path = a.value("svg")) {
@@ -148,8 +221,13 @@ inline int run_plan(std::span<char*> argv) {
   }
   std::printf("accel plan: %s, %zu tensors, %s, mode %s\n", model.label.c_str(), model.tree.tensors().size(),
               accel::text::format_bytes(plan.total_bytes).c_str(), a.value("device-map").value_or("auto").c_str());
-  std::printf("budgets%s: %s\n\n", defaulted ? " (measured: free GPU memory minus max(1 GiB, 10%), 90% of available RAM)" : "",
-              plan.budgets.to_string().c_str());
+  if (model.checkpoint) std::printf("architecture: %s\n", model.checkpoint->architecture_note.c_str());
+  std::printf("blocks: %s; rules: %s; dtype: %s\n", blocks_note.c_str(), like.c_str(),
+              opts.dtype ? std::string(accel::torch_name(*opts.dtype)).c_str() : "as stored");
+  std::printf("budgets%s: %s\n", defaulted ? " (measured: free GPU memory minus max(1 GiB, 10%), 90% of available RAM)" : "",
+              budgets.to_string().c_str());
+  for (const auto& line : plan.balancing) std::printf("  %s\n", line.c_str());
+  std::printf("\n");
   std::fputs(accel::format_plan_table(plan, report).c_str(), stdout);
   if (plan.device_map.size() <= 40)
     std::printf("\ndevice map (HF JSON, usable as device_map=):\n%s\n", plan.device_map.to_json_string().c_str());
@@ -180,7 +258,8 @@ inline int run_estimate_memory(std::span<char*> argv) {
   }
   const auto cached = tree.index();
   const accel::TreeIndex& ix = *cached;
-  const auto no_split = accel::no_split_modules(tree, a.values("no-split"));
+  const auto blocks = choose_blocks(a, model, true, "estimate-memory");
+  const auto no_split = accel::no_split_modules(tree, blocks.specs, blocks.automatic);
   nlohmann::ordered_json out = nlohmann::ordered_json::array();
   std::string table = "dtype       largest layer                          total size\n";
   for (const auto& row : rows) {
@@ -194,7 +273,8 @@ inline int run_estimate_memory(std::span<char*> argv) {
     for (std::size_t t = 0; t < tree.tensors().size(); ++t) {
       if (ix.canonical[t] != t) continue;
       const auto& ten = tree.tensors()[t];
-      const std::uint64_t bytes = accel::is_integral(ten.dtype) ? ten.numel() * accel::bit_size(ten.dtype) / 8 : ten.numel() * bits / 8;
+      const bool own = accel::is_integral(ten.dtype) || (ten.buffer && !ten.persistent);  // computed buffers keep theirs
+      const std::uint64_t bytes = own ? ten.numel() * accel::bit_size(ten.dtype) / 8 : ten.numel() * bits / 8;
       sizes.tensor[t] = bytes;
       sizes.module[ten.module] += bytes;
     }
@@ -214,8 +294,10 @@ inline int run_estimate_memory(std::span<char*> argv) {
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
   }
-  std::printf("memory for %s (%zu tensors, headers only; shared tensors counted once)\n\n%s", model.label.c_str(),
-              tree.tensors().size(), table.c_str());
+  std::printf("memory for %s (%zu tensors, headers only; shared tensors counted once)\n", model.label.c_str(),
+              tree.tensors().size());
+  if (model.checkpoint) std::printf("architecture: %s\n", model.checkpoint->architecture_note.c_str());
+  std::printf("blocks: %s\n\n%s", blocks.note.c_str(), table.c_str());
   return 0;
 }
 

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
 /// @file collectives.hpp
-/// @brief wait_for_everyone, main_process_first, gather_object, broadcast_object (accelerate's names).
+/// @brief wait_for_everyone, main_process_first, gather_object, broadcast_object (accelerate's names),
+///        and the buffer collectives all_gather, all_reduce, broadcast, reduce_scatter over spans.
 ///
 /// Every function has two forms: over a DistributedState (the communicator is created on first use
 /// from the launcher environment: CPU backend on CPU, NCCL on a GPU when compiled in) and over any
@@ -31,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -39,12 +41,14 @@
 #include <accel/comm/communicator.hpp>
 #include <accel/comm/cpu.hpp>
 #include <accel/comm/nccl.hpp>
+#include <accel/comm/reduce.hpp>
 #include <accel/comm/store.hpp>
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/error.hpp>
 #include <accel/comm/serialize.hpp>
 #include <accel/runtime/split.hpp>
 #include <accel/runtime/distributed_state.hpp>
+#include <accel/runtime/cuda.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 
@@ -364,6 +368,230 @@ template <class T>
 T broadcast_object(DistributedState& state, const T& value, int root = 0) {
   return broadcast_object(communicator(state), value, root);
 }
+///@}
+
+/// @name Buffer collectives
+/// Over spans of numbers: host memory on the CPU and solo backends, device memory of the
+/// process's own GPU under NCCL (ncclAllGather, ncclAllReduce, ncclBroadcast, ncclReduceScatter).
+/// Element types: int8/uint8/int32/uint32/int64/uint64, float, double, accel::half, accel::bfloat16.
+/// Every rank must pass the same element type, operator and lengths: otherwise every rank throws
+/// usage_error naming the ranks and what each passed, before any data moves.
+///
+/// - plain call: returns when the result is in place (under NCCL: on the communicator's own
+///   stream, waited for);
+/// - `*_async`: returns a CollectiveHandle; wait() returns when the result is in place (the CPU
+///   and solo backends finish before returning, so their handle is already complete);
+/// - with a `cudaStream_t` (CUDA builds only): under NCCL enqueued on that stream and returns
+///   without waiting (stream-ordered, as torch's ops); on host backends the stream is synchronised
+///   first, so host buffers written by earlier work on it are complete.
+///@{
+
+namespace detail {
+
+template <class T>
+BufferCall buffer_call(BufferOp kind, std::span<const T> send, std::span<T> recv) {
+  BufferCall c;
+  c.kind = kind;
+  c.type = element_type_of<T>();
+  c.send = send.data(), c.send_count = send.size();
+  c.recv = recv.data(), c.recv_count = recv.size();
+  return c;
+}
+
+// Runs `c`; without a stream and not async, waits for completion.
+inline CollectiveHandle submit_buffer(Communicator& comm, BufferCall c) {
+  const bool wait = !c.async && c.stream == nullptr;
+  CollectiveHandle h = comm.run_buffer(c);
+  if (wait) h.wait();
+  return c.async ? std::move(h) : CollectiveHandle();
+}
+
+#if ACCEL_HAS_CUDA()
+// Host backends have no stream to order on: the stream's earlier work is waited for instead.
+inline BufferCall on_stream(Communicator& comm, BufferCall c, cudaStream_t stream) {
+  if (comm.device_buffers()) {
+    c.stream = static_cast<void*>(stream);
+  } else {
+    ACCEL_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+  return c;
+}
+#endif
+
+}  // namespace detail
+
+/// @brief Every rank's `send`, concatenated in rank order, into `recv` (recv.size() == send.size() × world size).
+///
+/// In: rank r sends {r, r}, 3 ranks.   Out: recv = {0, 0, 1, 1, 2, 2} on every rank.
+/// @throws usage_error when recv has the wrong size (this rank) or the ranks' types/lengths differ (every rank)
+/// @note collective
+template <class T>
+void all_gather(Communicator& comm, std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+  detail::submit_buffer(comm, detail::buffer_call<T>(BufferOp::all_gather, send, recv));
+}
+/// @brief all_gather, returning a handle (see the group's notes).
+template <class T>
+CollectiveHandle all_gather_async(Communicator& comm, std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+  auto c = detail::buffer_call<T>(BufferOp::all_gather, send, recv);
+  c.async = true;
+  return detail::submit_buffer(comm, c);
+}
+
+/// @brief Element-wise reduction of every rank's `data`, in place on every rank.
+///
+/// In: rank r holds {r, 10}, 3 ranks, sum.   Out: {3, 30} on every rank.
+/// @note collective
+template <class T>
+void all_reduce(Communicator& comm, std::span<T> data, ReduceOp op) {
+  auto c = detail::buffer_call<T>(BufferOp::all_reduce, std::span<const T>(data), data);
+  c.op = op;
+  detail::submit_buffer(comm, c);
+}
+/// @brief all_reduce, returning a handle.
+template <class T>
+CollectiveHandle all_reduce_async(Communicator& comm, std::span<T> data, ReduceOp op) {
+  auto c = detail::buffer_call<T>(BufferOp::all_reduce, std::span<const T>(data), data);
+  c.op = op, c.async = true;
+  return detail::submit_buffer(comm, c);
+}
+
+/// @brief `root`'s `data` copied into every rank's `data`.
+/// @throws usage_error when root is not a rank
+/// @note collective
+template <class T>
+void broadcast(Communicator& comm, std::span<T> data, int root) {
+  auto c = detail::buffer_call<T>(BufferOp::broadcast, std::span<const T>(data), data);
+  c.root = root;
+  detail::submit_buffer(comm, c);
+}
+/// @brief broadcast, returning a handle.
+template <class T>
+CollectiveHandle broadcast_async(Communicator& comm, std::span<T> data, int root) {
+  auto c = detail::buffer_call<T>(BufferOp::broadcast, std::span<const T>(data), data);
+  c.root = root, c.async = true;
+  return detail::submit_buffer(comm, c);
+}
+
+/// @brief Block r of the element-wise reduction of every rank's `send`, into rank r's `recv`
+/// (send.size() == recv.size() × world size).
+///
+/// In: 2 ranks, rank r sends {r, r, 10, 10}, sum.   Out: rank 0 recv {1, 1}, rank 1 recv {20, 20}.
+/// @note collective
+template <class T>
+void reduce_scatter(Communicator& comm, std::span<const std::type_identity_t<T>> send, std::span<T> recv, ReduceOp op) {
+  auto c = detail::buffer_call<T>(BufferOp::reduce_scatter, send, recv);
+  c.op = op;
+  detail::submit_buffer(comm, c);
+}
+/// @brief reduce_scatter, returning a handle.
+template <class T>
+CollectiveHandle reduce_scatter_async(Communicator& comm, std::span<const std::type_identity_t<T>> send, std::span<T> recv,
+                                      ReduceOp op) {
+  auto c = detail::buffer_call<T>(BufferOp::reduce_scatter, send, recv);
+  c.op = op, c.async = true;
+  return detail::submit_buffer(comm, c);
+}
+
+/// @copydoc all_gather(Communicator&, std::span<const std::type_identity_t<T>>, std::span<T>)
+template <class T>
+void all_gather(DistributedState& state, std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+  all_gather<T>(communicator(state), send, recv);
+}
+/// @copydoc all_gather_async(Communicator&, std::span<const std::type_identity_t<T>>, std::span<T>)
+template <class T>
+CollectiveHandle all_gather_async(DistributedState& state, std::span<const std::type_identity_t<T>> send, std::span<T> recv) {
+  return all_gather_async<T>(communicator(state), send, recv);
+}
+/// @copydoc all_reduce(Communicator&, std::span<T>, ReduceOp)
+template <class T>
+void all_reduce(DistributedState& state, std::span<T> data, ReduceOp op) {
+  all_reduce<T>(communicator(state), data, op);
+}
+/// @copydoc all_reduce_async(Communicator&, std::span<T>, ReduceOp)
+template <class T>
+CollectiveHandle all_reduce_async(DistributedState& state, std::span<T> data, ReduceOp op) {
+  return all_reduce_async<T>(communicator(state), data, op);
+}
+/// @copydoc broadcast(Communicator&, std::span<T>, int)
+template <class T>
+void broadcast(DistributedState& state, std::span<T> data, int root) {
+  broadcast<T>(communicator(state), data, root);
+}
+/// @copydoc broadcast_async(Communicator&, std::span<T>, int)
+template <class T>
+CollectiveHandle broadcast_async(DistributedState& state, std::span<T> data, int root) {
+  return broadcast_async<T>(communicator(state), data, root);
+}
+/// @copydoc reduce_scatter(Communicator&, std::span<const std::type_identity_t<T>>, std::span<T>, ReduceOp)
+template <class T>
+void reduce_scatter(DistributedState& state, std::span<const std::type_identity_t<T>> send, std::span<T> recv, ReduceOp op) {
+  reduce_scatter<T>(communicator(state), send, recv, op);
+}
+/// @copydoc reduce_scatter_async(Communicator&, std::span<const std::type_identity_t<T>>, std::span<T>, ReduceOp)
+template <class T>
+CollectiveHandle reduce_scatter_async(DistributedState& state, std::span<const std::type_identity_t<T>> send, std::span<T> recv,
+                                      ReduceOp op) {
+  return reduce_scatter_async<T>(communicator(state), send, recv, op);
+}
+
+#if ACCEL_HAS_CUDA()
+/// @brief The stream-ordered forms (CUDA builds): under NCCL enqueued on `stream`, no host wait;
+/// on host backends `stream` is synchronised first and the call completes before returning.
+template <class T>
+void all_gather(Communicator& comm, std::span<const std::type_identity_t<T>> send, std::span<T> recv, cudaStream_t stream) {
+  detail::submit_buffer(comm, detail::on_stream(comm, detail::buffer_call<T>(BufferOp::all_gather, send, recv), stream));
+}
+/// @copydoc all_gather(Communicator&, std::span<const std::type_identity_t<T>>, std::span<T>, cudaStream_t)
+template <class T>
+void all_reduce(Communicator& comm, std::span<T> data, ReduceOp op, cudaStream_t stream) {
+  auto c = detail::buffer_call<T>(BufferOp::all_reduce, std::span<const T>(data), data);
+  c.op = op;
+  detail::submit_buffer(comm, detail::on_stream(comm, c, stream));
+}
+/// @copydoc all_gather(Communicator&, std::span<const std::type_identity_t<T>>, std::span<T>, cudaStream_t)
+template <class T>
+void broadcast(Communicator& comm, std::span<T> data, int root, cudaStream_t stream) {
+  auto c = detail::buffer_call<T>(BufferOp::broadcast, std::span<const T>(data), data);
+  c.root = root;
+  detail::submit_buffer(comm, detail::on_stream(comm, c, stream));
+}
+/// @copydoc all_gather(Communicator&, std::span<const std::type_identity_t<T>>, std::span<T>, cudaStream_t)
+template <class T>
+void reduce_scatter(Communicator& comm, std::span<const std::type_identity_t<T>> send, std::span<T> recv, ReduceOp op,
+                    cudaStream_t stream) {
+  auto c = detail::buffer_call<T>(BufferOp::reduce_scatter, send, recv);
+  c.op = op;
+  detail::submit_buffer(comm, detail::on_stream(comm, c, stream));
+}
+/// @brief all_reduce on `stream`, returning a handle whose wait() blocks the host until it is done.
+template <class T>
+CollectiveHandle all_reduce_async(Communicator& comm, std::span<T> data, ReduceOp op, cudaStream_t stream) {
+  auto c = detail::buffer_call<T>(BufferOp::all_reduce, std::span<const T>(data), data);
+  c.op = op, c.async = true;
+  return detail::submit_buffer(comm, detail::on_stream(comm, c, stream));
+}
+/// @copydoc all_gather(Communicator&, std::span<const std::type_identity_t<T>>, std::span<T>, cudaStream_t)
+template <class T>
+void all_gather(DistributedState& state, std::span<const std::type_identity_t<T>> send, std::span<T> recv, cudaStream_t stream) {
+  all_gather<T>(communicator(state), send, recv, stream);
+}
+/// @copydoc all_gather(Communicator&, std::span<const std::type_identity_t<T>>, std::span<T>, cudaStream_t)
+template <class T>
+void all_reduce(DistributedState& state, std::span<T> data, ReduceOp op, cudaStream_t stream) {
+  all_reduce<T>(communicator(state), data, op, stream);
+}
+/// @copydoc all_gather(Communicator&, std::span<const std::type_identity_t<T>>, std::span<T>, cudaStream_t)
+template <class T>
+void broadcast(DistributedState& state, std::span<T> data, int root, cudaStream_t stream) {
+  broadcast<T>(communicator(state), data, root, stream);
+}
+/// @copydoc all_gather(Communicator&, std::span<const std::type_identity_t<T>>, std::span<T>, cudaStream_t)
+template <class T>
+void reduce_scatter(DistributedState& state, std::span<const std::type_identity_t<T>> send, std::span<T> recv, ReduceOp op,
+                    cudaStream_t stream) {
+  reduce_scatter<T>(communicator(state), send, recv, op, stream);
+}
+#endif
 ///@}
 
 ACCEL_NAMESPACE_END

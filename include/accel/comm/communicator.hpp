@@ -5,7 +5,8 @@
 ///
 /// A backend only implements one round, exchange(): every rank contributes a small header and a
 /// payload and receives everyone's. This base class turns rounds into all_gather / broadcast /
-/// barrier and adds what must hold for every backend:
+/// barrier, runs the buffer collectives (run_buffer(): a checked round of descriptors, then the
+/// backend's data step, by default rounds of raw bytes) and adds what must hold for every backend:
 /// - a sequence check: each round carries its number and operation, so a collective called on only
 ///   some ranks, or different collectives on different ranks, is reported instead of hanging;
 /// - failure markers: a rank whose local step failed still joins the round, flagged, so every
@@ -26,6 +27,7 @@
 #include <accel/comm/wire.hpp>
 #include <accel/runtime/error.hpp>
 #include <accel/comm/blobs.hpp>
+#include <accel/comm/reduce.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 
@@ -149,6 +151,36 @@ class Communicator {
     round(op, {}, -1, std::move(failure));
   }
 
+  /// @brief A buffer collective (all_gather, all_reduce, broadcast, reduce_scatter over spans).
+  ///
+  /// First a round of descriptors (operation, element type, reduction, lengths) checked across
+  /// ranks, then the backend's data step (buffer_data()).
+  /// @throws usage_error on every rank when the ranks' element types, operators or lengths differ
+  ///         (naming them), or on this rank when its spans do not fit the operation (the others
+  ///         then throw comm_error naming it)
+  /// @throws comm_error / timeout_error as all_gather()
+  /// @note collective
+  CollectiveHandle run_buffer(const BufferCall& call) {
+    std::exception_ptr failure;
+    try {
+      if (auto problem = detail::local_problem(call, size_, rank_); !problem.empty()) detail::throw_error<usage_error>(problem);
+      prepare_buffers(call);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    const auto mine = detail::encode_descriptor(detail::describe(call));
+    const std::string op(buffer_op_name(call.kind));
+    const Blobs all = round(op, failure ? Payload() : Payload(mine), call.kind == BufferOp::broadcast ? call.root : -1, failure);
+    const std::string label = detail::concat(op, " #", seq_);
+    std::vector<detail::BufferDescriptor> descriptors;
+    for (std::size_t i = 0; i < all.size(); ++i) descriptors.push_back(detail::decode_descriptor(all[i], static_cast<int>(i)));
+    detail::check_descriptors(descriptors, label);
+    return buffer_data(call, label);
+  }
+
+  /// @brief True when the buffer collectives take device memory (NCCL), false for host memory.
+  [[nodiscard]] virtual bool device_buffers() const noexcept { return false; }
+
  protected:
   /// @param rank this member's rank; @param size members; @param timeout bound on every wait
   /// @throws usage_error when rank is not in [0, size)
@@ -168,7 +200,54 @@ class Communicator {
   /// @throws comm_error / timeout_error naming the rank(s) that died or did not arrive
   virtual Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header, const Payload& payload) = 0;
 
+  /// @brief This rank's preparation for a buffer collective, before the descriptor round (a
+  /// backend creates what peers will open after it); what it throws travels as a failure marker.
+  virtual void prepare_buffers(const BufferCall&) {}
+
+  /// @brief The data step of a buffer collective whose descriptors matched on every rank.
+  ///
+  /// The default moves raw bytes in rounds (one all-gather; every rank reduces in rank order), so
+  /// any backend has the buffer collectives; backends override it with a faster path.
+  /// @param label "all_reduce #4", for messages
+  virtual CollectiveHandle buffer_data(const BufferCall& c, const std::string& label) {
+    const std::size_t es = element_size(c.type);
+    const std::string op = detail::concat(buffer_op_name(c.kind), ".data");
+    if (c.kind == BufferOp::broadcast) {
+      const std::span<const std::byte> mine(static_cast<const std::byte*>(c.send), c.send_count * es);
+      const auto got = broadcast(op, mine, c.root);
+      expect_bytes(got.size(), mine.size(), c.root, label);
+      if (rank_ != c.root && !got.empty()) std::memcpy(c.recv, got.data(), got.size());
+      return {};
+    }
+    const Blobs all = all_gather(op, std::span<const std::byte>(static_cast<const std::byte*>(c.send), c.send_count * es));
+    const std::size_t sent = c.send_count * es;
+    for (std::size_t i = 0; i < all.size(); ++i) expect_bytes(all[i].size(), sent, static_cast<int>(i), label);
+    if (c.kind == BufferOp::all_gather) {
+      for (std::size_t i = 0; i < all.size(); ++i)
+        if (sent) std::memcpy(static_cast<std::byte*>(c.recv) + i * sent, all[i].data(), sent);
+      return {};
+    }
+    // all_reduce / reduce_scatter: reduce this rank's block (all of it for all_reduce) in rank order.
+    const std::size_t block = c.recv_count * es;
+    const std::size_t from = c.kind == BufferOp::reduce_scatter ? static_cast<std::size_t>(rank_) * block : 0;
+    std::vector<std::vector<std::byte>> aligned;  // parts not aligned for their element type, copied
+    std::vector<const void*> inputs;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      const std::byte* p = all[i].data() + from;
+      if (reinterpret_cast<std::uintptr_t>(p) % es != 0) p = aligned.emplace_back(p, p + block).data();
+      inputs.push_back(p);
+    }
+    detail::reduce_bytes(c.type, c.recv, inputs, c.recv_count, c.op);
+    return {};
+  }
+
  private:
+  void expect_bytes(std::size_t got, std::size_t want, int from, const std::string& label) const {
+    if (got != want)
+      detail::throw_error<comm_error>(backend(), " backend delivered ", got, " bytes from rank ", from, " for ", label, ", ", want,
+                                      " expected");
+  }
+
   Blobs round(std::string_view op, Payload data, int root, std::exception_ptr failure) {
     detail::RoundHeader h;
     h.seq = ++seq_;

@@ -10,6 +10,10 @@
 /// never overwrites what a slower one still reads) and every peer decodes it in place. Segments
 /// stay mapped between rounds on both sides, so a steady stream of rounds faults in no pages. Across machines
 /// (or with ACCEL_CPU_SHM=0) everything rides in the store exchange.
+///
+/// Buffer collectives (all_reduce and friends over spans) check their descriptors in one store
+/// round, then move the data through a third segment per rank in pipelined chunks
+/// (detail/shm_collectives.hpp); across machines the data rides in store rounds instead.
 #pragma once
 
 #include <chrono>
@@ -24,6 +28,7 @@
 
 #include <accel/runtime/config.hpp>
 #include <accel/comm/detail/shm.hpp>
+#include <accel/comm/detail/shm_collectives.hpp>
 #include <accel/comm/wire.hpp>
 #include <accel/runtime/error.hpp>
 #include <accel/comm/communicator.hpp>
@@ -36,6 +41,8 @@ struct CpuCommOptions {
   std::string name = "default";               ///< distinguishes several communicators of one job (same on every rank)
   std::size_t shm_threshold = 32 * 1024;      ///< payloads of at least this many bytes use shared memory
   bool use_shm = true;                        ///< false (or ACCEL_CPU_SHM=0): everything through the store
+  std::size_t buffer_chunk_bytes = 1 << 20;   ///< buffer collectives: bytes per pipelined step (same on every rank; each
+                                              ///< rank holds a segment of twice this)
 };
 
 /// @brief Collectives over the job's store (and shared memory on one machine).
@@ -50,22 +57,42 @@ class CpuCommunicator final : public Communicator {
     if (env && (std::string(env) == "0" || std::string(env) == "false" || std::string(env) == "off")) options_.use_shm = false;
     // Rank 0 draws a generation number so a communicator re-created under the same name never
     // sees keys of an earlier one; the setup round hands it to everyone with the machine identities.
+    // It also carries what the buffer collectives need: each rank's segment name, process id, PID
+    // namespace and chunk size.
+    ACCEL_EXPECTS(options_.buffer_chunk_bytes >= 4096 && options_.buffer_chunk_bytes % 64 == 0,
+                  "CpuCommOptions::buffer_chunk_bytes must be a multiple of 64 and at least 4096, not ", options_.buffer_chunk_bytes);
     const std::string me = detail::machine_identity();
+    const std::string shm_prefix = detail::unique_shm_prefix();
     const std::uint64_t generation = rank == 0 ? static_cast<std::uint64_t>(store_->add(base_key() + "generation", 1)) : 0;
     detail::WireWriter w;
-    w.str(me).u64(generation);
+    w.str(me).u64(generation).str(shm_prefix + ".c").i64(static_cast<std::int64_t>(::getpid()));
+    w.u64(detail::pid_namespace_id()).u64(options_.buffer_chunk_bytes);
     const Blobs all = store_->exchange(base_key() + "setup", rank, size, w.take(), "communicator setup (" + options_.name + ")");
     same_machine_ = true;
+    std::vector<detail::ShmBufferEngine::Peer> peers;
+    std::vector<std::uint64_t> chunks;
     for (std::size_t i = 0; i < all.size(); ++i) {
       detail::WireReader rd(all[i]);
       same_machine_ = same_machine_ && rd.str() == me;
-      if (i == 0) prefix_ = base_key() + std::to_string(rd.u64()) + "/";
+      const auto gen = rd.u64();
+      if (i == 0) prefix_ = base_key() + std::to_string(gen) + "/";
+      auto& p = peers.emplace_back();
+      p.segment = rd.str();
+      p.pid = rd.i64();
+      p.pid_namespace = rd.u64();
+      chunks.push_back(rd.u64());
     }
     if (same_machine_ && options_.use_shm) {
+      for (std::size_t i = 0; i < chunks.size(); ++i)
+        if (chunks[i] != chunks.front())
+          detail::throw_error<usage_error>(
+              "CpuCommOptions::buffer_chunk_bytes differs across ranks: ",
+              detail::ranks_by(chunks.size(), [&](std::size_t r) { return std::to_string(chunks[r]); }, "pass"),
+              "; pass the same value on every rank");
       if (rank == 0) detail::remove_stale_shm_segments();  // what killed processes left (every rank is on this machine)
-      const std::string prefix = detail::unique_shm_prefix();
-      segments_.emplace_back(prefix + ".a");
-      segments_.emplace_back(prefix + ".b");
+      segments_.emplace_back(shm_prefix + ".a");
+      segments_.emplace_back(shm_prefix + ".b");
+      if (size > 1) buffers_ = std::make_unique<detail::ShmBufferEngine>(rank, std::move(peers), options_.buffer_chunk_bytes, timeout());
     }
   }
 
@@ -90,6 +117,17 @@ class CpuCommunicator final : public Communicator {
   [[nodiscard]] StoreClient& store() const noexcept { return *store_; }
 
  protected:
+  void prepare_buffers(const BufferCall&) override {
+    if (buffers_) buffers_->prepare();
+  }
+
+  CollectiveHandle buffer_data(const BufferCall& c, const std::string& label) override {
+    if (!buffers_) return Communicator::buffer_data(c, label);
+    last_shm_round_ = collectives_entered();  // peers may still open our segment after we return: the destructor waits
+    buffers_->run(c, label);
+    return {};
+  }
+
   Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header, const Payload& payload) override {
     // Entry: u32 header size, header, u8 transport, then the payload (inline) or a segment reference.
     detail::WireWriter w;
@@ -161,6 +199,7 @@ class CpuCommunicator final : public Communicator {
   std::uint64_t last_shm_round_ = 0;  ///< the latest round whose payload went through our segments
   std::vector<detail::ShmSegment> segments_;
   detail::ShmPeerMappings peer_maps_;
+  std::unique_ptr<detail::ShmBufferEngine> buffers_;  ///< null: buffer collectives travel in store rounds
 };
 
 ACCEL_NAMESPACE_END

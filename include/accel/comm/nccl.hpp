@@ -3,14 +3,20 @@
 /// @file nccl.hpp
 /// @brief NcclCommunicator: collectives between GPU processes over NCCL (the only header that includes nccl.h).
 ///
-/// Bootstrap: rank 0 creates the ncclUniqueId and publishes it through the job's store; the
-/// communicator is created non-blocking and every wait polls ncclCommGetAsyncError against the
-/// timeout, aborting the communicator when it passes. A round first exchanges headers and payload
-/// sizes through the store (sequence check, failure markers), then moves the payloads padded to
-/// the largest in one ncclAllGather on a dedicated stream. Without NCCL compiled in the class
-/// still exists and its constructor throws unavailable_error.
+/// Bootstrap: rank 0 draws a generation number and creates the ncclUniqueId; one store exchange
+/// hands both to every rank (so a communicator re-created under the same name never picks up an
+/// earlier one's id, and its round keys carry the generation). The communicator is created
+/// non-blocking and every wait polls ncclCommGetAsyncError against the timeout; any failure aborts
+/// it at once (ncclCommAbort, before its buffers are freed). A round first exchanges headers and
+/// payload sizes through the store (sequence check, failure markers), then moves the payloads
+/// padded to the largest in one ncclAllGather on a dedicated stream. Buffer collectives map onto
+/// ncclAllGather / ncclAllReduce / ncclBroadcast / ncclReduceScatter on device memory. Every call
+/// that makes the communicator's device current restores the caller's device afterwards. The
+/// CUDA and NCCL calls go through a table (NcclApi) that tests replace with a simulation. Without
+/// NCCL compiled in the class still exists and its constructor throws unavailable_error.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -34,12 +40,55 @@
 
 ACCEL_NAMESPACE_BEGIN
 
+#if ACCEL_HAS_NCCL()
+/// @brief The CUDA runtime and NCCL calls NcclCommunicator makes: the real functions by default;
+/// tests substitute a simulation to check the argument mapping and the failure paths without a GPU.
+struct NcclApi {
+  cudaError_t (*get_device_count)(int*) = &cudaGetDeviceCount;
+  cudaError_t (*get_device)(int*) = &cudaGetDevice;
+  cudaError_t (*set_device)(int) = &cudaSetDevice;
+  cudaError_t (*get_last_error)() = &cudaGetLastError;
+  const char* (*error_name)(cudaError_t) = &cudaGetErrorName;
+  const char* (*error_string)(cudaError_t) = &cudaGetErrorString;
+  cudaError_t (*stream_create)(cudaStream_t*, unsigned int) = &cudaStreamCreateWithFlags;
+  cudaError_t (*stream_destroy)(cudaStream_t) = &cudaStreamDestroy;
+  cudaError_t (*stream_query)(cudaStream_t) = &cudaStreamQuery;
+  cudaError_t (*event_create)(cudaEvent_t*, unsigned int) = &cudaEventCreateWithFlags;
+  cudaError_t (*event_record)(cudaEvent_t, cudaStream_t) = &cudaEventRecord;
+  cudaError_t (*event_query)(cudaEvent_t) = &cudaEventQuery;
+  cudaError_t (*event_destroy)(cudaEvent_t) = &cudaEventDestroy;
+  cudaError_t (*malloc)(void**, std::size_t) = &cudaMalloc;
+  cudaError_t (*free)(void*) = &cudaFree;
+  cudaError_t (*memcpy_async)(void*, const void*, std::size_t, cudaMemcpyKind, cudaStream_t) = &cudaMemcpyAsync;
+  ncclResult_t (*get_unique_id)(ncclUniqueId*) = &ncclGetUniqueId;
+  ncclResult_t (*comm_init_rank_config)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*) = &ncclCommInitRankConfig;
+  ncclResult_t (*comm_get_async_error)(ncclComm_t, ncclResult_t*) = &ncclCommGetAsyncError;
+  ncclResult_t (*comm_finalize)(ncclComm_t) = &ncclCommFinalize;
+  ncclResult_t (*comm_destroy)(ncclComm_t) = &ncclCommDestroy;
+  ncclResult_t (*comm_abort)(ncclComm_t) = &ncclCommAbort;
+  const char* (*result_string)(ncclResult_t) = &ncclGetErrorString;
+  const char* (*last_error)(ncclComm_t) = &ncclGetLastError;
+  ncclResult_t (*all_gather)(const void*, void*, std::size_t, ncclDataType_t, ncclComm_t, cudaStream_t) = &ncclAllGather;
+  ncclResult_t (*all_reduce)(const void*, void*, std::size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) = &ncclAllReduce;
+  ncclResult_t (*broadcast)(const void*, void*, std::size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = &ncclBroadcast;
+  ncclResult_t (*reduce_scatter)(const void*, void*, std::size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) =
+      &ncclReduceScatter;
+};
+#endif
+
 /// @brief Settings of an NcclCommunicator.
 struct NcclCommOptions {
   std::string name = "default";  ///< distinguishes several communicators of one job (same on every rank)
+#if ACCEL_HAS_NCCL()
+  std::shared_ptr<const NcclApi> api;  ///< the CUDA/NCCL calls (null: the real ones); tests pass a simulation
+#endif
 };
 
 namespace detail {
+
+/// @brief Payloads of at most this many bytes ride in the store exchange; a round whose payloads
+/// all do never touches the GPU (descriptor rounds, small gathers).
+inline constexpr std::size_t nccl_inline_limit = 16 * 1024;
 
 /// @brief How variable-sized payloads are padded for one fixed-size all-gather (pure).
 struct PaddedLayout {
@@ -57,6 +106,63 @@ inline PaddedLayout padded_layout(std::span<const std::uint64_t> sizes, std::siz
   return l;
 }
 
+#if ACCEL_HAS_NCCL()
+/// @brief NCCL's data type for an element type (pure).
+constexpr ncclDataType_t nccl_data_type(ElementType t) noexcept {
+  switch (t) {
+    case ElementType::int8: return ncclInt8;
+    case ElementType::uint8: return ncclUint8;
+    case ElementType::int32: return ncclInt32;
+    case ElementType::uint32: return ncclUint32;
+    case ElementType::int64: return ncclInt64;
+    case ElementType::uint64: return ncclUint64;
+    case ElementType::float16: return ncclFloat16;
+    case ElementType::bfloat16: return ncclBfloat16;
+    case ElementType::float32: return ncclFloat32;
+    case ElementType::float64: return ncclFloat64;
+  }
+  return ncclUint8;
+}
+/// @brief NCCL's reduction for a ReduceOp (pure).
+constexpr ncclRedOp_t nccl_reduce_op(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::prod: return ncclProd;
+    case ReduceOp::min: return ncclMin;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::avg: return ncclAvg;
+  }
+  return ncclSum;
+}
+
+/// @brief Makes `device` current for its lifetime and restores the caller's device after (the
+/// caller's device is only changed when it differs).
+class CurrentDevice {
+ public:
+  CurrentDevice(const NcclApi& api, int device) : api_(api) {
+    if (api_.get_device(&previous_) != cudaSuccess) (void)api_.get_last_error(), previous_ = -1;
+    if (previous_ == device) return;
+    const cudaError_t rc = api_.set_device(device);
+    if (rc != cudaSuccess) {
+      (void)api_.get_last_error();
+      throw cuda_error(static_cast<int>(rc),
+                       concat("cudaSetDevice(", device, ") failed: ", api_.error_name(rc), ": ", api_.error_string(rc)));
+    }
+    changed_ = true;
+  }
+  ~CurrentDevice() {
+    if (changed_ && previous_ >= 0 && api_.set_device(previous_) != cudaSuccess) (void)api_.get_last_error();
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  const NcclApi& api_;
+  int previous_ = -1;
+  bool changed_ = false;
+};
+#endif
+
 }  // namespace detail
 
 /// @brief Collectives between GPU processes over NCCL; metadata through the job's store.
@@ -64,7 +170,7 @@ class NcclCommunicator final : public Communicator {
  public:
   /// @brief Creates the NCCL communicator. Collective: every rank constructs it with the same name.
   /// @param store the job's store (may be null when size == 1)
-  /// @param device this rank's CUDA device (made current for every call)
+  /// @param device this rank's CUDA device (made current during every call, the caller's restored after)
   /// @param timeout bound on init and every collective
   /// @throws unavailable_error when NCCL is not compiled in or no CUDA device is visible
   /// @throws nccl_error / cuda_error when a call fails; timeout_error when init does not finish in time
@@ -72,30 +178,42 @@ class NcclCommunicator final : public Communicator {
                    NcclCommOptions options = {})
       : Communicator(rank, size, timeout), store_(std::move(store)), options_(std::move(options)), device_(device) {
 #if ACCEL_HAS_NCCL()
+    if (!options_.api) options_.api = std::make_shared<const NcclApi>();
+    const NcclApi& api = *options_.api;
     ACCEL_EXPECTS(size == 1 || store_, "NcclCommunicator: a store is required for ", size, " ranks");
     int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-      (void)cudaGetLastError();
+    if (api.get_device_count(&count) != cudaSuccess || count == 0) {
+      (void)api.get_last_error();
       detail::throw_error<unavailable_error>("NCCL needs a CUDA device but none is visible to this process; use the CPU backend "
                                              "(StateOptions::cpu, ACCEL_USE_CPU=1 or ACCEL_COMM_BACKEND=cpu)");
     }
-    cuda(cudaSetDevice(device_), "cudaSetDevice");
+    detail::CurrentDevice on(api, device_);
+    // Rank 0 draws a generation and the id; one exchange (a fresh round that completes only when
+    // every rank of this instance arrived) hands both out, so no rank reads an earlier instance's id.
     ncclUniqueId id{};
-    if (rank == 0) nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    std::uint64_t generation = 0;
+    if (rank == 0) nccl(api.get_unique_id(&id), "ncclGetUniqueId");
     if (size > 1) {
-      const std::string key = "accel/nccl/" + options_.name + "/id";
-      if (rank == 0) store_->set(key, std::as_bytes(std::span<const char>(id.internal, sizeof id.internal)));
-      const auto got = store_->get(key);
+      const std::string base = "accel/nccl/" + options_.name + "/";
+      detail::WireWriter w;
+      if (rank == 0)
+        w.u64(static_cast<std::uint64_t>(store_->add(base + "generation", 1)))
+            .bytes(std::as_bytes(std::span<const char>(id.internal, sizeof id.internal)));
+      const Blobs all = store_->exchange(base + "setup", rank, size, w.take(), "NCCL communicator setup (" + options_.name + ")");
+      detail::WireReader rd(all[0]);
+      generation = rd.u64();
+      const auto got = rd.bytes();
       if (got.size() != sizeof id.internal)
-        detail::throw_error<comm_error>("the ncclUniqueId from the store has ", got.size(), " bytes, ", sizeof id.internal, " expected");
+        detail::throw_error<comm_error>("the ncclUniqueId from rank 0 has ", got.size(), " bytes, ", sizeof id.internal, " expected");
       std::memcpy(id.internal, got.data(), got.size());
     }
+    prefix_ = "accel/nccl/" + options_.name + "/" + std::to_string(generation) + "/";
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // so every wait below can be bounded and the communicator aborted
     try {
-      nccl(ncclCommInitRankConfig(&comm_, size, id, rank, &config), "ncclCommInitRankConfig");
+      nccl(api.comm_init_rank_config(&comm_, size, id, rank, &config), "ncclCommInitRankConfig");
       wait_comm("ncclCommInitRankConfig");
-      cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+      cuda(api.stream_create(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     } catch (...) {
       release();  // no destructor runs for a constructor that throws
       throw;
@@ -116,26 +234,40 @@ class NcclCommunicator final : public Communicator {
   [[nodiscard]] std::string backend() const override { return "nccl"; }
   /// @brief The CUDA device this communicator runs on.
   [[nodiscard]] int device() const noexcept { return device_; }
+  /// @brief Buffer collectives take device memory of device().
+  [[nodiscard]] bool device_buffers() const noexcept override { return true; }
 
  protected:
   Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header, const Payload& payload) override {
 #if ACCEL_HAS_NCCL()
     if (aborted_) detail::throw_error<comm_error>("the NCCL communicator was aborted after an earlier failure; create a new one");
+    const NcclApi& api = *options_.api;
     // 1. Headers and sizes through the store: every rank learns the same facts, so all skip the
     //    data step together when a rank failed or the ranks are out of step.
+    //    Small payloads ride along (so descriptor rounds and small gathers never touch the GPU).
     Round r;
     std::vector<std::uint64_t> sizes(static_cast<std::size_t>(size()));
+    const bool small = payload.size() <= detail::nccl_inline_limit;
+    Blobs all;
+    std::vector<std::span<const std::byte>> inline_parts(static_cast<std::size_t>(size()));
     if (size() == 1) {
       r.headers.push_back(header);
       sizes[0] = payload.size();
+      if (small) {
+        r.payloads.push_back(payload.head);
+        r.payloads.append_to_last(payload.body);
+        return r;
+      }
     } else {
       detail::WireWriter w;
       w.bytes(header).u64(payload.size());
-      const Blobs all = store_->exchange("accel/nccl/" + options_.name + "/" + std::to_string(seq), rank(), size(), w.take(), label);
+      if (small) w.bytes(payload.size() == payload.head.size() ? payload.head : std::span<const std::byte>(payload.joined()));
+      all = store_->exchange(prefix_ + std::to_string(seq), rank(), size(), w.take(), label);
       for (std::size_t i = 0; i < all.size(); ++i) {
         detail::WireReader rd(all[i]);
         r.headers.push_back(rd.bytes());
         sizes[i] = rd.u64();
+        if (sizes[i] <= detail::nccl_inline_limit) inline_parts[i] = rd.bytes();
       }
     }
     bool in_step = true;
@@ -148,19 +280,23 @@ class NcclCommunicator final : public Communicator {
       for (std::size_t i = 0; i < sizes.size(); ++i) r.payloads.offset.push_back(0), r.payloads.length.push_back(0);
       return r;
     }
+    if (*std::max_element(sizes.begin(), sizes.end()) <= detail::nccl_inline_limit) {
+      for (const auto& part : inline_parts) r.payloads.push_back(part);
+      return r;
+    }
     // 2. One padded all-gather on our own stream, then one copy back to the host.
-    cuda(cudaSetDevice(device_), "cudaSetDevice");
+    detail::CurrentDevice on(api, device_);
     reserve(layout);
     auto* send = static_cast<std::byte*>(send_);
     if (!payload.head.empty())
-      cuda(cudaMemcpyAsync(send, payload.head.data(), payload.head.size(), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+      cuda(api.memcpy_async(send, payload.head.data(), payload.head.size(), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
     if (!payload.body.empty())
-      cuda(cudaMemcpyAsync(send + payload.head.size(), payload.body.data(), payload.body.size(), cudaMemcpyHostToDevice, stream_),
+      cuda(api.memcpy_async(send + payload.head.size(), payload.body.data(), payload.body.size(), cudaMemcpyHostToDevice, stream_),
            "cudaMemcpyAsync");
-    nccl(ncclAllGather(send_, recv_, layout.chunk, ncclUint8, comm_, stream_), "ncclAllGather");
+    enqueued(api.all_gather(send_, recv_, layout.chunk, ncclUint8, comm_, stream_), "ncclAllGather");
     r.payloads.buffer.resize(layout.total);
-    cuda(cudaMemcpyAsync(r.payloads.buffer.data(), recv_, layout.total, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
-    wait_stream(label);
+    cuda(api.memcpy_async(r.payloads.buffer.data(), recv_, layout.total, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    wait_until([&] { return api.stream_query(stream_); }, label);
     for (std::size_t i = 0; i < sizes.size(); ++i)
       r.payloads.offset.push_back(i * layout.chunk), r.payloads.length.push_back(static_cast<std::size_t>(sizes[i]));
     return r;
@@ -170,50 +306,94 @@ class NcclCommunicator final : public Communicator {
 #endif
   }
 
+  /// @brief The buffer collectives: one NCCL call on the call's stream (or ours), an event after it.
+  CollectiveHandle buffer_data(const BufferCall& c, const std::string& label) override {
+#if ACCEL_HAS_NCCL()
+    if (aborted_) detail::throw_error<comm_error>("the NCCL communicator was aborted after an earlier failure; create a new one");
+    const NcclApi& api = *options_.api;
+    detail::CurrentDevice on(api, device_);
+    cudaStream_t s = c.stream ? static_cast<cudaStream_t>(c.stream) : stream_;
+    const ncclDataType_t type = detail::nccl_data_type(c.type);
+    const ncclRedOp_t op = detail::nccl_reduce_op(c.op);
+    switch (c.kind) {
+      case BufferOp::all_gather: enqueued(api.all_gather(c.send, c.recv, c.send_count, type, comm_, s), "ncclAllGather"); break;
+      case BufferOp::all_reduce: enqueued(api.all_reduce(c.send, c.recv, c.recv_count, type, op, comm_, s), "ncclAllReduce"); break;
+      case BufferOp::broadcast: enqueued(api.broadcast(c.send, c.recv, c.recv_count, type, c.root, comm_, s), "ncclBroadcast"); break;
+      case BufferOp::reduce_scatter:
+        enqueued(api.reduce_scatter(c.send, c.recv, c.recv_count, type, op, comm_, s), "ncclReduceScatter");
+        break;
+    }
+    cudaEvent_t raw = nullptr;
+    cuda(api.event_create(&raw, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    const std::shared_ptr<CUevent_st> event(raw, [api = options_.api](cudaEvent_t e) { (void)api->event_destroy(e); });
+    cuda(api.event_record(raw, s), "cudaEventRecord");
+    return CollectiveHandle([this, event, label] {
+      const NcclApi& a = *options_.api;
+      wait_until([&] { return a.event_query(event.get()); }, label);
+    });
+#else
+    (void)c, (void)label;
+    detail::throw_error<unavailable_error>("NCCL is not compiled in");
+#endif
+  }
+
  private:
 #if ACCEL_HAS_NCCL()
   void cuda(cudaError_t rc, const char* call) {
     if (rc == cudaSuccess) return;
-    (void)cudaGetLastError();
-    throw cuda_error(static_cast<int>(rc), detail::concat(call, " failed on device ", device_, ": ", cudaGetErrorName(rc), ": ",
-                                                          cudaGetErrorString(rc)));
+    const NcclApi& api = *options_.api;
+    (void)api.get_last_error();
+    throw cuda_error(static_cast<int>(rc), detail::concat(call, " failed on device ", device_, ": ", api.error_name(rc), ": ",
+                                                          api.error_string(rc)));
   }
   void nccl(ncclResult_t rc, const char* call) {
     if (rc == ncclSuccess || rc == ncclInProgress) return;
-    const char* last = comm_ ? ncclGetLastError(comm_) : nullptr;
+    const NcclApi& api = *options_.api;
+    const char* last = comm_ ? api.last_error(comm_) : nullptr;
+    const std::string detail_text = last && *last ? detail::concat(" (", last, ")") : std::string();
     abort();
-    throw nccl_error(static_cast<int>(rc), detail::concat(call, " failed on rank ", rank(), ": ", ncclGetErrorString(rc),
-                                                          last && *last ? detail::concat(" (", last, ")") : std::string()));
+    throw nccl_error(static_cast<int>(rc), detail::concat(call, " failed on rank ", rank(), ": ", api.result_string(rc), detail_text,
+                                                          "; the NCCL communicator was aborted"));
   }
-  // Marks the communicator unusable; release() then aborts it instead of finalizing.
-  void abort() noexcept { aborted_ = comm_ != nullptr; }
+  // A call on a non-blocking communicator may still be in progress: wait until it is enqueued.
+  void enqueued(ncclResult_t rc, const char* call) {
+    nccl(rc, call);
+    if (rc == ncclInProgress) wait_comm(call);
+  }
+  // Aborts the communicator now (in-flight NCCL work is cancelled, peers' waits end), so its
+  // buffers can be freed safely afterwards; every later call throws.
+  void abort() noexcept {
+    aborted_ = true;
+    if (comm_) (void)options_.api->comm_abort(comm_), comm_ = nullptr;
+  }
   void release() noexcept {
-    if (stream_) cudaStreamDestroy(stream_), stream_ = nullptr;
-    if (send_) cudaFree(send_), send_ = nullptr;
-    if (recv_) cudaFree(recv_), recv_ = nullptr;
-    if (!comm_) return;
-    const ncclResult_t fin = aborted_ ? ncclInternalError : ncclCommFinalize(comm_);
-    if (fin == ncclSuccess || fin == ncclInProgress) {
+    const NcclApi& api = *options_.api;
+    if (comm_) {
       // Non-blocking finalize: bounded wait for pending work to flush, then destroy; abort otherwise.
-      ncclResult_t state = ncclInProgress;
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (ncclCommGetAsyncError(comm_, &state) == ncclSuccess && state == ncclInProgress && std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      if (state == ncclSuccess) {
-        ncclCommDestroy(comm_);
-        comm_ = nullptr;
-        return;
+      const ncclResult_t fin = api.comm_finalize(comm_);
+      ncclResult_t state = fin;
+      if (fin == ncclSuccess || fin == ncclInProgress) {
+        state = ncclInProgress;
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (api.comm_get_async_error(comm_, &state) == ncclSuccess && state == ncclInProgress &&
+               std::chrono::steady_clock::now() < deadline)
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
       }
+      if (state == ncclSuccess) (void)api.comm_destroy(comm_), comm_ = nullptr;
+      else abort();
     }
-    ncclCommAbort(comm_);
-    comm_ = nullptr;
+    // Only now, with no NCCL work left that could touch them:
+    if (stream_) (void)api.stream_destroy(stream_), stream_ = nullptr;
+    if (send_) (void)api.free(send_), send_ = nullptr;
+    if (recv_) (void)api.free(recv_), recv_ = nullptr;
   }
   // Polls the communicator's asynchronous state until it leaves ncclInProgress, within the timeout.
   void wait_comm(const char* what) {
+    const NcclApi& api = *options_.api;
     const auto deadline = std::chrono::steady_clock::now() + timeout();
     for (auto pause = std::chrono::microseconds(10);; pause = std::min(pause * 2, std::chrono::microseconds(2000))) {
       ncclResult_t state = ncclInProgress;
-      nccl(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+      nccl(api.comm_get_async_error(comm_, &state), "ncclCommGetAsyncError");
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) nccl(state, what);
       if (std::chrono::steady_clock::now() > deadline) {
@@ -224,14 +404,19 @@ class NcclCommunicator final : public Communicator {
       std::this_thread::sleep_for(pause);
     }
   }
-  void wait_stream(const std::string& label) {
+  // Polls `query` (a stream or event) until done; meanwhile the communicator's asynchronous error
+  // (a dead peer) and the timeout end the wait with an error instead of a hang.
+  template <class Query>
+  void wait_until(Query query, const std::string& label) {
+    if (aborted_) detail::throw_error<comm_error>(label, ": the NCCL communicator was aborted after an earlier failure");
+    const NcclApi& api = *options_.api;
     const auto deadline = std::chrono::steady_clock::now() + timeout();
     for (auto pause = std::chrono::microseconds(5);; pause = std::min(pause * 2, std::chrono::microseconds(1000))) {
-      const cudaError_t q = cudaStreamQuery(stream_);
+      const cudaError_t q = query();
       if (q == cudaSuccess) return;
-      if (q != cudaErrorNotReady) cuda(q, "cudaStreamQuery");
+      if (q != cudaErrorNotReady) cuda(q, "cudaStreamQuery/cudaEventQuery");
       ncclResult_t state = ncclSuccess;
-      nccl(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+      nccl(api.comm_get_async_error(comm_, &state), "ncclCommGetAsyncError");
       if (state != ncclSuccess && state != ncclInProgress) nccl(state, label.c_str());
       if (std::chrono::steady_clock::now() > deadline) {
         abort();
@@ -243,14 +428,15 @@ class NcclCommunicator final : public Communicator {
     }
   }
   void reserve(const detail::PaddedLayout& l) {
+    const NcclApi& api = *options_.api;
     if (l.chunk > send_bytes_) {
-      if (send_) cudaFree(send_), send_ = nullptr;
-      cuda(cudaMalloc(&send_, l.chunk), "cudaMalloc");
+      if (send_) (void)api.free(send_), send_ = nullptr;
+      cuda(api.malloc(&send_, l.chunk), "cudaMalloc");
       send_bytes_ = l.chunk;
     }
     if (l.total > recv_bytes_) {
-      if (recv_) cudaFree(recv_), recv_ = nullptr;
-      cuda(cudaMalloc(&recv_, l.total), "cudaMalloc");
+      if (recv_) (void)api.free(recv_), recv_ = nullptr;
+      cuda(api.malloc(&recv_, l.total), "cudaMalloc");
       recv_bytes_ = l.total;
     }
   }
@@ -261,6 +447,7 @@ class NcclCommunicator final : public Communicator {
   void* recv_ = nullptr;
   std::size_t send_bytes_ = 0, recv_bytes_ = 0;
   bool aborted_ = false;
+  std::string prefix_;  ///< store key prefix of this instance: accel/nccl/<name>/<generation>/
 #endif
   std::shared_ptr<StoreClient> store_;
   NcclCommOptions options_;

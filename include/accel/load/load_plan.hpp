@@ -64,7 +64,8 @@ enum class Storage : std::uint8_t {
 struct LoadOptions {
   /// Load dtype for floating tensors (F32/F16/BF16 only); integers and bools never change.
   std::optional<DType> dtype;
-  /// Modules or tensors (exact name or dotted prefix) loaded as float32.
+  /// Patterns of tensors loaded as float32, matched as transformers matches keep-in-fp32 modules
+  /// (keep_in_fp32_matches: anywhere in the name; the planner uses the same rule).
   std::vector<std::string> keep_in_fp32;
   /// The model's tensor names (e.g. from a ModuleTree); when given, checkpoint tensors outside it
   /// are unexpected and listed names absent from the checkpoint are missing.
@@ -194,9 +195,9 @@ inline PlannedTensor plan_tensor(const SafetensorsHeader& header, TensorLocation
   t.stored_bytes = entry.size_bytes();
   t.block = covering.first;
   t.placement = covering.second;
-  bool fp32 = false;
-  for (const auto& k : options.keep_in_fp32) fp32 = fp32 || matches_prefix(entry.name, k);
-  t.dtype = load_dtype(entry.dtype, options.dtype, fp32, entry.name);
+  // The planner sizes with the same decision (tensor_load_dtype), so plan and load agree.
+  const DType wanted = tensor_load_dtype(entry.dtype, entry.name, LoadDTypeRule{options.dtype, options.keep_in_fp32});
+  t.dtype = load_dtype(entry.dtype, wanted, false, entry.name);
   t.bytes = t.converts() ? tensor_bytes(t.dtype, entry.numel()).value_or(0) : t.stored_bytes;
   if (t.placement.is_gpu() && (t.placement.index < 0 || static_cast<std::size_t>(t.placement.index) >= gpu_count))
     throw_error<unavailable_error>("the device map places '", t.block, "' on GPU ", t.placement.index, " but ",

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -259,6 +261,75 @@ struct CatalogReader {
 }
 ///@}
 
+namespace detail {
+// The embedded catalog text, joined once.
+inline const std::string& embedded_catalog_text() {
+  static const std::string text = [] {
+    std::string t;
+    for (auto piece : catalog_json_pieces) t += piece;
+    return t;
+  }();
+  return text;
+}
+
+// The end of the JSON object starting at `open` (one past its closing brace), or npos.
+inline std::size_t json_object_end(std::string_view text, std::size_t open) {
+  int depth = 0;
+  bool in_string = false;
+  for (std::size_t i = open; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{') {
+      ++depth;
+    } else if (c == '}' && --depth == 0) {
+      return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
+// One entry of the embedded catalog, parsed alone (a plan needs one architecture: parsing the
+// whole catalog would cost more than the plan). nullptr when the text has no entry by that name
+// in the generator's compact form; callers then fall back to the whole catalog.
+inline const Architecture* embedded_architecture(std::string_view name) {
+  static std::mutex mutex;
+  static std::map<std::string, std::unique_ptr<Architecture>, std::less<>> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = cache.find(name); it != cache.end()) return it->second.get();
+  const std::string& text = embedded_catalog_text();
+  const std::string key = concat("{\"architecture\":\"", name, "\",");
+  std::unique_ptr<Architecture> entry;
+  if (const auto open = text.find(key); open != std::string::npos)
+    if (const auto end = json_object_end(text, open); end != std::string::npos) {
+      auto parsed = parse_json_strict(std::string_view(text).substr(open, end - open));
+      if (parsed.error.empty() && parsed.value.is_object()) {
+        try {
+          entry = std::make_unique<Architecture>(CatalogReader::entry(parsed.value));
+        } catch (const nlohmann::json::exception& e) {
+          CatalogReader::fail("entry", e.what());
+        }
+      }
+    }
+  return cache.emplace(std::string(name), std::move(entry)).first->second.get();
+}
+
+// A top-level string field of the embedded catalog ("transformers", "torch"), read from its head.
+inline std::string embedded_catalog_field(std::string_view field) {
+  const std::string& text = embedded_catalog_text();
+  const auto head = std::string_view(text).substr(0, text.find("\"architectures\""));
+  const std::string key = concat("\"", field, "\":\"");
+  const auto at = head.find(key);
+  if (at == std::string_view::npos) return std::string();
+  const auto start = at + key.size();
+  const auto end = head.find('"', start);
+  return end == std::string_view::npos ? std::string() : std::string(head.substr(start, end - start));
+}
+}  // namespace detail
+
 /// @brief Outcome of find_architecture: an entry, or why there is none.
 struct ArchitectureMatch {
   const Architecture* architecture = nullptr;  ///< nullptr when unknown
@@ -270,8 +341,7 @@ struct ArchitectureMatch {
 
 /// @brief Looks up `architectures[0]` of a config in the catalog. Only the exact class counts:
 ///        another head on the same model type builds different modules.
-[[nodiscard]] inline ArchitectureMatch find_architecture(const ModelConfig& config,
-                                                         const ArchitectureCatalog& catalog = architecture_catalog()) {
+[[nodiscard]] inline ArchitectureMatch find_architecture(const ModelConfig& config, const ArchitectureCatalog& catalog) {
   ArchitectureMatch m;
   if (config.architectures.empty()) {
     m.reason = "config.json names no architecture (no 'architectures' list); header heuristics apply";
@@ -287,6 +357,21 @@ struct ArchitectureMatch {
                             ")", same_type.empty() ? std::string() : "; same model_type: " + same_type,
                             "; header heuristics apply");
   return m;
+}
+
+/// @brief Looks up `architectures[0]` of a config in the embedded catalog. Only the entry found is
+///        parsed (the whole catalog costs more than a plan); the whole catalog is read only to
+///        explain a miss.
+[[nodiscard]] inline ArchitectureMatch find_architecture(const ModelConfig& config) {
+  if (!config.architectures.empty())
+    if (const auto* a = detail::embedded_architecture(config.architectures.front())) return ArchitectureMatch{a, {}};
+  return find_architecture(config, architecture_catalog());
+}
+
+/// @brief The transformers release the embedded catalog was generated from.
+[[nodiscard]] inline std::string catalog_transformers_version() {
+  auto v = detail::embedded_catalog_field("transformers");
+  return v.empty() ? architecture_catalog().transformers_version : v;
 }
 
 /// @name Pure functions over a catalog entry

@@ -10,10 +10,13 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include <accel/model/architecture.hpp>
 #include <accel/model/dtype.hpp>
 #include <accel/model/json.hpp>
 #include <accel/model/module_tree.hpp>
@@ -65,24 +68,45 @@ inline bool natural_less(std::string_view a, std::string_view b) {
 /// @brief Options for ModuleTree construction from checkpoint headers.
 struct CheckpointTreeOptions {
   /// Overrides config.json's `tie_word_embeddings` (unset: read it; absent in the config means
-  /// true, transformers' default; no config.json means no tie is added).
+  /// the config class default; no config.json means only an `lm_head` tie by name is added).
   std::optional<bool> tie_word_embeddings{};
+  /// The model's config.json when it does not sit next to the checkpoint (`--config FILE`).
+  std::optional<std::filesystem::path> config_file{};
+  /// The dtype the model is loaded in, for the buffers the catalog creates in the model's dtype
+  /// (unset: what `auto` resolves to, see CheckpointModel::auto_dtype).
+  std::optional<DType> load_dtype{};
+  /// Read the architecture catalog (false: headers and name heuristics only).
+  bool use_catalog = true;
+};
+
+/// @brief A checkpoint as transformers would build it: the tree and what config.json and the
+///        catalog said about it.
+struct CheckpointModel {
+  ModuleTree tree;                          ///< modules in construction order, classes, ties, buffers
+  std::optional<ModelConfig> config{};      ///< config.json, when found
+  const Architecture* architecture = nullptr;  ///< the catalog entry, or nullptr
+  std::string architecture_note{};          ///< which entry was used, or why none
+  /// What transformers' `dtype="auto"` loads in: the config's dtype, else the first floating
+  /// dtype in the (first shard's) header; unset for a checkpoint without floating tensors.
+  std::optional<DType> auto_dtype{};
+  std::size_t buffers_added = 0;            ///< non-persistent buffers added from the catalog
+  std::size_t tied_groups = 0;              ///< tie groups applied from the catalog
+
+  /// @brief The catalog's no-split classes (empty for an unknown architecture).
+  [[nodiscard]] std::vector<std::string> no_split_classes() const {
+    return architecture ? architecture->no_split_modules : std::vector<std::string>{};
+  }
+  /// @brief The catalog's keep-in-fp32 modules for a load dtype (transformers' rule: the plain
+  ///        list for float16, the strict list for float16 and bfloat16).
+  [[nodiscard]] std::vector<std::string> keep_in_fp32(std::optional<DType> load) const {
+    return architecture && load ? keep_in_fp32_modules(*architecture, *load) : std::vector<std::string>{};
+  }
 };
 
 namespace detail {
-inline std::optional<bool> config_ties_embeddings(const Checkpoint& ckpt) {
-  if (!ckpt.config_file) return std::nullopt;
-  const auto text = read_text_file(*ckpt.config_file, "model config");
-  auto parsed = parse_json_strict(text);
-  if (!parsed.error.empty() || !parsed.value.is_object())
-    throw_error<checkpoint_error>("model config '", ckpt.config_file->string(), "' is not a JSON object",
-                                  parsed.error.empty() ? std::string() : ": " + parsed.error, "; fix or remove it");
-  auto it = parsed.value.find("tie_word_embeddings");
-  if (it == parsed.value.end() || it->is_null()) return true;
-  if (!it->is_boolean())
-    throw_error<checkpoint_error>("model config '", ckpt.config_file->string(), "': tie_word_embeddings is ", json_excerpt(*it),
-                                  ", not true or false");
-  return it->get<bool>();
+inline std::optional<bool> config_ties_embeddings(const std::optional<ModelConfig>& config) {
+  if (!config) return std::nullopt;
+  return config->tie_word_embeddings.value_or(true);
 }
 
 inline std::optional<std::size_t> find_input_embedding(const ModuleTree& tree) {
@@ -98,28 +122,126 @@ inline std::optional<std::size_t> find_input_embedding(const ModuleTree& tree) {
       if (std::string_view(t.name).ends_with(s)) return tree.find_tensor(t.name);
   return std::nullopt;
 }
+
+// The first template of `arch` matching `path` that lists `local` among its parameters (0) or
+// buffers (1), with the position there; nullopt when none does.
+inline std::optional<std::pair<int, std::size_t>> catalog_tensor_slot(const Architecture& arch, std::string_view path,
+                                                                      std::string_view local) {
+  for (const auto& m : arch.modules) {
+    if (!template_matches(m.path, path)) continue;
+    for (std::size_t i = 0; i < m.parameters.size(); ++i)
+      if (m.parameters[i] == local) return std::pair{0, i};
+    for (std::size_t i = 0; i < m.buffers.size(); ++i)
+      if (m.buffers[i] == local) return std::pair{1, i};
+  }
+  return std::nullopt;
+}
+
+// One tensor of the tree to build: a checkpoint tensor, a tied copy the checkpoint leaves out, or
+// a buffer the model computes.
+struct TreeEntry {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<std::int64_t> shape;
+  std::size_t shard = 0;
+  bool buffer = false;
+  bool persistent = true;
+};
+
+inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
+  if (ckpt.headers.empty()) return std::nullopt;
+  std::vector<const TensorEntry*> first;
+  for (const auto& t : ckpt.headers.front().tensors) first.push_back(&t);
+  std::sort(first.begin(), first.end(), [](auto a, auto b) { return a->name < b->name; });
+  for (auto t : first)
+    if (is_floating(t->dtype) && bit_size(t->dtype) >= 16) return t->dtype;
+  return std::nullopt;
+}
 }  // namespace detail
 
-/// @brief Builds a ModuleTree from a checkpoint's headers (every tensor a parameter).
+/// @brief Builds the model of a checkpoint from its safetensors headers and config.json.
 ///
-/// safetensors files do not record module order, so siblings are ordered by: embeddings first,
-/// output heads (`lm_head`, `score`, `classifier`, ...) last, then the earliest shard holding
-/// them, then numeric-aware name order (`layers.2` before `layers.10`). A skeleton gives the exact
-/// order when it matters. When the config ties word embeddings, `lm_head.weight` becomes another
-/// name of the input embedding (added when missing, tied when present with the same shape).
-/// @throws accel::checkpoint_error for an unreadable config.json
-[[nodiscard]] inline ModuleTree tree_from_checkpoint(const Checkpoint& ckpt, const CheckpointTreeOptions& opts = {}) {
+/// With a config.json (next to the checkpoint or `opts.config_file`) whose architecture the
+/// catalog knows, the tree is what transformers constructs: modules in construction order
+/// (encoder before decoder, `shared` first, top-level buffers last), their classes (so the
+/// catalog's no-split classes name the blocks), the checkpoint's persistent buffers as buffers,
+/// the tied copies the checkpoint leaves out (`lm_head.weight`, T5's `encoder.embed_tokens.weight`)
+/// tied to the tensor it holds, and the non-persistent buffers (rotary `inv_freq`) with their
+/// sizes. Otherwise siblings are ordered by heuristics: embeddings first, output heads (`lm_head`,
+/// `score`, `classifier`, ...) last, then the earliest shard holding them, then numeric-aware name
+/// order; every tensor is a parameter, and a config that ties word embeddings ties `lm_head.weight`
+/// to the input embedding. `architecture_note` says which.
+/// @throws accel::checkpoint_error for an unreadable config.json or a config lacking a value the
+///         catalog needs
+[[nodiscard]] inline CheckpointModel model_from_checkpoint(const Checkpoint& ckpt, const CheckpointTreeOptions& opts = {}) {
+  CheckpointModel out;
+  const auto config_path = opts.config_file ? opts.config_file : ckpt.config_file;
+  if (config_path) out.config = read_model_config(*config_path);
+  out.auto_dtype = out.config && out.config->dtype ? out.config->dtype : detail::first_floating_dtype(ckpt);
+  const Architecture* arch = nullptr;
+  if (!out.config) {
+    out.architecture_note = "no config.json next to the checkpoint (pass --config FILE); header heuristics apply";
+  } else if (!opts.use_catalog) {
+    out.architecture_note = "architecture catalog not used; header heuristics apply";
+  } else {
+    auto match = find_architecture(*out.config);
+    arch = match.architecture;
+    out.architecture_note = match.known() ? detail::concat(arch->name, " (architecture catalog, transformers ",
+                                                           catalog_transformers_version(), ")")
+                                          : match.reason;
+  }
+  out.architecture = arch;
+
+  // The tensors: the checkpoint's, then the catalog's tied copies and computed buffers.
+  std::vector<detail::TreeEntry> entries;
+  entries.reserve(ckpt.tensor_names.size() + 8);
+  for (const auto& name : ckpt.tensor_names) {
+    const auto& loc = ckpt.locations.at(name);
+    const auto& e = ckpt.entry(loc);
+    detail::TreeEntry t{name, e.dtype, e.shape, loc.shard, false, true};
+    if (arch) {
+      const auto dot = name.rfind('.');
+      const std::string_view path = dot == std::string::npos ? std::string_view{} : std::string_view(name).substr(0, dot);
+      const std::string_view local = dot == std::string::npos ? std::string_view(name) : std::string_view(name).substr(dot + 1);
+      if (auto slot = detail::catalog_tensor_slot(*arch, path, local)) t.buffer = slot->first == 1;
+    }
+    entries.push_back(std::move(t));
+  }
+  std::vector<std::vector<std::string>> ties;
+  if (arch) {
+    std::unordered_map<std::string, std::size_t> present;  // owning keys: `entries` grows below
+    for (std::size_t i = 0; i < entries.size(); ++i) present.emplace(entries[i].name, i);
+    auto config = *out.config;
+    if (opts.tie_word_embeddings) config.tie_word_embeddings = opts.tie_word_embeddings;
+    for (auto& group : tied_groups(*arch, config)) {
+      // The tensor the checkpoint holds is the one the others share (save_pretrained leaves the
+      // tied copies out); a group the checkpoint holds nothing of is left alone.
+      const auto source = std::find_if(group.begin(), group.end(), [&](const std::string& n) { return present.count(n) > 0; });
+      if (source == group.end()) continue;
+      const auto src = entries[present.at(*source)];
+      for (const auto& n : group)
+        if (!present.count(n)) entries.push_back({n, src.dtype, src.shape, src.shard, false, true});
+      ties.push_back(std::move(group));
+    }
+    const DType model_dtype = opts.load_dtype.value_or(out.auto_dtype.value_or(DType::F32));
+    for (auto& b : non_persistent_buffers(*arch, *out.config, model_dtype)) {
+      if (present.count(b.name)) continue;
+      entries.push_back({std::move(b.name), b.dtype, std::move(b.shape), SIZE_MAX, true, false});
+      ++out.buffers_added;
+    }
+  }
+
   struct Node {
     std::string_view local;
     std::vector<std::size_t> children;
-    std::vector<std::size_t> tensors;  // indices into ckpt.tensor_names
+    std::vector<std::size_t> tensors;  // indices into entries
     std::size_t min_shard = SIZE_MAX;
     std::unordered_map<std::string_view, std::size_t> child_ids;
   };
   std::vector<Node> nodes(1);
-  for (std::size_t i = 0; i < ckpt.tensor_names.size(); ++i) {
-    std::string_view name = ckpt.tensor_names[i];
-    const std::size_t shard = ckpt.locations.at(ckpt.tensor_names[i]).shard;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    std::string_view name = entries[i].name;
+    const std::size_t shard = entries[i].shard;
     std::size_t cur = 0;
     nodes[0].min_shard = std::min(nodes[0].min_shard, shard);
     std::size_t start = 0;
@@ -142,11 +264,15 @@ inline std::optional<std::size_t> find_input_embedding(const ModuleTree& tree) {
     nodes[cur].tensors.push_back(i);
   }
   auto local_of = [&](std::size_t t) {
-    std::string_view n = ckpt.tensor_names[t];
+    std::string_view n = entries[t].name;
     auto dot = n.rfind('.');
     return dot == std::string_view::npos ? n : n.substr(dot + 1);
   };
-  ModuleTree tree;
+  auto join = [](const std::string& prefix, std::string_view local) {
+    return prefix.empty() ? std::string(local) : prefix + "." + std::string(local);
+  };
+  ModuleTree& tree = out.tree;
+  tree.reserve(nodes.size(), entries.size());
   // Depth-first: sort each node's children and tensors, then add them.
   std::vector<std::pair<std::size_t, std::string>> stack{{0, std::string()}};
   while (!stack.empty()) {
@@ -154,26 +280,64 @@ inline std::optional<std::size_t> find_input_embedding(const ModuleTree& tree) {
     stack.pop_back();
     auto& node = nodes[id];
     if (id != 0) tree.add_module(prefix);
-    std::sort(node.tensors.begin(), node.tensors.end(), [&](std::size_t a, std::size_t b) {
-      auto la = local_of(a), lb = local_of(b);
+    // Known tensors in the catalog's registration order, the others after them.
+    auto tensor_key = [&](std::size_t t) {
+      std::size_t pos = SIZE_MAX;
+      if (arch)
+        if (auto slot = detail::catalog_tensor_slot(*arch, prefix, local_of(t))) pos = slot->second;
+      return pos;
+    };
+    std::vector<std::pair<std::size_t, std::size_t>> keyed;
+    for (auto t : node.tensors) keyed.emplace_back(tensor_key(t), t);
+    std::sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
+      if (a.first != b.first) return a.first < b.first;
+      auto la = local_of(a.second), lb = local_of(b.second);
       if ((la == "weight") != (lb == "weight")) return la == "weight";
       return detail::natural_less(la, lb);
     });
-    for (auto t : node.tensors) {
-      const auto& e = ckpt.entry(ckpt.locations.at(ckpt.tensor_names[t]));
-      tree.add_parameter(e.name, e.dtype, e.shape);
+    for (const auto& [key, t] : keyed) {
+      auto& e = entries[t];
+      if (e.buffer) tree.add_buffer(e.name, e.dtype, e.shape, e.persistent);
+      else tree.add_parameter(e.name, e.dtype, e.shape);
     }
-    std::sort(node.children.begin(), node.children.end(), [&](std::size_t a, std::size_t b) {
-      const auto &na = nodes[a], &nb = nodes[b];
-      const int ra = detail::sibling_rank(na.local), rb = detail::sibling_rank(nb.local);
-      if (ra != rb) return ra < rb;
-      if (na.min_shard != nb.min_shard) return na.min_shard < nb.min_shard;
+    // Siblings: the catalog's construction order when it knows them, then the heuristics.
+    std::vector<std::pair<std::size_t, std::size_t>> kids;
+    for (auto c : node.children) {
+      std::size_t rank = SIZE_MAX;
+      if (arch)
+        if (auto r = module_rank(*arch, join(prefix, nodes[c].local))) rank = *r;
+      kids.emplace_back(rank, c);
+    }
+    std::sort(kids.begin(), kids.end(), [&](const auto& ka, const auto& kb) {
+      if (ka.first != kb.first) return ka.first < kb.first;
+      const auto &na = nodes[ka.second], &nb = nodes[kb.second];
+      if (ka.first == SIZE_MAX) {
+        const int ra = detail::sibling_rank(na.local), rb = detail::sibling_rank(nb.local);
+        if (ra != rb) return ra < rb;
+        if (na.min_shard != nb.min_shard) return na.min_shard < nb.min_shard;
+      }
       return detail::natural_less(na.local, nb.local);
     });
-    for (auto c = node.children.rbegin(); c != node.children.rend(); ++c)
-      stack.emplace_back(*c, prefix.empty() ? std::string(nodes[*c].local) : prefix + "." + std::string(nodes[*c].local));
+    for (auto c = kids.rbegin(); c != kids.rend(); ++c) stack.emplace_back(c->second, join(prefix, nodes[c->second].local));
   }
-  const auto tie = opts.tie_word_embeddings ? opts.tie_word_embeddings : detail::config_ties_embeddings(ckpt);
+  if (arch) {
+    (void)annotate_module_classes(tree, *arch);
+    for (const auto& group : ties) {
+      // Tie what is identical; a checkpoint holding two differing members keeps them apart.
+      std::vector<std::string> same;
+      const auto* first = &tree.tensors()[*tree.find_tensor(group.front())];
+      for (const auto& n : group) {
+        const auto& t = tree.tensors()[*tree.find_tensor(n)];
+        if (t.shape == first->shape && t.dtype == first->dtype) same.push_back(n);
+      }
+      if (same.size() > 1) {
+        tree.tie(same);
+        ++out.tied_groups;
+      }
+    }
+    return out;
+  }
+  const auto tie = opts.tie_word_embeddings ? opts.tie_word_embeddings : detail::config_ties_embeddings(out.config);
   if (tie.value_or(false)) {
     if (auto emb = detail::find_input_embedding(tree)) {
       const auto& et = tree.tensors()[*emb];
@@ -183,7 +347,19 @@ inline std::optional<std::size_t> find_input_embedding(const ModuleTree& tree) {
         tree.add_alias("lm_head.weight", et.name);
     }
   }
-  return tree;
+  return out;
+}
+
+/// @brief Builds a ModuleTree from a checkpoint's headers (see model_from_checkpoint).
+/// @throws accel::checkpoint_error for an unreadable config.json
+[[nodiscard]] inline ModuleTree tree_from_checkpoint(const Checkpoint& ckpt, const CheckpointTreeOptions& opts = {}) {
+  return model_from_checkpoint(ckpt, opts).tree;
+}
+
+/// @brief Resolves a checkpoint path (file, index or folder) and builds its model.
+/// @throws accel::checkpoint_error as resolve_checkpoint and model_from_checkpoint
+[[nodiscard]] inline CheckpointModel read_checkpoint_model(const std::filesystem::path& path, const CheckpointTreeOptions& opts = {}) {
+  return model_from_checkpoint(resolve_checkpoint(path), opts);
 }
 
 /// @brief Resolves a checkpoint path (file, index or folder) and builds its tree from headers.

@@ -199,4 +199,62 @@ inline std::string accepted_dtype_names() {
   return total / 8;
 }
 
+/// @name The load dtype: one decision for the planner (sizes) and the loader (conversion)
+///@{
+/// @brief Whether a keep-in-fp32 pattern matches a tensor name, as transformers matches its
+///        `_keep_in_fp32_modules` (a regex search of the name): the pattern may match anywhere in
+///        the name; `*` matches any run of characters and `.` any one character.
+/// @note So `wo` matches `decoder.block.0.layer.2.DenseReluDense.wo.weight`, and `lm_head` matches
+///       `lm_head.weight`. The planner, the loader and `accel load`/`accel plan` all use this.
+[[nodiscard]] constexpr bool keep_in_fp32_matches(std::string_view pattern, std::string_view name) noexcept {
+  // Anchored glob at `start`: `*` any run, `.` any character, everything else literal.
+  auto anchored = [](std::string_view pat, std::string_view text) {
+    std::size_t p = 0, t = 0, star = std::string_view::npos, mark = 0;
+    while (p < pat.size() || t < text.size()) {
+      if (p < pat.size() && pat[p] == '*') {
+        star = p++;
+        mark = t;
+        continue;
+      }
+      if (p == pat.size()) return true;  // unanchored at the end: the rest of the name is free
+      if (t < text.size() && (pat[p] == '.' || pat[p] == text[t])) {
+        ++p;
+        ++t;
+        continue;
+      }
+      if (star == std::string_view::npos || mark >= text.size()) return false;
+      p = star + 1;
+      t = ++mark;
+    }
+    return true;
+  };
+  if (pattern.empty()) return true;
+  for (std::size_t start = 0; start <= name.size(); ++start)
+    if (anchored(pattern, name.substr(start))) return true;
+  return false;
+}
+
+/// @brief What decides the dtype tensors are loaded in.
+struct LoadDTypeRule {
+  /// The dtype floating tensors are loaded in (transformers' `dtype=`, already resolved from
+  /// `auto`); unset: each keeps its stored dtype.
+  std::optional<DType> target{};
+  /// Patterns (keep_in_fp32_matches) of tensors loaded as float32 whatever the target (a view:
+  /// the rule is a short-lived argument).
+  std::span<const std::string> keep_in_fp32{};
+};
+
+/// @brief The dtype a checkpoint tensor is loaded in: integer, bool and other non-floating tensors
+///        keep their stored dtype; a floating tensor matching a keep-in-fp32 pattern is float32;
+///        any other floating tensor takes the target (up or down), or keeps its dtype without one.
+/// @note The planner sizes every tensor with this and the loader converts with it, so a plan and
+///       the load it describes agree by construction.
+[[nodiscard]] inline DType tensor_load_dtype(DType stored, std::string_view name, const LoadDTypeRule& rule) {
+  if (!detail::dtype_info(stored).floating) return stored;
+  for (const auto& k : rule.keep_in_fp32)
+    if (keep_in_fp32_matches(k, name)) return DType::F32;
+  return rule.target.value_or(stored);
+}
+///@}
+
 ACCEL_NAMESPACE_END

@@ -24,6 +24,7 @@
 #include <accel/runtime/config.hpp>
 #include <accel/model/dtype.hpp>
 #include <accel/runtime/error.hpp>
+#include <accel/runtime/text.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 
@@ -238,8 +239,22 @@ class ModuleTree {
       detail::throw_error<usage_error>("tensor '", name, "' is registered twice; give each tensor one entry");
     if (module_ids_.count(key))
       detail::throw_error<usage_error>("tensor name '", name, "' is already a module's name; names must be unique");
-    for (auto d : shape)
+    // Sizes are counted as numel × bits (up to 64 bits per element, in any dtype a tensor may be
+    // loaded in): a shape whose product overflows that is rejected, never sized as garbage or 0.
+    std::uint64_t numel = 1;
+    bool overflow = false;
+    for (auto d : shape) {
       if (d < 0) detail::throw_error<usage_error>("tensor '", name, "' has negative dimension ", d);
+      const auto u = static_cast<std::uint64_t>(d);
+      if (u != 0 && numel > std::numeric_limits<std::uint64_t>::max() / 64 / u) overflow = true;
+      else numel *= u;
+    }
+    if (overflow && std::find(shape.begin(), shape.end(), 0) == shape.end()) {
+      std::string dims;
+      for (auto d : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+      detail::throw_error<usage_error>("tensor '", name, "' has shape [", dims,
+                                       "], whose size in bits does not fit in 64 bits; fix the shape");
+    }
     const auto dot = name.rfind('.');
     const std::string_view prefix = dot == std::string_view::npos ? std::string_view{} : name.substr(0, dot);
     // Consecutive tensors usually share a module: skip the lookup then.
@@ -373,16 +388,22 @@ inline std::shared_ptr<const TreeIndex> ModuleTree::index() const {
   return cache_.get([this] { return index_tree(*this); });
 }
 
-/// @brief How tensor sizes are counted (accelerate's compute_module_sizes options).
+/// @brief How tensor sizes are counted.
+///
+/// By default every tensor counts at the dtype it is loaded in (tensor_load_dtype: floating
+/// tensors take `dtype`, up or down, or float32 when they match `keep_in_fp32`); buffers that are
+/// not in the state dict (non-persistent, e.g. rotary `inv_freq`) are computed by the model, not
+/// loaded, and count at their own dtype. `accelerate_rule` selects accelerate's
+/// compute_module_sizes instead: a floating tensor counts min(target, own) bytes.
 struct SizeOptions {
-  /// Target dtype: floating (non-integral) tensors count min(target, own) bytes; integer, unsigned
-  /// and bool tensors keep their own size. Unset: every tensor counts its own dtype.
+  /// The load dtype of floating tensors (unset: each keeps its own).
   std::optional<DType> dtype{};
   /// Exact tensor name → dtype used for it, overriding every other rule (accelerate's special_dtypes).
   std::map<std::string, DType, std::less<>> special_dtypes{};
-  /// Module names kept in float32 (transformers' keep_in_fp32_modules): a floating tensor with one of
-  /// these as a dotted component of its name counts 4 bytes per element.
+  /// keep-in-fp32 patterns (keep_in_fp32_matches): matching floating tensors count 4 bytes per element.
   std::vector<std::string> keep_in_fp32{};
+  /// accelerate's rule: a floating tensor counts the smaller of `dtype` and its own.
+  bool accelerate_rule = false;
 };
 
 /// @brief Byte sizes of every tensor and module subtree.
@@ -395,55 +416,46 @@ struct ModuleSizes {
 };
 
 namespace detail {
-inline bool has_component(std::string_view name, std::string_view comp) {
-  std::size_t start = 0;
-  while (start <= name.size()) {
-    auto dot = name.find('.', start);
-    auto part = name.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
-    if (part == comp) return true;
-    if (dot == std::string_view::npos) break;
-    start = dot + 1;
-  }
-  return false;
-}
-
-// accelerate's size rule for one SizeOptions, the only place it is written: tensor_size and
+// The size rule for one SizeOptions, the only place it is written: tensor_size and
 // compute_module_sizes both count through it. The name is read only when the options name
 // tensors, so the planner's loop over the index's compact copies never touches a Tensor.
 class SizeRule {
  public:
-  explicit SizeRule(const SizeOptions& opts) noexcept
-      : opts_(opts), reads_names_(!opts.special_dtypes.empty() || !opts.keep_in_fp32.empty()) {}
+  explicit SizeRule(const SizeOptions& opts)
+      : opts_(opts), load_{opts.dtype, opts.keep_in_fp32},
+        reads_names_(!opts.special_dtypes.empty() || !opts.keep_in_fp32.empty()) {}
 
   // False when every tensor of one dtype counts the same; callers may then pass an empty name.
   [[nodiscard]] bool reads_names() const noexcept { return reads_names_; }
 
-  // An exact special dtype wins; integer, unsigned and bool tensors keep their own; floating ones
-  // count float32 inside a keep_in_fp32 module, else the smaller of the target and their own.
-  [[nodiscard]] DType counted_dtype(DType own, std::string_view name) const {
+  // An exact special dtype wins; a buffer outside the state dict keeps its own; otherwise the
+  // load dtype (tensor_load_dtype), or accelerate's min(target, own) under accelerate_rule.
+  [[nodiscard]] DType counted_dtype(DType own, std::string_view name, bool computed_buffer = false) const {
     if (reads_names_)
       if (auto it = opts_.special_dtypes.find(name); it != opts_.special_dtypes.end()) return it->second;
-    if (is_integral(own)) return own;
+    if (computed_buffer || !is_floating(own)) return own;
+    if (!opts_.accelerate_rule) return tensor_load_dtype(own, reads_names_ ? name : std::string_view{}, load_);
     if (reads_names_)
       for (const auto& kept : opts_.keep_in_fp32)
-        if (has_component(name, kept)) return DType::F32;
+        if (keep_in_fp32_matches(kept, name)) return DType::F32;
     if (opts_.dtype && bit_size(*opts_.dtype) < bit_size(own)) return *opts_.dtype;
     return own;
   }
 
-  [[nodiscard]] std::uint64_t bytes(DType own, std::uint64_t numel, std::string_view name) const {
-    return numel * bit_size(counted_dtype(own, name)) / 8;
+  [[nodiscard]] std::uint64_t bytes(DType own, std::uint64_t numel, std::string_view name, bool computed_buffer = false) const {
+    return numel * bit_size(counted_dtype(own, name, computed_buffer)) / 8;
   }
 
  private:
   const SizeOptions& opts_;
+  LoadDTypeRule load_;
   bool reads_names_;
 };
 }  // namespace detail
 
 /// @brief Bytes one tensor counts for under `opts` (ignoring aliasing).
 [[nodiscard]] inline std::uint64_t tensor_size(const Tensor& t, const SizeOptions& opts) {
-  return detail::SizeRule(opts).bytes(t.dtype, t.numel(), t.name);
+  return detail::SizeRule(opts).bytes(t.dtype, t.numel(), t.name, t.buffer && !t.persistent);
 }
 
 /// @brief accelerate's compute_module_sizes over a tree: each shared tensor counted once (under its
@@ -460,7 +472,7 @@ class SizeRule {
   for (std::size_t t = 0; t < tens.size(); ++t) {
     if (ix.canonical[t] != t) continue;
     const std::string_view name = rule.reads_names() ? std::string_view(tens[t].name) : std::string_view{};
-    const std::uint64_t bytes = rule.bytes(ix.tensor_dtype[t], ix.tensor_numel[t], name);
+    const std::uint64_t bytes = rule.bytes(ix.tensor_dtype[t], ix.tensor_numel[t], name, ix.tensor_buffer[t] && !tens[t].persistent);
     s.tensor[t] = bytes;
     const auto m = ix.tensor_module[t];
     s.module[m] += bytes;
@@ -528,6 +540,45 @@ struct NoSplitRule {
     return false;
   }
 };
+
+/// @brief Checks that every no-split spec names something in `tree`: a class of one of its
+///        modules, a module name, or a glob matching one. A spec that matches nothing would
+///        silently leave layers splittable, so it is an error.
+/// @throws accel::usage_error naming the spec, the classes the tree has, and the nearest
+///         class or module names
+inline void check_no_split_specs(const ModuleTree& tree, const std::vector<std::string>& specs) {
+  std::vector<bool> used(specs.size(), false);
+  for (std::size_t m = 1; m < tree.modules().size(); ++m)
+    for (std::size_t i = 0; i < specs.size(); ++i)
+      if (!used[i] && NoSplitRule{{specs[i]}, false}.matches(tree, m)) used[i] = true;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    if (used[i]) continue;
+    std::vector<std::string> classes;
+    for (const auto& mod : tree.modules())
+      if (!mod.class_name.empty() && std::find(classes.begin(), classes.end(), mod.class_name) == classes.end())
+        classes.push_back(mod.class_name);
+    std::sort(classes.begin(), classes.end());
+    // Nearest names: classes and module names within a third of the spec's length in edits.
+    std::vector<std::pair<std::size_t, std::string>> near;
+    auto consider = [&](const std::string& name) {
+      const auto d = text::edit_distance(specs[i], name);
+      if (d <= std::max<std::size_t>(2, specs[i].size() / 3) &&
+          std::none_of(near.begin(), near.end(), [&](const auto& n) { return n.second == name; }))
+        near.emplace_back(d, name);
+    };
+    for (const auto& c : classes) consider(c);
+    for (const auto& mod : tree.modules()) consider(mod.name);
+    std::sort(near.begin(), near.end());
+    std::vector<std::string> nearest;
+    for (std::size_t k = 0; k < near.size() && k < 3; ++k) nearest.push_back(near[k].second);
+    detail::throw_error<usage_error>(
+        "no-split '", specs[i], "' matches no module of this model (no class, name or glob match)",
+        nearest.empty() ? std::string() : "; did you mean " + text::quoted_list(nearest) + "?",
+        classes.empty() ? std::string("; the model has no class names (headers only: give module names or globs "
+                                      "like 'model.layers.*', or the model's config.json so its classes are known)")
+                        : "; its classes: " + text::quoted_list(classes, 40));
+  }
+}
 
 /// @brief NoSplitRule evaluated for every module.
 /// @return one flag per module id

@@ -40,14 +40,29 @@ enum class DeviceMapMode : std::uint8_t {
   detail::throw_error<usage_error>("unknown device map mode '", s, "'; use auto, balanced, balanced_low_0 or sequential");
 }
 
+/// @brief Whose placement rules the planner follows where transformers and accelerate differ.
+enum class PlanRules : std::uint8_t {
+  /// accelerate's infer_auto_device_map / get_balanced_memory: balancing allowance from the first
+  /// block of each no-split class and the mean size of the final modules.
+  accelerate,
+  /// transformers 5's from_pretrained(device_map=...) (its own copies of those functions): the
+  /// allowance from the largest no-split block and the largest set of direct tensors of one module;
+  /// the largest-layer reserve counts modules only and is refreshed as transformers refreshes it;
+  /// a module that does not fit is split even when it would fit without its tied partners.
+  transformers,
+};
+
 /// @brief Options of infer_auto_device_map / plan_device_map.
 struct PlanOptions {
   MaxMemory max_memory{};                 ///< budgets (required): GPUs, optional cpu, optional disk cap
   std::vector<std::string> no_split{};    ///< class names or glob patterns of blocks never split
   bool auto_no_split = true;              ///< with no `no_split`: numbered children are blocks
-  std::optional<DType> dtype{};           ///< target dtype for sizes (floating tensors only, min rule)
+  std::optional<DType> dtype{};           ///< load dtype of floating tensors (tensor_load_dtype); unset: stored
+  bool accelerate_dtype_rule = false;     ///< size floating tensors as min(dtype, own), as accelerate does
+                                          ///< (what is loaded is `dtype`, up or down: for comparisons only)
+  PlanRules rules = PlanRules::accelerate;  ///< whose balancing and placement details to follow
   std::map<std::string, DType, std::less<>> special_dtypes{};  ///< exact tensor name → dtype
-  std::vector<std::string> keep_in_fp32{};  ///< module names whose floating tensors stay float32
+  std::vector<std::string> keep_in_fp32{};  ///< keep_in_fp32_matches patterns: tensors loaded as float32
   bool clean_result = true;               ///< merge keys with clean_device_map
   bool offload_buffers = false;           ///< offloaded modules' buffers are offloaded too (else they
                                           ///< stay resident on the execution device)
@@ -81,9 +96,12 @@ struct PlanResult {
   std::uint64_t largest_layer = 0;        ///< largest layer (block, leaf module or loose tensor)
   std::vector<std::string> warnings{};    ///< e.g. offloaded buffers that fit no GPU
   std::vector<std::string> info{};        ///< e.g. devices that received nothing
+  std::vector<std::string> balancing{};   ///< balanced modes: each GPU budget lowered, from what to what and why
 };
 
 /// @brief The size accounting the planner uses for these options (dtype, special dtypes, fp32 modules).
-inline SizeOptions size_options(const PlanOptions& o) { return SizeOptions{o.dtype, o.special_dtypes, o.keep_in_fp32}; }
+inline SizeOptions size_options(const PlanOptions& o) {
+  return SizeOptions{o.dtype, o.special_dtypes, o.keep_in_fp32, o.accelerate_dtype_rule};
+}
 
 ACCEL_NAMESPACE_END

@@ -99,13 +99,42 @@ inline std::uint64_t mean_final_module(const ModuleTree& tree, const ModuleSizes
   }
   return count ? sum / count : 0;
 }
+
+// transformers' "biggest leaf": the largest sum of one module's direct tensors (root excluded).
+inline std::uint64_t largest_direct_tensors(const ModuleTree& tree, const ModuleSizes& sizes) {
+  const auto& mods = tree.modules();
+  std::uint64_t best = 0;
+  for (std::size_t m = 1; m < mods.size(); ++m) {
+    std::uint64_t direct = sizes.module[m];
+    for (auto c : mods[m].children) direct -= sizes.module[c];
+    best = std::max(best, direct);
+  }
+  return best;
+}
+
+// get_balanced_memory's share per GPU: total / n (n − 1 with low_zero) + int(1.25 × allowance).
+struct BalancedShare {
+  std::uint64_t total = 0, block = 0, leaf = 0, per_gpu = 0;
+  std::uint64_t divisor = 1;
+};
+inline BalancedShare balanced_share(const ModuleTree& tree, const ModuleSizes& sizes, std::size_t gpu_count,
+                                    const PlanOptions& opts, bool low_zero) {
+  BalancedShare s;
+  s.total = sizes.total();
+  s.divisor = static_cast<std::uint64_t>(low_zero ? gpu_count - 1 : gpu_count);
+  s.block = largest_block(tree, sizes, opts);
+  s.leaf = opts.rules == PlanRules::transformers ? largest_direct_tensors(tree, sizes) : mean_final_module(tree, sizes);
+  s.per_gpu = s.total / s.divisor + static_cast<std::uint64_t>(1.25 * static_cast<double>(std::max(s.block, s.leaf)));
+  return s;
+}
 }  // namespace detail
 
 /// @brief Balanced per-GPU budgets (accelerate's get_balanced_memory), from module sizes already
 ///        computed.
 ///
 /// Each GPU but the last gets min(budget, total/n + allowance), allowance = int(1.25 × max(largest
-/// no-split block, mean size of the modules holding only tensors)); the last GPU keeps its
+/// no-split block, mean size of the modules holding only tensors)) (PlanRules::transformers:
+/// the largest sum of one module's direct tensors instead of the mean); the last GPU keeps its
 /// budget. With `low_zero`, GPU "0" (the first GPU) gets only what the others cannot hold.
 /// With one GPU whose budget was defaulted (`budgets_defaulted`) it keeps 90 % of it.
 /// @note accelerate takes the first module of each no-split class; accel takes the largest
@@ -122,9 +151,7 @@ inline std::uint64_t mean_final_module(const ModuleTree& tree, const ModuleSizes
   const auto gpus = detail::gpus_to_balance(out);
   if (gpus.size() < 2) return detail::budgets_without_balancing(std::move(out), gpus, budgets_defaulted);
   const std::uint64_t total = sizes.total();
-  const auto n = static_cast<std::uint64_t>(gpus.size());
-  const std::uint64_t allowance = std::max(detail::largest_block(tree, sizes, opts), detail::mean_final_module(tree, sizes));
-  const std::uint64_t per_gpu = total / (low_zero ? n - 1 : n) + static_cast<std::uint64_t>(1.25 * static_cast<double>(allowance));
+  const std::uint64_t per_gpu = detail::balanced_share(tree, sizes, gpus.size(), opts, low_zero).per_gpu;
   for (std::size_t i = 0; i + 1 < gpus.size(); ++i) {
     auto& b = out.gpus[gpus[i]];
     if (low_zero && i == 0) continue;
@@ -150,6 +177,38 @@ inline std::uint64_t mean_final_module(const ModuleTree& tree, const ModuleSizes
   return get_balanced_memory(tree, compute_module_sizes(tree, size_options(opts)), max_memory, opts, low_zero,
                              budgets_defaulted);
 }
+
+namespace detail {
+// One line per GPU whose budget balancing lowered: from what to what, and why.
+inline std::vector<std::string> explain_balancing(const ModuleTree& tree, const ModuleSizes& sizes, const MaxMemory& given,
+                                                  const MaxMemory& used, const PlanOptions& opts, bool low_zero) {
+  std::vector<std::string> out;
+  const auto gpus = gpus_to_balance(given);
+  std::optional<BalancedShare> share;
+  if (gpus.size() >= 2) share = balanced_share(tree, sizes, gpus.size(), opts, low_zero);
+  for (std::size_t i = 0; i < gpus.size(); ++i) {
+    const auto before = given.gpus.at(gpus[i]), after = used.gpus.at(gpus[i]);
+    if (after >= before) continue;
+    std::string why;
+    if (!share) {
+      why = "the only GPU keeps 10% of a measured budget free for activations";
+    } else if (low_zero && i == 0) {
+      why = concat("balanced_low_0: GPU ", gpus[0], " gets only what the other GPUs cannot hold (model ",
+                   text::format_bytes(share->total), ")");
+    } else {
+      why = concat("balanced share: model ", text::format_bytes(share->total), " / ", share->divisor, " GPUs + 1.25 x ",
+                   text::format_bytes(std::max(share->block, share->leaf)),
+                   share->block >= share->leaf ? " (largest no-split block)"
+                                               : (opts.rules == PlanRules::transformers ? " (largest module's own tensors)"
+                                                                                        : " (mean final module)"),
+                   ", so every GPU gets a part; the last GPU keeps its budget");
+    }
+    out.push_back(concat("GPU ", gpus[i], " budget lowered from ", text::format_bytes(before), " to ", text::format_bytes(after),
+                         ": ", why));
+  }
+  return out;
+}
+}  // namespace detail
 
 /// @brief Plans a device map from module sizes already computed (callers that need the sizes too,
 ///        as `accel plan` does for its drawing, compute them once).
@@ -187,10 +246,13 @@ inline std::uint64_t mean_final_module(const ModuleTree& tree, const ModuleSizes
 /// @throws as plan_device_map(tree, opts); accel::usage_error when `sizes` do not belong to `tree`
 [[nodiscard]] inline PlanResult plan_device_map(const ModuleTree& tree, const ModuleSizes& sizes, DeviceMapMode mode,
                                                 PlanOptions opts, bool budgets_defaulted = false) {
-  if (mode != DeviceMapMode::sequential)
-    opts.max_memory = get_balanced_memory(tree, sizes, opts.max_memory, opts, mode == DeviceMapMode::balanced_low_0,
-                                          budgets_defaulted);
-  return plan_device_map(tree, sizes, opts);
+  if (mode == DeviceMapMode::sequential) return plan_device_map(tree, sizes, opts);
+  const MaxMemory given = opts.max_memory;
+  const bool low_zero = mode == DeviceMapMode::balanced_low_0;
+  opts.max_memory = get_balanced_memory(tree, sizes, given, opts, low_zero, budgets_defaulted);
+  auto result = plan_device_map(tree, sizes, opts);
+  result.balancing = detail::explain_balancing(tree, sizes, given, result.budgets, opts, low_zero);
+  return result;
 }
 
 /// @brief Plans with a string strategy: auto/balanced/balanced_low_0 first balance the budgets,

@@ -5,6 +5,7 @@
 ///        number formats of messages ("1.50 GiB", "3.4 ms", "2 GPUs").
 #pragma once
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include <string_view>
 #include <system_error>
 #include <type_traits>
+#include <vector>
 
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/error.hpp>
@@ -86,6 +88,22 @@ template <class Range>
   }
   if (n > limit) out += detail::concat(" and ", n - limit, " more");
   return out;
+}
+
+/// @brief Levenshtein distance (insertions, deletions, substitutions), for "did you mean" hints.
+[[nodiscard]] inline std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
 }
 
 /// @brief `"1 GPU"`, `"2 GPUs"`, `"3 processes"`.

@@ -13,8 +13,10 @@
 #include <accel/comm/collectives.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -74,6 +76,23 @@ int main(int argc, char** argv) {
     } else if (mode == "main-only") {
       accel::wait_for_everyone(state);
       if (state.is_main_process()) accel::gather_object(state, rank);
+    } else if (mode == "all_reduce") {
+      // 3 million floats (several shared-memory chunks) and an all_gather of int64, checked.
+      std::vector<float> v(3'000'000, static_cast<float>(rank + 1));
+      accel::all_reduce(state, std::span(v), accel::ReduceOp::sum);
+      std::vector<std::int64_t> ids(3, rank), all(3 * static_cast<std::size_t>(state.num_processes()));
+      accel::all_gather(state, std::span<const std::int64_t>(ids), std::span(all));
+      accel::print(state, "sum ", v.front(), " ", v.back(), " ids ", all.front(), " ", all.back());
+    } else if (mode == "die-reduce") {
+      // Rank 1 dies while the others are (most likely) in the middle of moving a 256 MiB buffer.
+      std::vector<float> v(64u << 20, 1.0f);
+      accel::wait_for_everyone(state);
+      if (rank == 1) {
+        std::thread([&] { accel::all_reduce(state, std::span(v), accel::ReduceOp::sum); }).detach();
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        std::_Exit(9);
+      }
+      accel::all_reduce(state, std::span(v), accel::ReduceOp::sum);
     } else if (mode == "big") {
       std::vector<std::uint32_t> mine(1u << 20, static_cast<std::uint32_t>(rank + 1));
       const auto all = accel::gather_object(state, mine);

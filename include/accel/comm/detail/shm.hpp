@@ -85,7 +85,16 @@ class ShmSegment {
   /// @brief Writes `head` then `body` at offset 0, growing the segment as needed.
   /// @return false when shared memory is unavailable or full (the caller falls back to TCP)
   bool write(std::span<const std::byte> head, std::span<const std::byte> body) noexcept {
-    const std::size_t size = head.size() + body.size();
+    if (!reserve(head.size() + body.size())) return false;
+    if (!head.empty()) std::memcpy(map_.get(), head.data(), head.size());
+    if (!body.empty()) std::memcpy(map_.get() + head.size(), body.data(), body.size());
+    return true;
+  }
+
+  /// @brief Creates the segment (zero-filled) or grows it to hold at least `size` bytes, keeping
+  /// what it holds; the mapping may move.
+  /// @return false when shared memory is unavailable or full
+  bool reserve(std::size_t size) noexcept {
     if (!fd_) {
       fd_.reset(::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600));
       if (!fd_) return false;
@@ -103,10 +112,10 @@ class ShmSegment {
       map_ = std::move(m);
       capacity_ = want;
     }
-    if (!head.empty()) std::memcpy(map_.get(), head.data(), head.size());
-    if (!body.empty()) std::memcpy(map_.get() + head.size(), body.data(), body.size());
     return true;
   }
+  /// @brief Bytes the segment holds (0 before the first write() or reserve()).
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
 
  private:
   std::string name_;

@@ -51,6 +51,7 @@ class PlacementEngine {
     setup_queue();
     result_.total_bytes = sizes_.total();
     result_.largest_layer = largest_waiting_layer();
+    if (transformers_rules()) tf_refresh_reserve(true);
     place_all();
     return finish();
   }
@@ -289,13 +290,15 @@ class PlacementEngine {
     unlink(x);
     set_waiting(x, false);
   }
-  // Replaces queued entry x by its parts, in place.
+  // Replaces queued entry x by its parts, in place. x leaves first: its layer slots cover its
+  // parts' slots, so clearing them after the parts joined would hide the parts from the reserve.
   void expand_in_place(std::uint32_t x) {
+    const auto pos = nodes_[x].next;
+    leave_queue(x);
     for_each_part(x, [&](std::uint32_t c) {
-      link_before(x, c);
+      link_before(pos, c);
       set_waiting(c, true);
     });
-    leave_queue(x);
   }
   // Puts the parts of x (already taken from the queue) at the front.
   void expand_at_front(std::uint32_t x) {
@@ -338,6 +341,56 @@ class PlacementEngine {
   }
   ///@}
 
+  /// @name transformers' reserve (PlanRules::transformers)
+  ///@{
+  // transformers keeps the largest layer's size and the names of the layers of that size. Taking
+  // an entry drops the names inside it; once none is left, and after every split, the size is
+  // recomputed over the queued modules (loose tensors count only in the first computation). An
+  // entry moved on to the next device is not counted again until the next recomputation.
+  bool transformers_rules() const { return opts_.rules == PlanRules::transformers; }
+  void tf_refresh_reserve(bool with_tensors) {
+    tf_reserve_ = 0;
+    tf_layers_.clear();
+    auto consider = [&](std::uint32_t n) {
+      const auto size = size_of(n);
+      if (size > tf_reserve_) {
+        tf_reserve_ = size;
+        tf_layers_.assign(1, n);
+      } else if (size == tf_reserve_) {
+        tf_layers_.push_back(n);
+      }
+    };
+    std::vector<std::uint32_t> stack;
+    for (auto e = front(); e != end_; e = nodes_[e].next) {
+      if (!is_module(e)) {
+        if (with_tensors) consider(e);
+        continue;
+      }
+      stack.assign(1, e);
+      while (!stack.empty()) {
+        const auto m = stack.back();
+        stack.pop_back();
+        if (!splittable(m)) {
+          consider(m);
+          continue;
+        }
+        const auto& kids = tree_.modules()[m].children;
+        for (auto c = kids.rbegin(); c != kids.rend(); ++c) stack.push_back(static_cast<std::uint32_t>(*c));
+      }
+    }
+  }
+  std::uint64_t tf_reserve_after_taking(std::uint32_t taken) {
+    std::erase_if(tf_layers_, [&](std::uint32_t n) {
+      if (n == taken) return true;
+      if (!is_module(taken)) return false;
+      const auto r = rank_of(n);
+      return r > ix_.module_rank[taken] && r < ix_.module_end[taken];
+    });
+    if (tf_layers_.empty()) tf_refresh_reserve(false);
+    return tf_reserve_;
+  }
+  ///@}
+
   /// @name Ties
   ///@{
   bool inside(std::uint32_t entry, std::uint32_t tensor) const {
@@ -375,6 +428,9 @@ class PlacementEngine {
       for (auto t : group.members)
         if (!inside(entry, t)) out.push_back(t);
     }
+    // transformers lists a group's names sorted, and splits the partners in that order.
+    if (opts_.rules == PlanRules::transformers)
+      std::sort(out.begin(), out.end(), [&](auto a, auto b) { return tree_.tensors()[a].name < tree_.tensors()[b].name; });
     return out;
   }
   // Every other entry that must go with `cur`: the entries holding tensors tied to it, then, in
@@ -444,7 +500,7 @@ class PlacementEngine {
     leave_queue(c.node);
     const std::string& name = name_of(c.node);
     if (log_) *log_ << "\nTreating module " << name << ".\n";
-    c.reserve = largest_waiting_layer();
+    c.reserve = transformers_rules() ? tf_reserve_after_taking(c.node) : largest_waiting_layer();
     c.size = size_of(c.node);
     bool missing = false;
     c.partners = tie_closure(c.node, [&](std::uint32_t e) { return nodes_[e].queued(); }, missing, &c.tied);
@@ -506,12 +562,14 @@ class PlacementEngine {
     if (log_) *log_ << "Splitting " << name_of(*split) << ".\n";
     expand_in_place(*split);
     push_front(c.node);
+    if (transformers_rules()) tf_refresh_reserve(false);
     return true;
   }
 
-  // Does not fit alone: put its parts at the front instead.
+  // Does not fit alone (transformers: or with its partners, none of which could be split): put
+  // its parts at the front instead.
   bool split_itself(const Candidate& c, const Device& dev, const Room& room) {
-    if (dev.used + clamped(c.size) < room.limit) return false;
+    if (opts_.rules != PlanRules::transformers && dev.used + clamped(c.size) < room.limit) return false;
     if (log_)
       *log_ << "Not enough space on " << dev.where.to_string() << " to put " << name_of(c.node) << " (space available "
             << room.limit - dev.used << ", module size " << c.size << ").\n";
@@ -521,6 +579,7 @@ class PlacementEngine {
     }
     if (log_) *log_ << "Splitting " << name_of(c.node) << ".\n";
     expand_at_front(c.node);
+    if (transformers_rules()) tf_refresh_reserve(false);
     return true;
   }
 
@@ -733,6 +792,8 @@ class PlacementEngine {
   std::uint32_t top_ = 0;               // by_size_ cursor: no waiting slot before it
   std::vector<std::pair<std::uint64_t, std::uint32_t>> tensor_heap_;  // (size, tensor), lazy deletion
   std::vector<TieGroup> tie_groups_;
+  std::uint64_t tf_reserve_ = 0;             // transformers' largest layer size
+  std::vector<std::uint32_t> tf_layers_;     // and the layers of that size still counted
   std::vector<std::pair<std::uint32_t, std::uint32_t>> tied_by_rank_;  // (rank, tensor) of tied tensors
   std::vector<Device> devices_;
   std::vector<std::uint32_t> placed_;

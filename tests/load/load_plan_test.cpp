@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// The planner and the loader decide each tensor's load dtype with one function (tensor_load_dtype),
+// so the bytes a plan counts are the bytes a load converts to: checked for every architecture of
+// the catalog, every load dtype, with the catalog's keep-in-fp32 modules.
+#include <accel/load/load_plan.hpp>
+#include <accel/model/checkpoint_tree.hpp>
+#include <accel/plan/planner.hpp>
+
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/safetensors_writer.hpp"
+
+using accel::DType;
+
+namespace {
+// Every parameter the catalog lists for an architecture, numbered parts as 0, stored as `stored`
+// (plus an int64 tensor, which no dtype converts).
+std::vector<accel_test::TensorSpec> catalog_tensors(const accel::Architecture& arch, DType stored) {
+  std::vector<accel_test::TensorSpec> out;
+  for (const auto& m : arch.modules) {
+    std::string path;
+    for (std::size_t i = 0; i < m.path.size(); ++i) {
+      if (m.path[i] == '{') {
+        path += '0';
+        i = m.path.find('}', i);
+      } else {
+        path += m.path[i];
+      }
+    }
+    for (const auto& p : m.parameters) {
+      const std::string name = path.empty() ? p : path + "." + p;
+      const bool seen = std::any_of(out.begin(), out.end(), [&](const auto& t) { return t.name == name; });
+      if (!seen) out.push_back({name, stored, {3, 5}, {}});
+    }
+  }
+  out.push_back({"extra.ids", DType::I64, {7}, {}});
+  return out;
+}
+}  // namespace
+
+TEST_CASE("plan and load agree on every tensor's bytes for every catalog architecture and load dtype", "[load_plan][dtype]") {
+  std::size_t checked = 0, kept_fp32 = 0;
+  for (const auto& arch : accel::architecture_catalog().architectures) {
+    for (DType stored : {DType::BF16, DType::F32}) {
+      accel_test::TempDir dir;
+      accel_test::write_safetensors(dir / "model.safetensors", catalog_tensors(arch, stored));
+      accel_test::write_text(dir / "config.json", R"({"architectures": [")" + arch.name + R"("], "model_type": ")" +
+                                                      arch.model_type + R"(", "num_hidden_layers": 1,
+            "text_config": {"max_position_embeddings": 8, "num_hidden_layers": 1},
+            "vision_config": {"image_size": 8, "patch_size": 4, "num_hidden_layers": 1}})");
+      const auto ckpt = accel::resolve_checkpoint(dir.path());
+      for (DType load : {DType::F16, DType::BF16, DType::F32}) {
+        INFO(arch.name << " stored " << accel::torch_name(stored) << " loaded as " << accel::torch_name(load));
+        const auto model = accel::model_from_checkpoint(ckpt, {.load_dtype = load});
+        accel::PlanOptions popts;
+        popts.dtype = load;
+        popts.keep_in_fp32 = model.keep_in_fp32(load);
+        const auto sizes = accel::compute_module_sizes(model.tree, accel::size_options(popts));
+        accel::LoadOptions lopts;
+        lopts.dtype = load;
+        lopts.keep_in_fp32 = popts.keep_in_fp32;
+        const auto plan = accel::plan_load(ckpt, accel::DeviceMap::from_json(R"({"": "cpu"})"), lopts, 0);
+        const auto ix = model.tree.index();
+        for (const auto& t : plan.tensors) {
+          INFO(t.name);
+          const auto id = model.tree.find_tensor(t.name);
+          REQUIRE(id);
+          if (ix->canonical[*id] != *id) continue;  // a tied copy: counted under its source
+          REQUIRE(sizes.tensor[*id] == t.bytes);
+          REQUIRE(accel::tensor_load_dtype(t.stored_dtype, t.name, {popts.dtype, popts.keep_in_fp32}) == t.dtype);
+          kept_fp32 += accel::is_floating(t.stored_dtype) && load != DType::F32 && t.dtype == DType::F32;
+          ++checked;
+        }
+      }
+    }
+  }
+  CHECK(checked > 1000);
+  CHECK(kept_fp32 > 0);  // T5's `wo` and DeepSeek-V3's router gate were kept in float32 on both sides
+}

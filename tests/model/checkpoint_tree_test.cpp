@@ -1,0 +1,198 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+#include <accel/model/checkpoint_tree.hpp>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/safetensors_writer.hpp"
+
+using accel::DType;
+using Strings = std::vector<std::string>;
+
+namespace {
+
+// Tensor names in model order (accelerate's visit: module, parameters, children, buffers).
+Strings model_order(const accel::ModuleTree& t) {
+  const auto ix = accel::index_tree(t);
+  Strings order;
+  for (const auto& ten : t.tensors()) order.push_back(ten.name);
+  std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
+    return ix.tensor_rank[*t.find_tensor(a)] < ix.tensor_rank[*t.find_tensor(b)];
+  });
+  return order;
+}
+
+// Writes the tensors (in the order given: file order is not model order) and config.json.
+void write_checkpoint(const std::filesystem::path& dir, const Strings& names, const std::string& config,
+                      std::vector<std::int64_t> shape = {8, 4}) {
+  std::vector<accel_test::TensorSpec> specs;
+  for (const auto& n : names) specs.push_back({n, DType::BF16, shape, {}});
+  accel_test::write_safetensors(dir / "model.safetensors", specs);
+  if (!config.empty()) accel_test::write_text(dir / "config.json", config);
+}
+
+const accel::Tensor& tensor(const accel::ModuleTree& t, const std::string& name) {
+  const auto id = t.find_tensor(name);
+  REQUIRE(id);
+  return t.tensors()[*id];
+}
+
+std::string class_of(const accel::ModuleTree& t, const std::string& name) {
+  const auto id = t.find_module(name);
+  REQUIRE(id);
+  return t.modules()[*id].class_name;
+}
+
+}  // namespace
+
+TEST_CASE("Llama from config.json: construction order, classes, rotary buffers, tie as configured", "[checkpoint_tree][llama]") {
+  accel_test::TempDir dir;
+  // Alphabetical file order puts lm_head first and model.norm before the layers.
+  const Strings names{"lm_head.weight", "model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight",
+                      "model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.up_proj.weight",
+                      "model.layers.1.self_attn.q_proj.weight", "model.norm.weight"};
+  const std::string config = R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16,
+                                 "num_attention_heads": 2, "num_hidden_layers": 2, "tie_word_embeddings": false,
+                                 "torch_dtype": "bfloat16"})";
+  write_checkpoint(dir.path(), names, config);
+  const auto m = accel::read_checkpoint_model(dir.path());
+  REQUIRE(m.architecture != nullptr);
+  CHECK(m.architecture_note == "LlamaForCausalLM (architecture catalog, transformers 5.25.0)");
+  CHECK(m.auto_dtype == DType::BF16);
+  CHECK(m.no_split_classes() == Strings{"LlamaDecoderLayer"});
+  CHECK(m.buffers_added == 2);
+  CHECK(model_order(m.tree) ==
+        Strings{"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight",
+                "model.layers.1.self_attn.q_proj.weight", "model.layers.1.mlp.up_proj.weight", "model.norm.weight",
+                "model.rotary_emb.inv_freq", "model.rotary_emb.original_inv_freq", "lm_head.weight"});
+  CHECK(class_of(m.tree, "model.layers.1") == "LlamaDecoderLayer");
+  CHECK(class_of(m.tree, "model.rotary_emb") == "LlamaRotaryEmbedding");
+  const auto& inv = tensor(m.tree, "model.rotary_emb.inv_freq");
+  CHECK(inv.buffer);
+  CHECK_FALSE(inv.persistent);
+  CHECK(inv.dtype == DType::F32);
+  CHECK(inv.shape == std::vector<std::int64_t>{4});  // head_dim 8 / 2
+  CHECK_FALSE(m.tree.has_ties());
+  // Computed buffers count at their own dtype whatever the load dtype: 2 × 4 float32.
+  const auto sizes = accel::compute_module_sizes(m.tree, accel::SizeOptions{DType::F16});
+  CHECK(sizes.module[*m.tree.find_module("model.rotary_emb")] == 32);
+
+  SECTION("tied: the checkpoint leaves lm_head out and the tree ties it back") {
+    accel_test::TempDir tied;
+    Strings without_head(names.begin() + 1, names.end());
+    write_checkpoint(tied.path(), without_head, R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 16,
+                                                  "num_attention_heads": 2, "num_hidden_layers": 2, "tie_word_embeddings": true})");
+    const auto t = accel::read_checkpoint_tree(tied.path());
+    REQUIRE(t.find_tensor("lm_head.weight"));
+    CHECK(model_order(t).back() == "lm_head.weight");
+    CHECK(accel::index_tree(t).tied_groups.size() == 1);
+  }
+}
+
+TEST_CASE("BART: shared first, encoder before decoder, embeddings tied, final_logits_bias a buffer placed last", "[checkpoint_tree][bart]") {
+  accel_test::TempDir dir;
+  write_checkpoint(dir.path(),
+                   {"final_logits_bias", "model.decoder.layers.0.fc1.weight", "model.encoder.layers.0.fc1.weight",
+                    "model.shared.weight"},
+                   R"({"architectures": ["BartForConditionalGeneration"], "model_type": "bart", "encoder_layers": 1,
+                       "decoder_layers": 1})");
+  const auto m = accel::read_checkpoint_model(dir.path());
+  REQUIRE(m.architecture != nullptr);
+  CHECK(model_order(m.tree) ==
+        Strings{"model.shared.weight", "model.encoder.embed_tokens.weight", "model.encoder.layers.0.fc1.weight",
+                "model.decoder.embed_tokens.weight", "model.decoder.layers.0.fc1.weight", "lm_head.weight",
+                "final_logits_bias"});
+  CHECK(tensor(m.tree, "final_logits_bias").buffer);
+  CHECK(tensor(m.tree, "final_logits_bias").persistent);
+  const auto ix = accel::index_tree(m.tree);
+  REQUIRE(ix.tied_groups.size() == 1);
+  CHECK(ix.tied_groups[0].size() == 4);
+  CHECK(accel::compute_module_sizes(m.tree).total() == 4 * 64);  // shared counted once, plus 3 tensors
+  CHECK(class_of(m.tree, "model.encoder.layers.0") == "BartEncoderLayer");
+  CHECK(class_of(m.tree, "model.decoder.layers.0") == "BartDecoderLayer");
+}
+
+TEST_CASE("T5: lm_head and both embed_tokens tied to shared even when config.json unties", "[checkpoint_tree][t5]") {
+  accel_test::TempDir dir;
+  write_checkpoint(dir.path(),
+                   {"decoder.block.0.layer.0.SelfAttention.q.weight", "decoder.final_layer_norm.weight",
+                    "encoder.block.0.layer.0.SelfAttention.q.weight", "encoder.block.0.layer.1.DenseReluDense.wo.weight",
+                    "encoder.final_layer_norm.weight", "shared.weight"},
+                   R"({"architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "num_layers": 1,
+                       "num_decoder_layers": 1, "tie_word_embeddings": false})");
+  const auto m = accel::read_checkpoint_model(dir.path());
+  CHECK(model_order(m.tree) == Strings{"shared.weight", "encoder.embed_tokens.weight",
+                                       "encoder.block.0.layer.0.SelfAttention.q.weight",
+                                       "encoder.block.0.layer.1.DenseReluDense.wo.weight", "encoder.final_layer_norm.weight",
+                                       "decoder.embed_tokens.weight", "decoder.block.0.layer.0.SelfAttention.q.weight",
+                                       "decoder.final_layer_norm.weight", "lm_head.weight"});
+  CHECK(accel::index_tree(m.tree).tied_groups.size() == 1);
+  CHECK(class_of(m.tree, "encoder.block.0") == "T5Block");
+  CHECK(class_of(m.tree, "encoder.block.0.layer.1") == "T5LayerFF");
+  CHECK(m.keep_in_fp32(DType::F16) == Strings{"wo"});
+  CHECK(m.keep_in_fp32(DType::BF16).empty());
+}
+
+TEST_CASE("BERT: no phantom lm_head although BertConfig ties by default; int64 id buffers added", "[checkpoint_tree][bert]") {
+  accel_test::TempDir dir;
+  write_checkpoint(dir.path(), {"embeddings.word_embeddings.weight", "encoder.layer.0.output.dense.weight", "pooler.dense.weight"},
+                   R"({"architectures": ["BertModel"], "model_type": "bert", "num_hidden_layers": 1,
+                       "max_position_embeddings": 16})");
+  const auto m = accel::read_checkpoint_model(dir.path());
+  REQUIRE(m.architecture != nullptr);
+  CHECK_FALSE(m.tree.find_tensor("lm_head.weight"));
+  CHECK_FALSE(m.tree.has_ties());
+  const auto& ids = tensor(m.tree, "embeddings.position_ids");
+  CHECK(ids.dtype == DType::I64);
+  CHECK(ids.shape == std::vector<std::int64_t>{1, 16});
+  CHECK(class_of(m.tree, "embeddings") == "BertEmbeddings");
+}
+
+TEST_CASE("an unknown architecture keeps the header heuristics and says why", "[checkpoint_tree]") {
+  accel_test::TempDir dir;
+  write_checkpoint(dir.path(), {"model.layers.0.w", "model.embed_tokens.weight"},
+                   R"({"architectures": ["LlamaForSequenceClassification"], "model_type": "llama"})");
+  const auto m = accel::read_checkpoint_model(dir.path());
+  CHECK(m.architecture == nullptr);
+  CHECK_THAT(m.architecture_note, accel_test::contains("'LlamaForSequenceClassification' is not in accel's catalog"));
+  CHECK(m.no_split_classes().empty());
+  CHECK(model_order(m.tree) == Strings{"model.embed_tokens.weight", "model.layers.0.w", "lm_head.weight"});
+
+  accel_test::TempDir bare;
+  write_checkpoint(bare.path(), {"w"}, "");
+  CHECK_THAT(accel::read_checkpoint_model(bare.path()).architecture_note, accel_test::contains("no config.json"));
+}
+
+TEST_CASE("a config.json elsewhere is read through config_file (accel plan --config)", "[checkpoint_tree]") {
+  accel_test::TempDir dir, cfg;
+  write_checkpoint(dir.path(), {"transformer.wte.weight", "transformer.h.0.attn.c_attn.weight"}, "");
+  accel_test::write_text(cfg / "gpt2.json", R"({"architectures": ["GPT2LMHeadModel"], "n_layer": 1})");
+  const auto m = accel::read_checkpoint_model(dir.path(), {.config_file = cfg / "gpt2.json"});
+  REQUIRE(m.architecture != nullptr);
+  CHECK(class_of(m.tree, "transformer.h.0") == "GPT2Block");
+  CHECK(m.tree.find_tensor("lm_head.weight"));  // GPT2Config ties by default
+  CHECK_THROWS_WITH(accel::read_checkpoint_model(dir.path(), {.config_file = cfg / "missing.json"}),
+                    accel_test::contains("cannot open model config"));
+}
+
+TEST_CASE("a no-split class or glob that matches nothing is an error naming the nearest and the known classes", "[checkpoint_tree][no_split]") {
+  accel_test::TempDir dir;
+  write_checkpoint(dir.path(), {"model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "model.norm.weight"},
+                   R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "num_attention_heads": 2, "num_hidden_layers": 1})");
+  const auto t = accel::read_checkpoint_tree(dir.path());
+  CHECK_NOTHROW(accel::check_no_split_specs(t, {"LlamaDecoderLayer", "model.layers.*", "model.norm"}));
+  CHECK_THROWS_WITH(accel::check_no_split_specs(t, {"LlamaDecoderLayr"}),
+                    "[accel.usage] no-split 'LlamaDecoderLayr' matches no module of this model (no class, name or glob "
+                    "match); did you mean 'LlamaDecoderLayer'?; its classes: 'Embedding', 'Linear', 'LlamaDecoderLayer', "
+                    "'LlamaForCausalLM', 'LlamaMLP', 'LlamaModel', 'LlamaRMSNorm', 'LlamaRotaryEmbedding', 'ModuleList'");
+  CHECK_THROWS_WITH(accel::check_no_split_specs(t, {"model.blocks.*"}),
+                    accel_test::contains("no-split 'model.blocks.*' matches no module"));
+  // Headers alone carry no class names (the defect: such a name silently matched nothing).
+  accel_test::TempDir bare;
+  write_checkpoint(bare.path(), {"model.layers.0.w"}, "");
+  CHECK_THROWS_WITH(accel::check_no_split_specs(accel::read_checkpoint_tree(bare.path()), {"LlamaDecoderLayer"}),
+                    accel_test::contains("the model has no class names (headers only"));
+}

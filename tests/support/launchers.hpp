@@ -1,0 +1,165 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file launchers.hpp
+/// @brief The real launchers installed on this machine (Open MPI's mpirun, MPICH's mpiexec, SLURM's
+///        srun, torchrun) as argv prefixes for the multi-process tests, each with the reason it
+///        cannot be used here when it cannot.
+#pragma once
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "files.hpp"
+#include "run_command.hpp"
+#include "spawn.hpp"
+
+extern "C" char** environ;
+
+namespace accel_test {
+
+/// @brief The first of `names` found as an executable on PATH.
+inline std::optional<std::string> find_program(std::initializer_list<const char*> names) {
+  const char* path = std::getenv("PATH");
+  const std::string dirs = path ? path : "/usr/bin:/bin";
+  for (const char* name : names) {
+    std::size_t pos = 0;
+    while (pos <= dirs.size()) {
+      const auto end = std::min(dirs.find(':', pos), dirs.size());
+      std::string full = end == pos ? std::string(".") : dirs.substr(pos, end - pos);
+      full.append("/").append(name);
+      if (::access(full.c_str(), X_OK) == 0) return full;
+      pos = end + 1;
+    }
+  }
+  return std::nullopt;
+}
+
+/// @brief SLURM_CONF of the private cluster the "slurm" ctest fixture started
+///        (tests/support/slurm_cluster.sh), "" when there is none (then SLURM's defaults apply).
+inline std::string private_slurm_conf() {
+  const std::string conf = std::string(ACCEL_TEST_SLURM_DIR).append("/slurm.conf");
+  return ::access(conf.c_str(), R_OK) == 0 ? conf : std::string();
+}
+
+/// @brief The test's environment without anything that would tell the children where to meet, so
+///        only the launcher's own variables decide; ranks use the CPU and time out after 30 s.
+inline std::vector<std::string> launcher_environment() {
+  static const char* const dropped[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"};
+  std::vector<std::string> out;
+  for (char** e = environ; *e; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('='));
+    bool drop = name.rfind("ACCEL_", 0) == 0 || name.rfind("TORCHELASTIC_", 0) == 0;
+    for (const char* d : dropped) drop = drop || name == d;
+    if (!drop) out.push_back(entry);
+  }
+  out.insert(out.end(), {"ACCEL_USE_CPU=1", "ACCEL_TIMEOUT_S=30", "OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1"});
+  if (const auto conf = private_slurm_conf(); !conf.empty()) {
+    std::erase_if(out, [](const std::string& e) { return e.rfind("SLURM_CONF=", 0) == 0; });
+    out.push_back(std::string("SLURM_CONF=").append(conf));
+  }
+  return out;
+}
+
+/// @brief A real launcher: how to start `n` ranks of a program (append the program and its
+///        arguments to `argv`), or why it cannot run here (`skip` non-empty, `argv` empty).
+struct RealLauncher {
+  std::string name;  ///< as the convention names it: "Open MPI", "MPICH", "SLURM srun", "torchrun"
+  std::vector<std::string> argv;
+  std::string skip;
+};
+
+inline RealLauncher open_mpi_launcher(int n) {
+  auto mpirun = find_program({"mpirun.openmpi", "orterun"});
+  if (!mpirun) {
+    if (auto generic = find_program({"mpirun"}); generic && run_command(accel_test::quoted(*generic) + " --version 2>&1").output.find("Open MPI") != std::string::npos)
+      mpirun = generic;
+  }
+  if (!mpirun) return {"Open MPI", {}, "Open MPI's mpirun is not installed (Debian: openmpi-bin)"};
+  return {"Open MPI", {*mpirun, "--oversubscribe", "-np", std::to_string(n)}, ""};
+}
+
+inline RealLauncher mpich_launcher(int n) {
+  const auto mpiexec = find_program({"mpiexec.mpich", "mpiexec.hydra"});
+  if (!mpiexec) return {"MPICH", {}, "MPICH's mpiexec.mpich / mpiexec.hydra is not installed (Debian: mpich)"};
+  return {"MPICH", {*mpiexec, "-n", std::to_string(n)}, ""};
+}
+
+/// @brief Why no SLURM controller takes jobs here, "" when one does. Under ctest the "slurm"
+///        fixture starts a private cluster, or says why it could not in ACCEL_TEST_SLURM_DIR/unavailable.
+inline std::string slurm_unavailable() {
+  if (!find_program({"srun"}) || !find_program({"sbatch"})) return "SLURM's srun/sbatch are not installed (Debian: slurm-client)";
+  const std::string reason = read_file(std::string(ACCEL_TEST_SLURM_DIR).append("/unavailable"));
+  if (!reason.empty()) return std::string("the private SLURM cluster did not start: ").append(reason.substr(0, reason.find('\n')));
+  // Appended piece by piece: GCC 12 reports a false -Warray-bounds on `"..." + std::string`.
+  std::string command;
+  if (const auto conf = private_slurm_conf(); !conf.empty()) command.append("SLURM_CONF='").append(conf).append("' ");
+  command.append("timeout 10 scontrol ping 2>&1");
+  const auto ping = run_command(command);
+  if (ping.status != 0 || ping.output.find("is UP") == std::string::npos)
+    return "srun is installed but no SLURM controller answers (scontrol ping: " + ping.output.substr(0, ping.output.find('\n')) + ")";
+  return "";
+}
+
+inline RealLauncher slurm_launcher(int n) {
+  if (auto why = slurm_unavailable(); !why.empty()) return {"SLURM srun", {}, why};
+  // --overcommit: more tasks than CPUs fit; --immediate: fail instead of queueing behind another job.
+  return {"SLURM srun", {*find_program({"srun"}), "-n", std::to_string(n), "--overcommit", "--immediate=60"}, ""};
+}
+
+inline RealLauncher torchrun_launcher(int n) {
+  const auto torchrun = find_program({"torchrun"});
+  if (!torchrun) return {"torchrun", {}, "torchrun is not installed (Debian: python3-torch)"};
+  // Debian's torch 1.13 on Python 3.11 crashes with torchrun's default --redirects/--tee values;
+  // -r 1 -t 1 (stdout only) works. --standalone: a private rendezvous on a free port.
+  return {"torchrun", {*torchrun, "-r", "1", "-t", "1", "--standalone", "--nproc_per_node", std::to_string(n), "--no_python"}, ""};
+}
+
+/// @brief Waits for a launcher started by the test: its exit code (128 + signal when killed), or
+///        -1 when it was still running at `until` (it is then sent SIGTERM, so it takes its ranks
+///        down with it, and SIGKILL 3 s later).
+inline int wait_for_launcher(pid_t pid, std::chrono::steady_clock::time_point until) {
+  using namespace std::chrono_literals;
+  int st = 0;
+  while (::waitpid(pid, &st, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() > until) {
+      ::kill(pid, SIGTERM);
+      std::this_thread::sleep_for(3s);
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/// @brief What a job printed and how its launcher ended.
+struct JobResult {
+  int code = -1;  ///< the launcher's exit code; -1 when it timed out
+  std::string out, err;
+};
+
+/// @brief Runs `argv` (a launcher and its program) with launcher_environment(), its output kept in
+///        `dir`, for at most `limit`.
+inline JobResult run_job(std::vector<std::string> argv, const ScratchDir& dir, std::chrono::seconds limit) {
+  JobResult r;
+  const pid_t pid = spawn_redirected(std::move(argv), launcher_environment(), "/dev/null", dir / "job.out", dir / "job.err");
+  REQUIRE(pid > 0);
+  r.code = wait_for_launcher(pid, std::chrono::steady_clock::now() + limit);
+  r.out = read_file(dir / "job.out");
+  r.err = read_file(dir / "job.err");
+  return r;
+}
+
+}  // namespace accel_test
