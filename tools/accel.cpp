@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <span>
 #include <string_view>
 
@@ -62,8 +63,14 @@ int main(int argc, char** argv) {
     } catch (const accel::error& e) {
       std::fprintf(stderr, "accel %s: %s\n", argv[1], e.what());
       return accel_cli::exit_code_for(e);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "accel %s: internal error: %s\n", argv[1], e.what());
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr, "accel %s: out of host memory; free memory or lower the budgets and run again\n", argv[1]);
+      return accel_cli::exit_internal;
+    } catch (const std::exception& e) {  // std::filesystem_error, nlohmann::json::exception, ...: a bug
+      std::fprintf(stderr, "accel %s: internal error: %s (please report it)\n", argv[1], e.what());
+      return accel_cli::exit_internal;
+    } catch (...) {
+      std::fprintf(stderr, "accel %s: internal error: an exception of unknown type (please report it)\n", argv[1]);
       return accel_cli::exit_internal;
     }
   }

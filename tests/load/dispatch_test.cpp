@@ -476,3 +476,92 @@ TEST_CASE("fetch buffers are sized per layer, even where the map merged layers i
   CHECK(fetch_unit("model.layers.3.mlp.up.weight", "model.layers.3.mlp") == "model.layers.3.mlp");  // a deeper key wins
   CHECK(fetch_unit("h.10.attn.weight", "h.10.attn.weight") == "h.10.attn.weight");
 }
+
+TEST_CASE("a shard truncated while it is being loaded is a checkpoint error naming both sizes, never a SIGBUS",
+          "[dispatch][truncation]") {
+  accel_test::TempDir dir, offload;
+  const std::vector<TensorSpec> specs{{"m.a", DType::F32, {4096}, {}}, {"m.b", DType::F32, {4096}, {}}};
+  accel_test::write_safetensors(dir / "model.safetensors", specs);
+  const auto full = fs::file_size(dir / "model.safetensors");
+  auto opts = small_staging(sim(1 << 20, 1 << 20));
+  opts.offload_folder = offload.path();
+  // The first progress report comes after the first chunk was read: the file shrinks to its header.
+  opts.on_progress = [&, truncated = false](std::uint64_t, std::uint64_t) mutable {
+    if (!truncated) fs::resize_file(dir / "model.safetensors", 200);
+    truncated = true;
+  };
+  std::string map;
+  SECTION("cpu, converted") {
+    map = R"({"m": "cpu"})";
+    opts.dtype = DType::F16;
+  }
+  SECTION("cpu, raw") { map = R"({"m": "cpu"})"; }
+  SECTION("disk, converted into the offload folder") {
+    map = R"({"m": "disk"})";
+    opts.dtype = DType::BF16;
+  }
+  SECTION("gpu, converted through the staging ring") {
+    map = R"({"m": 0})";
+    opts.dtype = DType::F16;
+  }
+  SECTION("gpu, raw through the staging ring") { map = R"({"m": 1})"; }
+  INFO(map);
+  REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), accel::DeviceMap::from_json(map), opts),
+                      accel_test::contains((dir / "model.safetensors").string() + "' shrank while it was being read: it was " +
+                                           std::to_string(full) + " bytes when its header was checked and is now 200 bytes"));
+}
+
+TEST_CASE("a device map whose keys cover one tensor twice, on different devices, is refused naming both keys",
+          "[dispatch]") {
+  accel_test::TempDir dir;
+  accel_test::write_sharded(dir.path(), model_shards());
+  const auto overlapping = accel::DeviceMap::from_json(R"({"model": 0, "model.layers.1": "cpu", "lm_head": "cpu"})");
+  REQUIRE_THROWS_AS(accel::load_checkpoint_and_dispatch(dir.path(), overlapping, small_staging(sim(1 << 20, 1 << 20))),
+                    accel::config_error);
+  REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), overlapping, small_staging(sim(1 << 20, 1 << 20))),
+                      accel_test::contains("device map keys 'model' (0) and 'model.layers.1' (cpu) both cover tensor "
+                                           "'model.layers.1.w'"));
+  // The same device twice is only redundant: the inner key decides the block.
+  const auto nested = accel::DeviceMap::from_json(R"({"": "cpu", "model.layers.1": "cpu"})");
+  auto m = accel::load_checkpoint_and_dispatch(dir.path(), nested, small_staging(sim(1 << 20, 1 << 20)));
+  REQUIRE(m.at("model.layers.1.w").block == "model.layers.1");
+}
+
+TEST_CASE("an index with an empty weight_map is refused, through the folder and the index file", "[dispatch]") {
+  accel_test::TempDir dir;
+  accel_test::write_text(dir / "model.safetensors.index.json", R"({"metadata": {"total_size": 0}, "weight_map": {}})");
+  const auto map = accel::DeviceMap::from_json(R"({"": "cpu"})");
+  for (const auto& path : {dir.path(), dir / "model.safetensors.index.json"}) {
+    INFO(path);
+    REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(path, map, small_staging({})),
+                        accel_test::contains("'weight_map' is empty, so the index lists no tensor and no shard"));
+  }
+}
+
+TEST_CASE("a symbolic link loop as the checkpoint or inside its folder is a checkpoint error that says so", "[dispatch]") {
+  accel_test::TempDir dir;
+  fs::create_symlink(dir / "loop_b", dir / "loop_a");
+  fs::create_symlink(dir / "loop_a", dir / "loop_b");
+  const auto map = accel::DeviceMap::from_json(R"({"": "cpu"})");
+  REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir / "loop_a", map, small_staging({})),
+                      accel_test::contains("cannot be resolved: Too many levels of symbolic links (a symbolic link loop)"));
+  fs::create_directory(dir / "ckpt");
+  fs::create_symlink(dir / "loop_a", dir / "ckpt" / "model.safetensors");
+  REQUIRE_THROWS_AS(accel::load_checkpoint_and_dispatch(dir / "ckpt", map, small_staging({})), accel::checkpoint_error);
+  REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir / "ckpt", map, small_staging({})),
+                      accel_test::contains("model.safetensors' cannot be resolved: Too many levels of symbolic links"));
+}
+
+TEST_CASE("fetching a disk block whose shard was truncated after loading is a checkpoint error, not a SIGBUS",
+          "[dispatch][fetch][truncation]") {
+  accel_test::TempDir dir;
+  const auto shards = model_shards();
+  accel_test::write_sharded(dir.path(), shards);
+  auto devices = sim(1 << 20, 1 << 20);
+  auto model = accel::load_checkpoint_and_dispatch(dir.path(), model_map(), small_staging(devices));
+  REQUIRE(model.at("model.layers.3.w").storage == Storage::mmap_view);
+  fs::resize_file(dir / "model-00003-of-00003.safetensors", 100);
+  REQUIRE_THROWS_WITH(model.fetch("model.layers.3"),
+                      accel_test::contains("model-00003-of-00003.safetensors' shrank while it was being read") &&
+                          accel_test::contains("is now 100 bytes"));
+}

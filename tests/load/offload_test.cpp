@@ -2,6 +2,13 @@
 // SPDX-FileCopyrightText: accel contributors
 #include <accel/load/offload.hpp>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -9,6 +16,9 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include <accel/load/dispatch.hpp>
+#include <accel/load/detail/offload_writer.hpp>
 
 #include "support/catch.hpp"
 #include "support/run_command.hpp"
@@ -51,6 +61,70 @@ std::vector<Sample> samples() {
       for (auto& b : x.data) b = static_cast<std::byte>(static_cast<unsigned>(b) & 1u);
   }
   return s;
+}
+
+// A checkpoint of float32 tensors, all placed on disk, so a dtype change sends every one through
+// the offload folder. Sizes differ so a file-size limit can stop the load at the second one.
+std::vector<Sample> disk_model() {
+  return {{"a.w", DType::F32, {256}, {}}, {"b.w", DType::F32, {16384}, {}}, {"c.w", DType::F32, {512}, {}}};
+}
+
+accel::LoadOptions disk_options(const fs::path& folder, DType dtype) {
+  accel::LoadOptions o;
+  o.devices = std::vector<accel::DeviceMemoryPtr>{};
+  o.dtype = dtype;
+  o.offload_folder = folder;
+  o.progress = false;
+  return o;
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+const accel::DeviceMap all_on_disk = accel::DeviceMap::from_json(R"({"": "disk"})");
+
+std::vector<std::byte> as_dtype(const Sample& s, DType to) {
+  const auto raw = accel_test::pattern_bytes(s.name, accel_test::spec_bytes(s));
+  const auto n = accel::shape_numel(s.shape);
+  std::vector<std::byte> out(static_cast<std::size_t>(n * accel::element_size_bytes(to)));
+  accel::convert_elements(s.dtype, to, raw.data(), out.data(), n);
+  return out;
+}
+
+// Runs `body` in a forked child (which ends with _exit, running no destructors of the parent's
+// objects) and returns its wait status.
+template <class Body>
+int in_child(Body&& body) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int code = 0;
+    try {
+      code = body();
+    } catch (...) {
+      code = 99;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return status;
+}
+
+// Every entry index.json vouches for holds exactly the checkpoint's bytes in the entry's dtype.
+void require_index_vouches_only_for_correct_files(const fs::path& folder) {
+  accel::OffloadFolder f(folder);
+  for (const auto& s : disk_model()) {
+    auto it = f.index().find(s.name);
+    if (it == f.index().end()) continue;
+    INFO(s.name << " as " << accel::torch_name(it->second.dtype));
+    auto v = f.view(s.name);
+    REQUIRE(std::vector<std::byte>(v.begin(), v.end()) == as_dtype(s, it->second.dtype));
+  }
 }
 
 }  // namespace
@@ -125,7 +199,7 @@ TEST_CASE("malformed offload indexes are rejected naming the entry", "[offload]"
   REQUIRE_THROWS_WITH(accel::parse_offload_index("{", "i"), accel_test::contains("invalid offload index 'i': not valid JSON"));
   REQUIRE_THROWS_WITH(accel::parse_offload_index("[]", "i"), accel_test::contains("a JSON array, not an object"));
   REQUIRE_THROWS_WITH(accel::parse_offload_index(R"({"a": {"dtype": "float99", "shape": []}})", "i"),
-                      accel_test::contains("entry 'a' has unknown dtype 'float99'"));
+                      accel_test::contains("entry 'a' has unknown dtype \"float99\""));
   REQUIRE_THROWS_WITH(accel::parse_offload_index(R"({"a": {"dtype": "float16"}})", "i"),
                       accel_test::contains("entry 'a' has no 'shape' list"));
   REQUIRE_THROWS_WITH(accel::parse_offload_index(R"({"a": {"dtype": "float16", "shape": [-1]}})", "i"),
@@ -179,5 +253,202 @@ TEST_CASE("accelerate's reader loads accel's offload folder and accel reads acce
     REQUIRE(std::string(accel::torch_name(e.dtype)) == info["dtype"].get<std::string>());
     REQUIRE(nlohmann::json(e.shape) == info["shape"]);
     REQUIRE(fnv1a(folder.view(name)) == info["fnv"].get<std::uint32_t>());
+  }
+}
+
+TEST_CASE("a load killed with SIGKILL midway never leaves stale files for the rerun to reuse", "[offload][journal]") {
+  accel_test::TempDir ckpt, folder;
+  accel_test::write_safetensors(ckpt / "model.safetensors", disk_model());
+  {
+    auto m = accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, disk_options(folder.path(), DType::F16));
+    REQUIRE(m.report().offload_written == 3);
+  }
+  // Same shapes in bfloat16: same file sizes, other bytes. Killed once the first file is written
+  // (the second tensor has been read and converted, its file not yet written).
+  const int status = in_child([&] {
+    auto o = disk_options(folder.path(), DType::BF16);
+    o.on_progress = [](std::uint64_t done, std::uint64_t) {
+      if (done > 256 * 4) ::raise(SIGKILL);
+    };
+    (void)accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, o);
+    return 0;
+  });
+  REQUIRE(WIFSIGNALED(status));
+  REQUIRE(WTERMSIG(status) == SIGKILL);
+  require_index_vouches_only_for_correct_files(folder.path());
+
+  auto m = accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, disk_options(folder.path(), DType::F16));
+  for (const auto& s : disk_model()) {
+    INFO(s.name);
+    const auto v = m.at(s.name).host;
+    REQUIRE(std::vector<std::byte>(v.begin(), v.end()) == as_dtype(s, DType::F16));
+  }
+  // The killed bfloat16 load dropped every float16 entry before replacing any file; its one
+  // finished bfloat16 file does not fit this request either.
+  REQUIRE(m.report().offload_written == 3);
+  REQUIRE(m.report().offload_reused == 0);
+  REQUIRE_FALSE(fs::exists(folder / "index.json.journal"));
+  require_index_vouches_only_for_correct_files(folder.path());
+}
+
+TEST_CASE("files a killed load finished are journaled and reused by the next load", "[offload][journal]") {
+  accel_test::TempDir ckpt, folder;
+  accel_test::write_safetensors(ckpt / "model.safetensors", disk_model());
+  const int status = in_child([&] {
+    auto o = disk_options(folder.path(), DType::BF16);
+    o.on_progress = [](std::uint64_t done, std::uint64_t) {
+      if (done > (256 + 16384) * 4) ::raise(SIGKILL);  // a.w and b.w written, c.w converted
+    };
+    (void)accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, o);
+    return 0;
+  });
+  REQUIRE(WIFSIGNALED(status));
+  REQUIRE(fs::exists(folder / "index.json.journal"));
+  REQUIRE_FALSE(fs::exists(folder / "index.json"));  // nothing folded yet: accelerate sees no entry at all
+  auto m = accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, disk_options(folder.path(), DType::BF16));
+  REQUIRE(m.report().offload_reused == 2);
+  REQUIRE(m.report().offload_written == 1);
+  for (const auto& s : disk_model()) {
+    const auto v = m.at(s.name).host;
+    REQUIRE(std::vector<std::byte>(v.begin(), v.end()) == as_dtype(s, DType::BF16));
+  }
+  REQUIRE(accel::read_offload_index(folder.path()).size() == 3);
+  REQUIRE_FALSE(fs::exists(folder / "index.json.journal"));
+}
+
+TEST_CASE("a full disk (file-size limit) names the folder and the bytes still to write; the rerun finishes the folder",
+          "[offload][journal]") {
+  accel_test::TempDir ckpt, folder;
+  accel_test::write_safetensors(ckpt / "model.safetensors", disk_model());
+  const auto message = folder.path().parent_path() / (folder.path().filename().string() + ".message");
+  const int status = in_child([&] {
+    ::signal(SIGXFSZ, SIG_IGN);  // a write past the limit then fails with EFBIG, as on a full disk
+    const rlimit limit{16384, 16384};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    try {
+      (void)accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, disk_options(folder.path(), DType::F16));
+    } catch (const accel::config_error& e) {
+      accel_test::write_text(message, e.what());
+      return 3;
+    }
+    return 0;
+  });
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 3);
+  const auto text = read_text(message);
+  fs::remove(message);
+  INFO(text);
+  REQUIRE(text.find("offload folder '" + folder.path().string() + "' ran out of space (File too large) writing 'b.w.dat'") !=
+          std::string::npos);
+  REQUIRE(text.find("2 tensors of 33.00 KiB (33792 bytes) are still to be written") != std::string::npos);
+  for (const auto& e : fs::directory_iterator(folder.path()))
+    REQUIRE_FALSE(accel::detail::is_temporary_name(e.path().filename().string()));
+  require_index_vouches_only_for_correct_files(folder.path());
+
+  auto m = accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, disk_options(folder.path(), DType::F16));
+  REQUIRE(m.report().offload_reused == 1);
+  REQUIRE(m.report().offload_written == 2);
+  for (const auto& s : disk_model()) {
+    const auto v = m.at(s.name).host;
+    REQUIRE(std::vector<std::byte>(v.begin(), v.end()) == as_dtype(s, DType::F16));
+  }
+}
+
+TEST_CASE("temporaries left by a killed writer are removed when the folder is opened", "[offload][journal]") {
+  accel_test::TempDir ckpt, folder;
+  accel_test::write_safetensors(ckpt / "model.safetensors", disk_model());
+  accel_test::write_text(folder / "a.w.dat.tmp.4242", "partial");
+  accel_test::write_text(folder / "index.json.tmp.77", "{");
+  accel_test::write_text(folder / "notes.tmp.txt", "not ours");
+  auto m = accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, disk_options(folder.path(), DType::F16));
+  REQUIRE_FALSE(fs::exists(folder / "a.w.dat.tmp.4242"));
+  REQUIRE_FALSE(fs::exists(folder / "index.json.tmp.77"));
+  REQUIRE(fs::exists(folder / "notes.tmp.txt"));
+  REQUIRE(m.report().warnings.size() == 1);
+  REQUIRE_THAT(m.report().warnings[0], accel_test::contains("removed 2 temporary files left in offload folder"));
+}
+
+TEST_CASE("a second load into a folder being written fails at once instead of racing", "[offload][journal]") {
+  accel_test::TempDir ckpt, folder;
+  accel_test::write_safetensors(ckpt / "model.safetensors", disk_model());
+  accel::detail::UniqueFd held(::open(folder.path().c_str(), O_RDONLY | O_DIRECTORY));
+  REQUIRE(::flock(held.get(), LOCK_EX) == 0);
+  REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, disk_options(folder.path(), DType::F16)),
+                      accel_test::contains("is being written by another load"));
+}
+
+TEST_CASE("a journal line vouches only for a complete file of the recorded size", "[offload][journal]") {
+  accel_test::TempDir folder;
+  accel_test::write_bytes(folder / "good.dat", std::vector<std::byte>(8));
+  accel_test::write_bytes(folder / "short.dat", std::vector<std::byte>(3));
+  const std::string journal = R"({"good": {"dtype": "float16", "shape": [4], "accel_source": "s"}})" "\n"
+                              R"({"short": {"dtype": "float16", "shape": [4]}})" "\n"
+                              R"({"gone": {"dtype": "float16", "shape": [4]}})" "\n"
+                              R"({"good": {"dtype": "float32", "shape": [2]}})" "\n"
+                              "not json\n"
+                              R"({"torn": {"dtype": "float16", "sha)";
+  accel::OffloadIndex index;
+  REQUIRE(accel::detail::replay_offload_journal(folder.path(), journal, index) == 2);
+  REQUIRE(index.size() == 1);
+  REQUIRE(index.at("good").dtype == DType::F32);  // the later line wins
+}
+
+TEST_CASE("offload indexes nested absurdly deep or with huge numbers are refused without recursion", "[offload]") {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  REQUIRE_THROWS_WITH(accel::parse_offload_index(deep, "i"), accel_test::contains("nested deeper than"));
+  const std::string deep_entry = R"({"a": {"dtype": "float16", "shape": )" + std::string(100000, '[') +
+                                 std::string(100000, ']') + "}}";
+  REQUIRE_THROWS_WITH(accel::parse_offload_index(deep_entry, "i"), accel_test::contains("nested deeper than"));
+  REQUIRE_THROWS_WITH(accel::parse_offload_index(R"({"a": {"dtype": "float16", "shape": [1e30]}})", "i"),
+                      accel_test::contains("shape element 1e+30, not a non-negative integer"));
+  REQUIRE_THROWS_WITH(accel::parse_offload_index(R"({"a": {"dtype": "float16", "shape": [18446744073709551615]}})", "i"),
+                      accel_test::contains("not a non-negative integer"));
+  REQUIRE_THROWS_WITH(accel::parse_offload_index(R"({"a": {"dtype": "float32", "shape": [4294967296, 4294967296]}})", "i"),
+                      accel_test::contains("overflows 64 bits"));
+  REQUIRE_THROWS_WITH(accel::parse_offload_index(R"({"a": {"dtype": "float16", "shape": [1]}, "a": {"dtype": "float16", "shape": [2]}})", "i"),
+                      accel_test::contains("duplicate key 'a'"));
+}
+
+TEST_CASE("tensor names that cannot be offload file names are refused before any byte is written", "[offload]") {
+  REQUIRE(accel::offload_name_problem("model.layers.0.w") == std::nullopt);
+  REQUIRE(accel::offload_name_problem(std::string("a\0b", 3)) == "it contains a NUL byte");
+  REQUIRE(accel::offload_name_problem(std::string(300, 'x'))->find("300 bytes long") != std::string::npos);
+  REQUIRE(accel::offload_name_problem("..") == "it is '.' or '..'");
+  accel_test::TempDir ckpt, folder;
+  // "w\0a" and "w\0b" are distinct tensors whose file names would both be cut to "w".
+  accel_test::write_bytes(ckpt / "model.safetensors",
+                          accel_test::raw_safetensors(R"({"w\u0000a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                                                      R"("w\u0000b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+                                                      std::vector<std::byte>(16)));
+  REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, disk_options(folder.path(), DType::F16)),
+                      accel_test::contains("tensor 'w\\x00a' is placed on disk and converted, but its name cannot be an offload file name: "
+                                                           "it contains a NUL byte"));
+  REQUIRE(fs::is_empty(folder.path()));
+}
+
+TEST_CASE("accelerate's reader loads a folder the loader wrote through its journal, after a killed run",
+          "[offload][journal][python]") {
+  if (!python_with_torch()) {
+    WARN("/usr/bin/python3 with torch and numpy not importable: compatibility not checked");
+    return;
+  }
+  accel_test::TempDir ckpt, folder;
+  accel_test::write_safetensors(ckpt / "model.safetensors", disk_model());
+  (void)in_child([&] {
+    auto o = disk_options(folder.path(), DType::F16);
+    o.on_progress = [](std::uint64_t done, std::uint64_t) {
+      if (done > 256 * 4) ::raise(SIGKILL);
+    };
+    (void)accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, o);
+    return 0;
+  });
+  (void)accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, disk_options(folder.path(), DType::BF16));
+  const auto read = nlohmann::json::parse(run_capture("/usr/bin/python3 " + script + " read " + folder.path().string()));
+  REQUIRE(read.size() == disk_model().size());
+  for (const auto& s : disk_model()) {
+    INFO(s.name);
+    REQUIRE(read.at(s.name)["dtype"] == "bfloat16");
+    REQUIRE(read.at(s.name)["shape"] == nlohmann::json(s.shape));
+    REQUIRE(read.at(s.name)["fnv"] == fnv1a(as_dtype(s, DType::BF16)));
   }
 }

@@ -2,6 +2,7 @@
 // SPDX-FileCopyrightText: accel contributors
 #include <accel/model/json.hpp>
 
+#include <filesystem>
 #include <string>
 
 #include "support/catch.hpp"
@@ -59,4 +60,11 @@ TEST_CASE("json_whole_number accepts whole counts below 2^64 and never casts out
     INFO(bad);
     CHECK_FALSE(json_whole_number(json::parse(bad)));
   }
+}
+
+TEST_CASE("read_text_file on a folder is a checkpoint_error naming it, not a stream exception", "[json]") {
+  const auto folder = std::filesystem::temp_directory_path();
+  REQUIRE_THROWS_AS(accel::read_text_file(folder, "model skeleton"), accel::checkpoint_error);
+  REQUIRE_THROWS_WITH(accel::read_text_file(folder, "model skeleton"),
+                      accel_test::contains("cannot read model skeleton '" + folder.string() + "': it is a folder"));
 }

@@ -92,3 +92,68 @@ TEST_CASE("accel load maps bad input to documented exit codes with the reason", 
     CHECK(r.output.find("usage: accel load --checkpoint PATH") != std::string::npos);
   }
 }
+
+TEST_CASE("accel load reports broken checkpoints and maps with their documented exit codes", "[cli][load]") {
+  accel_test::TempDir dir;
+  const std::string cpu_map = " --device-map '{\"\": \"cpu\"}' 2>&1";
+  SECTION("an index whose weight_map is empty is a checkpoint error (6), for load and plan") {
+    accel_test::write_text(dir / "model.safetensors.index.json", R"({"metadata": {"total_size": 0}, "weight_map": {}})");
+    auto r = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) + cpu_map));
+    CHECK(r.status == 6);
+    CHECK(r.output.find("'weight_map' is empty") != std::string::npos);
+    r = accel_test::run_command(accel_test::accel_cli("plan --checkpoint " + quoted(dir / "model.safetensors.index.json") +
+                                                      " --max-memory cpu=1GiB 2>&1"));
+    CHECK(r.status == 6);
+    CHECK(r.output.find("'weight_map' is empty") != std::string::npos);
+  }
+  SECTION("a symbolic link loop in the checkpoint folder is a checkpoint error (6), not an internal error") {
+    write_model(dir.path());
+    std::filesystem::remove(dir / "model-00002-of-00002.safetensors");
+    std::filesystem::create_symlink(dir / "model-00002-of-00002.safetensors", dir / "model-00002-of-00002.safetensors");
+    auto r = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) + cpu_map));
+    INFO(r.output);
+    CHECK(r.status == 6);
+    CHECK(r.output.find("cannot be resolved: Too many levels of symbolic links (a symbolic link loop)") != std::string::npos);
+    r = accel_test::run_command(accel_test::accel_cli("plan --checkpoint " + quoted(dir / "model-00002-of-00002.safetensors") +
+                                                      " --max-memory cpu=1GiB 2>&1"));
+    CHECK(r.status == 6);
+    CHECK(r.output.find("(a symbolic link loop)") != std::string::npos);
+  }
+  SECTION("a device map file that is a symbolic link loop is a config error (3)") {
+    write_model(dir.path());
+    std::filesystem::create_symlink(dir / "map.json", dir / "map.json");
+    auto r = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) + " --device-map " +
+                                                           quoted(dir / "map.json") + " 2>&1"));
+    CHECK(r.status == 3);
+    CHECK(r.output.find("map.json' cannot be read: Too many levels of symbolic links") != std::string::npos);
+  }
+  SECTION("a device map placing a module and its child on different devices is a config error (3)") {
+    write_model(dir.path());
+    auto r = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) +
+                                                           " --device-map '{\"\": \"cpu\", \"model.layers.1\": \"disk\"}' 2>&1"));
+    CHECK(r.status == 3);
+    CHECK(r.output.find("device map keys '' (cpu) and 'model.layers.1' (disk) both cover tensor") != std::string::npos);
+  }
+}
+
+TEST_CASE("accel load into a full offload folder exits 3 naming the bytes needed, and the rerun completes it",
+          "[cli][load][offload]") {
+  accel_test::TempDir dir, offload;
+  write_model(dir.path());
+  accel_test::write_text(dir / "map.json", R"({"": "disk"})");
+  const std::string load = accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) + " --device-map " +
+                                                 quoted(dir / "map.json") + " --dtype bfloat16 --offload-folder " +
+                                                 quoted(offload.path()));
+  // Four tensors become 2 KiB bfloat16 files. With SIGXFSZ ignored and a 1 KiB file-size limit
+  // the first write fails with EFBIG, as on a full disk.
+  auto r = accel_test::run_command("bash -c \"trap '' XFSZ; ulimit -f 1; exec " + load + "\" 2>&1");
+  INFO(r.output);
+  CHECK(r.status == 3);
+  CHECK(r.output.find("ran out of space (File too large)") != std::string::npos);
+  CHECK(r.output.find("4 tensors of 8.00 KiB (8192 bytes) are still to be written; free that much space") != std::string::npos);
+  CHECK(r.output.find(offload.path().string()) != std::string::npos);
+  r = accel_test::run_command(load + " --quiet 2>&1");
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK(r.output.find("offload folder: 4 written") != std::string::npos);
+}

@@ -202,3 +202,12 @@ TEST_CASE("accel plan reads config.json: catalog blocks, the load dtype, checked
   CHECK(j[0]["largest_layer"] == "model.embed_tokens");
   CHECK(j[1]["largest_layer_bytes"] == 2048);
 }
+
+TEST_CASE("accel plan --skeleton naming a folder is a config error (3) with one prefix, not an internal error", "[cli][plan]") {
+  accel_test::TempDir dir;
+  auto r = accel_test::run_command(accel_test::accel_cli("plan --skeleton " + quoted(dir.path()) + " 2>&1"));
+  INFO(r.output);
+  CHECK(r.status == 3);
+  CHECK(r.output.find("accel plan: [accel.config] cannot read model skeleton '" + dir.path().string() + "': it is a folder") !=
+        std::string::npos);
+}

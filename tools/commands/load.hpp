@@ -114,6 +114,9 @@ inline int run_load(std::span<char*> argv) {
   } else if (fs::is_regular_file(map_arg, ec)) {
     map = accel::DeviceMap::from_json(accel::read_text_file(map_arg, "device map"));
     map_source = "from " + map_arg;
+  } else if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
+    // a symbolic link loop, no permission: meant as a file, but not readable
+    throw accel::config_error("load: device map file '" + map_arg + "' cannot be read: " + ec.message());
   } else {
     const auto mode = accel::parse_device_map_mode(map_arg);
     checkpoint = accel::resolve_checkpoint(*path);

@@ -96,6 +96,13 @@ struct ModelState {
   std::map<int, std::unique_ptr<Stager>> stagers;  // per GPU; their streams below
   std::map<int, Stream> streams;                   // destroyed first: pending copies finish before buffers go
   std::vector<TensorHandle> tensors;
+  // Per tensor: for a view into a shard (Storage::mmap_view), the shard and file offset, which
+  // fetch() reads with pread, so a shard truncated after loading is an error, not a SIGBUS.
+  struct ShardSpan {
+    std::size_t shard = 0;
+    std::uint64_t offset = 0;
+  };
+  std::vector<ShardSpan> shard_spans;
   std::unordered_map<std::string, std::size_t> by_name;
   std::unordered_map<std::string, std::string> aliases;
   std::unordered_map<std::string, std::vector<std::size_t>> module_cache;
@@ -295,8 +302,14 @@ class DispatchedModel {
         continue;
       }
       auto* dst = static_cast<std::byte*>(slot->buffer.get()) + layout.offsets[k++];
-      if (t.storage == Storage::host_pinned) dev.copy_to_device_async(dst, t.host.data(), t.size_bytes, stager.stream());
-      else stager.copy(dst, t.host.data(), t.size_bytes, [](std::uint64_t) {});
+      if (t.storage == Storage::host_pinned) {
+        dev.copy_to_device_async(dst, t.host.data(), t.size_bytes, stager.stream());
+      } else if (t.storage == Storage::mmap_view && i < s_->shard_spans.size()) {
+        const auto& span = s_->shard_spans[i];
+        stager.read(dst, *s_->shards[span.shard], span.offset, t.size_bytes, [](std::uint64_t) {});
+      } else {
+        stager.copy(dst, t.host.data(), t.size_bytes, [](std::uint64_t) {});
+      }
       slot->tensors.push_back({&t, dst});
     }
     slot->ready.record(stager.stream());

@@ -24,6 +24,7 @@
 #include <accel/load/convert.hpp>
 #include <accel/plan/device_map.hpp>
 #include <accel/load/device_memory.hpp>
+#include <accel/load/offload.hpp>
 #include <accel/model/dtype.hpp>
 #include <accel/runtime/error.hpp>
 #include <accel/model/safetensors.hpp>
@@ -159,6 +160,14 @@ inline std::string_view fetch_unit(std::string_view tensor, std::string_view key
   return key.size() > unit.size() ? key : unit;
 }
 
+// A second device-map key covering `name` besides `covering` (a shorter prefix: a module and one
+// of its children both in the map), or nullptr.
+inline const DeviceMap::Entry* second_covering(const DeviceMap& map, const DeviceMap::Entry& covering) {
+  if (covering.first.empty()) return nullptr;
+  const auto dot = covering.first.rfind('.');
+  return map.covering(std::string_view(covering.first).substr(0, dot == std::string::npos ? 0 : dot));
+}
+
 inline bool matches_prefix(std::string_view name, std::string_view key) {
   return name == key || key.empty() || (name.size() > key.size() && name.starts_with(key) && name[key.size()] == '.');
 }
@@ -195,6 +204,11 @@ inline PlannedTensor plan_tensor(const SafetensorsHeader& header, TensorLocation
                                    gpu_count == 0 ? std::string("no GPU is") : concat("only ", gpu_count, " GPU(s) are"),
                                    " visible; fix the map or CUDA_VISIBLE_DEVICES");
   t.storage = storage_for(t, options, gpu_count);
+  if (t.storage == Storage::offload_file)
+    if (auto why = offload_name_problem(t.name))
+      throw_error<checkpoint_error>("tensor '", printable_name(t.name), "' is placed on disk and converted, but its name cannot be "
+                                    "an offload file name: ", *why, "; rename the tensor in the checkpoint or keep it "
+                                    "off disk (or in its stored dtype)");
   if (t.storage == Storage::offload_file && options.offload_folder.empty())
     throw_error<usage_error>("tensor '", t.name, "' is placed on disk and converted from ", safetensors_name(t.stored_dtype),
                              " to ", safetensors_name(t.dtype), ", which needs an offload folder; set "
@@ -288,6 +302,11 @@ inline void refuse_mismatch_when_strict(const LoadPlan& plan, const LoadOptions&
         plan.unexpected.push_back(name);
         continue;
       }
+      if (const auto* outer = detail::second_covering(map, *covering); outer && outer->second != covering->second)
+        detail::throw_error<config_error>("device map keys '", text::excerpt(outer->first), "' (", outer->second.to_string(), ") and '",
+                                  text::excerpt(covering->first), "' (", covering->second.to_string(),
+                                  ") both cover tensor '", detail::printable_name(name), "'; a module and its child cannot go to "
+                                  "different devices: remove one key or split the outer module into its children");
       used_keys.insert(covering->first);
       plan.tensors.push_back(detail::plan_tensor(header, {s, e}, *covering, options, gpu_count));
       plan.total_bytes += plan.tensors.back().bytes;

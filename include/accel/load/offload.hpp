@@ -6,17 +6,21 @@
 ///        tensor (bfloat16 stored as its 16-bit patterns, 0-d tensors as one element with shape []).
 ///
 /// Differences from accelerate, all compatible with its reader: files are written atomically
-/// (temp + fsync + rename), entries carry an extra `accel_source` fingerprint so a stale entry
+/// (temp + fdatasync + rename), entries carry an extra `accel_source` fingerprint so a stale entry
 /// (same shape, different source) is detected and rewritten instead of trusted, and reading
 /// memory-maps the `.dat` instead of copying it on every access. Entries written by transformers
-/// (`safetensors_file` + `weight_name`) are read straight from the named shard.
+/// (`safetensors_file` + `weight_name`) are read straight from the named shard. The loader writes
+/// a folder through detail::OffloadFolderWriter (detail/offload_writer.hpp), which journals each
+/// finished file so a killed or failed load leaves an index that vouches only for complete files.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -25,10 +29,12 @@
 #include <nlohmann/json.hpp>
 
 #include <accel/runtime/config.hpp>
-#include <accel/load/detail/mapped_file.hpp>
-#include <accel/model/dtype.hpp>
 #include <accel/runtime/error.hpp>
+#include <accel/runtime/text.hpp>
+#include <accel/model/dtype.hpp>
+#include <accel/model/json.hpp>
 #include <accel/model/safetensors.hpp>
+#include <accel/load/detail/mapped_file.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 
@@ -49,50 +55,104 @@ struct OffloadEntry {
 /// @brief An offload index: tensor name → entry.
 using OffloadIndex = std::map<std::string, OffloadEntry>;
 
+namespace detail {
+// A name from a file for a message: control bytes (NUL included, which would cut the message
+// short) as \xNN, the whole shortened as text::excerpt does.
+inline std::string printable_name(std::string_view name) {
+  std::string out;
+  for (char c : name.substr(0, std::min<std::size_t>(name.size(), 200))) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f) {
+      out += c;
+      continue;
+    }
+    static constexpr char hex[] = "0123456789abcdef";
+    out += "\\x";
+    out += hex[u >> 4];
+    out += hex[u & 15];
+  }
+  return text::excerpt(out) + (name.size() > 200 ? concat("... (", name.size(), " bytes)") : std::string());
+}
+}  // namespace detail
+
+/// @brief Longest tensor name an offload folder stores: `<name>.dat.tmp.<pid>` must fit a file
+///        name (255 bytes on Linux file systems).
+inline constexpr std::size_t offload_name_max = 255 - std::string_view(".dat.tmp.4194304").size();
+
+/// @brief Why tensor `name` cannot be stored as `<name>.dat` in an offload folder, or nullopt
+///        when it can: empty, ".", "..", a '/' (a sub-folder), a NUL byte (the file system would
+///        cut the name there, so two tensors could share one file), or longer than offload_name_max.
+[[nodiscard]] inline std::optional<std::string> offload_name_problem(std::string_view name) {
+  if (name.empty()) return "it is empty";
+  if (name == "." || name == "..") return "it is '.' or '..'";
+  if (name.find('/') != std::string_view::npos) return "it contains '/'";
+  if (name.find('\0') != std::string_view::npos) return "it contains a NUL byte";
+  if (name.size() > offload_name_max)
+    return detail::concat("it is ", name.size(), " bytes long, more than the ", offload_name_max, " a file name allows");
+  return std::nullopt;
+}
+
 /// @brief The `.dat` file of tensor `name` (dots kept in the file name, as accelerate does).
-/// @throws accel::usage_error when the name cannot be a flat file name (empty, '/', "." or "..")
+/// @throws accel::usage_error when the name cannot be a flat file name (see offload_name_problem)
 [[nodiscard]] inline std::filesystem::path offload_file(const std::filesystem::path& folder, std::string_view name) {
-  if (name.empty() || name.find('/') != std::string_view::npos || name == "." || name == "..")
-    detail::throw_error<usage_error>("tensor name '", name, "' cannot be stored in an offload folder (it must be a "
-                                     "flat file name without '/')");
+  if (auto why = offload_name_problem(name))
+    detail::throw_error<usage_error>("tensor name '", detail::printable_name(name), "' cannot be stored in an offload folder: ", *why,
+                                     " (it must be a flat file name without '/' or NUL)");
   return folder / (std::string(name) + ".dat");
 }
 
+namespace detail {
+
+// One index.json entry; `fail` throws.
+template <class Fail>
+OffloadEntry parse_offload_entry(const std::string& name, const nlohmann::json& v, Fail&& fail) {
+  const auto who = [&] { return concat("entry '", printable_name(name), "'"); };
+  if (!v.is_object()) fail(concat(who(), " is not an object"));
+  OffloadEntry e;
+  auto dt = v.find("dtype");
+  if (dt == v.end() || !dt->is_string()) fail(concat(who(), " has no string 'dtype'"));
+  auto d = try_dtype_from_string(dt->get_ref<const std::string&>());
+  if (!d) fail(concat(who(), " has unknown dtype ", json_excerpt(*dt)));
+  e.dtype = *d;
+  if (auto sf = v.find("safetensors_file"); sf != v.end() && sf->is_string()) {
+    e.safetensors_file = sf->get<std::string>();
+    auto wn = v.find("weight_name");
+    e.weight_name = wn != v.end() && wn->is_string() ? wn->get<std::string>() : name;
+  } else {
+    auto sh = v.find("shape");
+    if (sh == v.end() || !sh->is_array()) fail(concat(who(), " has no 'shape' list"));
+    std::uint64_t numel = 1;
+    for (const auto& x : *sh) {
+      if (!x.is_number_unsigned() || x.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+        fail(concat(who(), " has shape element ", json_excerpt(x), ", not a non-negative integer"));
+      const auto dim = x.get<std::uint64_t>();
+      if (dim != 0 && numel > UINT64_MAX / dim) fail(concat(who(), " has a shape whose element count overflows 64 bits"));
+      numel *= dim;
+      e.shape.push_back(static_cast<std::int64_t>(dim));
+    }
+    if (!tensor_bytes(e.dtype, numel)) fail(concat(who(), " has a shape whose byte size overflows 64 bits"));
+  }
+  if (auto src = v.find("accel_source"); src != v.end() && src->is_string()) e.source = src->get<std::string>();
+  return e;
+}
+
+}  // namespace detail
+
 /// @brief Parses index.json text.
-/// @throws accel::checkpoint_error for invalid JSON, an entry that is not an object, an unknown
-///         dtype or a shape that is not a list of non-negative integers (naming the entry)
+/// @throws accel::checkpoint_error for invalid JSON (including duplicate keys and nesting deeper
+///         than json_max_depth), an entry that is not an object, an unknown dtype or a shape that
+///         is not a list of non-negative integers (naming the entry)
 [[nodiscard]] inline OffloadIndex parse_offload_index(std::string_view text, std::string_view label) {
   auto fail = [&](const std::string& what) {
     detail::throw_error<checkpoint_error>("invalid offload index '", label, "': ", what,
                                           "; delete the offload folder so it is rebuilt");
   };
-  nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
-  if (j.is_discarded()) fail("not valid JSON");
+  auto parsed = parse_json_strict(text);
+  if (!parsed.error.empty()) fail("not valid JSON: " + parsed.error);
+  const auto& j = parsed.value;
   if (!j.is_object()) fail(detail::concat("a JSON ", j.type_name(), ", not an object"));
   OffloadIndex out;
-  for (const auto& [name, v] : j.items()) {
-    if (!v.is_object()) fail(detail::concat("entry '", name, "' is not an object"));
-    OffloadEntry e;
-    auto dt = v.find("dtype");
-    if (dt == v.end() || !dt->is_string()) fail(detail::concat("entry '", name, "' has no string 'dtype'"));
-    auto d = try_dtype_from_string(dt->get<std::string>());
-    if (!d) fail(detail::concat("entry '", name, "' has unknown dtype '", dt->get<std::string>(), "'"));
-    e.dtype = *d;
-    if (auto sf = v.find("safetensors_file"); sf != v.end() && sf->is_string()) {
-      e.safetensors_file = sf->get<std::string>();
-      auto wn = v.find("weight_name");
-      e.weight_name = wn != v.end() && wn->is_string() ? wn->get<std::string>() : name;
-    } else {
-      auto sh = v.find("shape");
-      if (sh == v.end() || !sh->is_array()) fail(detail::concat("entry '", name, "' has no 'shape' list"));
-      for (const auto& x : *sh) {
-        if (!x.is_number_unsigned()) fail(detail::concat("entry '", name, "' has shape element ", x.dump()));
-        e.shape.push_back(x.get<std::int64_t>());
-      }
-    }
-    if (auto src = v.find("accel_source"); src != v.end() && src->is_string()) e.source = src->get<std::string>();
-    out.emplace(name, std::move(e));
-  }
+  for (const auto& [name, v] : j.items()) out.emplace(name, detail::parse_offload_entry(name, v, fail));
   return out;
 }
 
@@ -105,8 +165,9 @@ using OffloadIndex = std::map<std::string, OffloadEntry>;
   return parse_offload_index(read_text_file(path, "offload index"), path.string());
 }
 
-/// @brief The index as accelerate writes it (2-space indent).
-[[nodiscard]] inline std::string offload_index_json(const OffloadIndex& index) {
+namespace detail {
+// The index as a JSON object, entries in name order, accelerate's keys first.
+inline nlohmann::ordered_json offload_index_object(const OffloadIndex& index) {
   nlohmann::ordered_json j = nlohmann::ordered_json::object();
   for (const auto& [name, e] : index) {
     nlohmann::ordered_json v;
@@ -121,7 +182,13 @@ using OffloadIndex = std::map<std::string, OffloadEntry>;
     if (!e.source.empty()) v["accel_source"] = e.source;
     j[name] = std::move(v);
   }
-  return j.dump(2);
+  return j;
+}
+}  // namespace detail
+
+/// @brief The index as accelerate writes it (2-space indent).
+[[nodiscard]] inline std::string offload_index_json(const OffloadIndex& index) {
+  return detail::offload_index_object(index).dump(2);
 }
 
 namespace detail {
@@ -136,7 +203,8 @@ inline void write_whole_offload_index(const std::filesystem::path& folder, const
 
 /// @brief Merges `entries` into `<folder>/index.json` (existing keys kept, given keys replaced, as
 ///        accelerate does) and writes it atomically.
-/// @throws accel::checkpoint_error when the existing index is invalid or the write fails
+/// @throws accel::checkpoint_error when the existing index is invalid; accel::config_error when
+///         the write fails
 inline void write_offload_index(const std::filesystem::path& folder, const OffloadIndex& entries) {
   OffloadIndex merged = read_offload_index(folder);
   for (const auto& [name, e] : entries) merged[name] = e;
@@ -148,7 +216,8 @@ inline void write_offload_index(const std::filesystem::path& folder, const Offlo
 /// @param folder created when missing
 /// @param data exactly product(shape) × element size bytes
 /// @param source fingerprint of where the bytes came from (stale detection); may be empty
-/// @throws accel::usage_error when data has the wrong size; accel::checkpoint_error when the write fails
+/// @throws accel::usage_error when data has the wrong size or the name cannot be a file name;
+///         accel::config_error when the folder cannot be created or the write fails
 inline void offload_weight(const std::filesystem::path& folder, const std::string& name, DType dtype,
                            const std::vector<std::int64_t>& shape, std::span<const std::byte> data, OffloadIndex& index,
                            std::string source = {}) {
@@ -158,8 +227,8 @@ inline void offload_weight(const std::filesystem::path& folder, const std::strin
   std::error_code ec;
   std::filesystem::create_directories(folder, ec);
   if (ec)
-    detail::throw_error<checkpoint_error>("cannot create offload folder '", folder.string(), "': ", ec.message(),
-                                          "; choose a writable offload folder");
+    detail::throw_error<config_error>("cannot create offload folder '", folder.string(), "': ", ec.message(),
+                                      "; choose a writable offload folder");
   detail::write_file_atomic(offload_file(folder, name), std::span<const std::span<const std::byte>>(&data, 1));
   index[name] = std::move(e);
 }

@@ -173,11 +173,19 @@ inline std::optional<std::uint64_t> json_whole_number(const nlohmann::json& v) {
 /// @param what what the file is, for messages ("checkpoint index", "model skeleton")
 /// @throws accel::checkpoint_error when it cannot be opened or read, naming the file and why
 inline std::string read_text_file(const std::filesystem::path& path, std::string_view what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    detail::throw_error<checkpoint_error>("cannot read ", what, " '", path.string(), "': it is a folder, not a file");
   std::ifstream in(path, std::ios::binary);
   if (!in)
     detail::throw_error<checkpoint_error>("cannot open ", what, " '", path.string(), "': ", std::strerror(errno),
                                           "; check the path and its permissions");
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text;
+  try {  // a read error (EISDIR, EIO) can surface as std::ios_base::failure from the stream buffer
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::exception& e) {
+    detail::throw_error<checkpoint_error>("cannot read ", what, " '", path.string(), "': ", e.what());
+  }
   if (in.bad()) detail::throw_error<checkpoint_error>("cannot read ", what, " '", path.string(), "'");
   return text;
 }

@@ -274,7 +274,7 @@ struct SafetensorsIndex {
 /// @param json_text the file's content
 /// @param label name used in messages
 /// @return the index (shard existence is not checked here)
-/// @throws accel::checkpoint_error for invalid JSON, a missing/non-object `weight_map`, a non-string
+/// @throws accel::checkpoint_error for invalid JSON, a missing, non-object or empty `weight_map`, a non-string
 ///         or unsafe shard name (absolute, `..`), or a non-integer `metadata.total_size`
 [[nodiscard]] inline SafetensorsIndex parse_safetensors_index(std::string_view json_text, std::string_view label) {
   auto fail = [&](const std::string& what) {
@@ -296,6 +296,7 @@ struct SafetensorsIndex {
   }
   auto wm = j.find("weight_map");
   if (wm == j.end() || !wm->is_object()) fail("missing or non-object 'weight_map'");
+  if (wm->empty()) fail("'weight_map' is empty, so the index lists no tensor and no shard");
   std::map<std::string, std::size_t> shard_ids;
   for (const auto& [tensor, shard] : wm->items()) {
     if (!shard.is_string()) fail(detail::concat("weight_map entry '", tensor, "' is ", shard.type_name(), ", not a shard file name"));
@@ -386,9 +387,14 @@ inline void add_shard(Checkpoint& c, const std::filesystem::path& file) {
 [[nodiscard]] inline Checkpoint resolve_checkpoint(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  if (!fs::exists(path, ec))
+  if (!fs::exists(path, ec)) {
+    if (ec)  // a symbolic link loop (ELOOP), a component that is not a folder, no permission
+      detail::throw_error<checkpoint_error>("checkpoint path '", path.string(), "' cannot be resolved: ", ec.message(),
+                                            ec == std::errc::too_many_symbolic_link_levels ? " (a symbolic link loop)" : "",
+                                            "; fix the link or pass the real path");
     detail::throw_error<checkpoint_error>("checkpoint path '", path.string(), "' does not exist; pass a .safetensors file, "
                                           "a model.safetensors.index.json or a folder holding them");
+  }
   Checkpoint c;
   fs::path index;
   std::vector<fs::path> files;
@@ -396,8 +402,15 @@ inline void add_shard(Checkpoint& c, const std::filesystem::path& file) {
     c.directory = path;
     std::vector<fs::path> indexes;
     for (const auto& e : fs::directory_iterator(path, ec)) {
-      if (!e.is_regular_file()) continue;
       const auto name = e.path().filename().string();
+      const bool wanted = name.ends_with(".safetensors.index.json") || name.ends_with(".safetensors");
+      std::error_code fec;
+      const bool regular = e.is_regular_file(fec);
+      if (fec && wanted)
+        detail::throw_error<checkpoint_error>("checkpoint file '", e.path().string(), "' cannot be resolved: ", fec.message(),
+                                              fec == std::errc::too_many_symbolic_link_levels ? " (a symbolic link loop)" : "",
+                                              "; fix or remove the link");
+      if (!regular) continue;
       if (name.ends_with(".safetensors.index.json")) indexes.push_back(e.path());
       else if (name.ends_with(".safetensors")) files.push_back(e.path());
     }

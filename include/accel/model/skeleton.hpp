@@ -172,7 +172,9 @@ struct SkeletonReader {
   try {
     text = read_text_file(path, "model skeleton");
   } catch (const checkpoint_error& e) {
-    detail::throw_error<config_error>(e.what());
+    std::string_view why = e.what();  // the same sentence, as a config error (one prefix, not two)
+    why.remove_prefix(std::min(why.size(), std::string_view("[accel.checkpoint] ").size()));
+    detail::throw_error<config_error>(why);
   }
   return skeleton_from_json(text, path.string());
 }

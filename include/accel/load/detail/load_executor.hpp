@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -18,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include <accel/runtime/text.hpp>
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/error.hpp>
 #include <accel/model/safetensors.hpp>
@@ -28,46 +31,22 @@
 #include <accel/load/offload.hpp>
 #include <accel/load/progress.hpp>
 #include <accel/load/detail/mapped_file.hpp>
+#include <accel/load/detail/offload_writer.hpp>
 #include <accel/load/detail/staging.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 namespace detail {
 
-/// @brief Where an offload-folder entry's bytes came from: shard, offset, size, dtype and the
-///        shard's size and mtime, so an entry of a since-changed checkpoint is never reused.
-inline std::string offload_fingerprint(const MappedFile& shard, const PlannedTensor& t) {
-  return concat(shard.path().filename().string(), "@", t.file_offset, "+", t.stored_bytes, ":", safetensors_name(t.stored_dtype),
-                ":size=", shard.size(), ":mtime=", shard.mtime_ns());
+/// @brief Where an offload-folder entry's bytes came from: the shard's name, identity (device,
+///        inode), size, mtime and header hash, and the tensor's name, offset, size and stored
+///        dtype. An entry is reused only when all of these and its own dtype and shape match.
+inline std::string offload_fingerprint(const MappedFile& shard, std::uint64_t header_hash, const PlannedTensor& t) {
+  char hash[17];
+  std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(header_hash));
+  return concat(shard.path().filename().string(), "#", t.name, "@", t.file_offset, "+", t.stored_bytes, ":",
+                safetensors_name(t.stored_dtype), ":size=", shard.size(), ":mtime=", shard.mtime_ns(), ":inode=",
+                shard.device_id(), ".", shard.inode(), ":header=", hash);
 }
-
-/// @brief The offload folder during one load: its index read once, each tensor reused or written,
-///        the index written once at the end.
-class OffloadFolderWriter {
- public:
-  /// @throws accel::checkpoint_error when the folder's index.json is invalid
-  explicit OffloadFolderWriter(std::filesystem::path folder) : folder_(std::move(folder)) {
-    if (!folder_.empty()) index_ = read_offload_index(folder_);
-  }
-  /// @brief True when the folder already holds `t` converted from this source.
-  [[nodiscard]] bool reusable(const PlannedTensor& t, const std::string& source) const {
-    return offload_entry_reusable(folder_, index_, t.name, t.dtype, t.shape, source);
-  }
-  /// @brief Writes `t`'s converted bytes and records them in the index.
-  void write(const PlannedTensor& t, std::span<const std::byte> data, std::string source) {
-    offload_weight(folder_, t.name, t.dtype, t.shape, data, index_, std::move(source));
-    written_ = true;
-  }
-  /// @brief Persists the index when anything was written; the folder for reading when `used`.
-  [[nodiscard]] std::unique_ptr<OffloadFolder> finish(bool used) && {
-    if (written_) write_whole_offload_index(folder_, index_);
-    return used ? std::make_unique<OffloadFolder>(folder_, std::move(index_)) : nullptr;
-  }
-
- private:
-  std::filesystem::path folder_;
-  OffloadIndex index_;
-  bool written_ = false;
-};
 
 /// @brief Carries out one LoadPlan; run() is the whole sequence, each step once.
 ///
@@ -104,6 +83,8 @@ class LoadExecutor {
 
  private:
   // Read sources: map every shard and check it is still the file whose header was validated.
+  // Bytes are then read with pread, never through the mapping, so a file truncated during the
+  // load is a checkpoint_error rather than a SIGBUS (only mmap views hand out the mapping).
   void open_sources() {
     for (const auto& f : checkpoint_.shard_files) state_->shards.push_back(std::make_unique<MappedFile>(f));
     for (std::size_t s = 0; s < checkpoint_.headers.size(); ++s)
@@ -111,6 +92,18 @@ class LoadExecutor {
         throw_error<checkpoint_error>("'", checkpoint_.shard_files[s].string(), "' changed size from ",
                                       checkpoint_.headers[s].file_size, " to ", state_->shards[s]->size(),
                                       " bytes while loading; load it again");
+  }
+
+  // A hash of each shard's header bytes as they are now (part of the offload fingerprint).
+  std::uint64_t header_hash(std::size_t shard) {
+    if (header_hashes_.empty()) {
+      for (std::size_t s = 0; s < checkpoint_.headers.size(); ++s) {
+        std::string bytes(static_cast<std::size_t>(checkpoint_.headers[s].data_offset), '\0');
+        state_->shards[s]->read_exact({reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}, 0);
+        header_hashes_.push_back(text::fnv1a(bytes));
+      }
+    }
+    return header_hashes_[shard];
   }
 
   // Every allocation comes before any read: one arena per planned block and storage kind.
@@ -167,7 +160,7 @@ class LoadExecutor {
       if (t.storage != Storage::mmap_view) to_copy += t.stored_bytes;
     bar_.emplace(to_copy, options_.progress);
     to_copy_ = to_copy;
-    offload_.emplace(options_.offload_folder);
+    prepare_offload_folder();
     for (const auto& t : plan_.tensors) copy_tensor(t);
     flush_run();
     for (auto& [gpu, st] : state_->stagers) st->drain();
@@ -223,16 +216,21 @@ class LoadExecutor {
   }
 
   void convert_to_device(const PlannedTensor& t) {
-    stager(t.placement.index).convert(destination(t), mapped(t), t.stored_dtype, t.dtype, t.numel(), progress());
+    stager(t.placement.index).convert(destination(t), source(t), t.file_offset, t.stored_dtype, t.dtype, t.numel(), progress());
   }
 
-  void convert_to_host(const PlannedTensor& t) {
-    const std::uint64_t in = element_size_bytes(t.stored_dtype), out = element_size_bytes(t.dtype);
-    for_each_chunk(t.numel(), std::uint64_t{8} << 20, [&](std::uint64_t at, std::uint64_t n) {
-      convert_elements(t.stored_dtype, t.dtype, mapped(t) + at * in, destination(t) + at * out, n);
-      progressed(n * in);
+  // Converts `t` into `out` (t.bytes long), reading the file with pread in 8 MiB chunks (one
+  // progress report each).
+  void convert_from_file(const PlannedTensor& t, std::byte* out) {
+    const std::uint64_t in_size = element_size_bytes(t.stored_dtype), out_size = element_size_bytes(t.dtype);
+    const std::uint64_t chunk = std::max<std::uint64_t>((std::uint64_t{8} << 20) / in_size, 1);
+    for_each_chunk(t.numel(), chunk, [&](std::uint64_t at, std::uint64_t n) {
+      read_converted(source(t), t.file_offset + at * in_size, t.stored_dtype, t.dtype, n, out + at * out_size, scratch_);
+      progressed(n * in_size);
     });
   }
+
+  void convert_to_host(const PlannedTensor& t) { convert_from_file(t, destination(t)); }
 
   void read_to_host(const PlannedTensor& t) {
     for_each_chunk(t.bytes, std::uint64_t{64} << 20, [&](std::uint64_t at, std::uint64_t n) {
@@ -241,20 +239,42 @@ class LoadExecutor {
     });
   }
 
-  void write_to_offload_folder(const PlannedTensor& t) {
-    auto fingerprint = offload_fingerprint(source(t), t);
-    if (offload_->reusable(t, fingerprint)) {
-      ++state_->report.offload_reused;
-    } else {
-      std::vector<std::byte> converted(static_cast<std::size_t>(t.bytes));
-      convert_elements(t.stored_dtype, t.dtype, mapped(t), converted.data(), t.numel());
-      offload_->write(t, converted, std::move(fingerprint));
-      ++state_->report.offload_written;
+  // The folder's requests (what every offloaded tensor should be stored as, and from where),
+  // decided before any byte is copied: reuse, or drop from the index and rewrite.
+  void prepare_offload_folder() {
+    for (std::size_t i = 0; i < plan_.tensors.size(); ++i) {
+      const auto& t = plan_.tensors[i];
+      if (t.storage != Storage::offload_file) continue;
+      offload_requests_.emplace(i, OffloadRequest{t.name, OffloadEntry{t.dtype, t.shape,
+                                                                       offload_fingerprint(source(t), header_hash(t.location.shard), t),
+                                                                       {}, {}}});
     }
-    progressed(t.stored_bytes);
+    if (offload_requests_.empty()) return;
+    offload_.emplace(options_.offload_folder);
+    std::vector<OffloadRequest> requests;
+    for (const auto& [i, r] : offload_requests_) requests.push_back(r);
+    offload_->prepare(requests);
+    if (const auto n = offload_->removed_temporaries())
+      state_->report.warnings.push_back(concat("removed ", text::plural(static_cast<long long>(n), "temporary file"),
+                                               " left in offload folder '", options_.offload_folder.string(),
+                                               "' by an interrupted load"));
+  }
+
+  void write_to_offload_folder(const PlannedTensor& t) {
+    const auto& request = offload_requests_.at(static_cast<std::size_t>(&t - plan_.tensors.data()));
+    if (offload_->reusable(t.name)) {
+      ++state_->report.offload_reused;
+      progressed(t.stored_bytes);
+      return;
+    }
+    std::vector<std::byte> converted(static_cast<std::size_t>(t.bytes));
+    convert_from_file(t, converted.data());
+    offload_->write(request, converted);
+    ++state_->report.offload_written;
   }
 
   void finish_offload_folder() {
+    if (!offload_) return;
     const bool used = state_->report.offload_written + state_->report.offload_reused > 0;
     state_->offload = std::move(*offload_).finish(used);
   }
@@ -262,6 +282,7 @@ class LoadExecutor {
   // One handle per planned tensor, pointing where copy_tensors() put its bytes.
   void make_handles() {
     state_->tensors.reserve(plan_.tensors.size());
+    state_->shard_spans.reserve(plan_.tensors.size());
     for (const auto& t : plan_.tensors) {
       TensorHandle h{t.name, t.dtype, t.shape, t.bytes, t.placement, t.block, t.storage, nullptr, {}};
       switch (t.storage) {
@@ -276,6 +297,7 @@ class LoadExecutor {
       ++totals.tensors;
       state_->by_name.emplace(t.name, state_->tensors.size());
       state_->tensors.push_back(std::move(h));
+      state_->shard_spans.push_back({t.location.shard, t.file_offset});
     }
     for (const auto& [alias, target] : options_.tied)
       if (!state_->by_name.count(alias)) state_->aliases.emplace(alias, target);
@@ -300,7 +322,6 @@ class LoadExecutor {
     return *state_->stagers.emplace(gpu, std::move(ring)).first->second;
   }
   const MappedFile& source(const PlannedTensor& t) const { return *state_->shards[t.location.shard]; }
-  const std::byte* mapped(const PlannedTensor& t) const { return source(t).data() + t.file_offset; }
   std::byte* destination(const PlannedTensor& t) const {
     return t.arena < arena_base_.size() ? arena_base_[t.arena] + t.arena_offset : nullptr;
   }
@@ -333,6 +354,9 @@ class LoadExecutor {
   std::optional<ProgressBar> bar_;
   std::uint64_t to_copy_ = 0;
   std::optional<OffloadFolderWriter> offload_;
+  std::map<std::size_t, OffloadRequest> offload_requests_;  // by index into plan_.tensors
+  std::vector<std::uint64_t> header_hashes_;
+  std::vector<std::byte> scratch_;                         // file bytes read for a conversion
   Run run_;
 };
 

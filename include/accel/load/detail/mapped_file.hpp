@@ -2,7 +2,8 @@
 // SPDX-FileCopyrightText: accel contributors
 /// @file mapped_file.hpp
 /// @brief POSIX file helpers for the loader: a read-only memory map (RAII), positional reads that
-///        retry short reads, and atomic file writes (temp file + fsync + rename).
+///        retry short reads and report a file that shrank, and atomic file writes (temp file +
+///        fdatasync + rename).
 #pragma once
 
 #include <fcntl.h>
@@ -15,8 +16,10 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <accel/runtime/config.hpp>
@@ -26,9 +29,18 @@
 ACCEL_NAMESPACE_BEGIN
 namespace detail {
 
+/// @brief The current size of an open file, or -1 when fstat fails.
+inline std::int64_t current_file_size(int fd) noexcept {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 ? static_cast<std::int64_t>(st.st_size) : -1;
+}
+
 /// @brief Reads exactly `out.size()` bytes at `offset`, retrying short reads and EINTR.
-/// @throws accel::checkpoint_error when the file ends early or the read fails
-inline void pread_exact(int fd, std::span<std::byte> out, std::uint64_t offset, const std::filesystem::path& label) {
+/// @param expected_size the file's size when its header was checked (for the message when it shrank)
+/// @throws accel::checkpoint_error when the file ends early (naming the file, the size it had and
+///         the size it has now) or the read fails
+inline void pread_exact(int fd, std::span<std::byte> out, std::uint64_t offset, const std::filesystem::path& label,
+                        std::uint64_t expected_size) {
   std::size_t done = 0;
   while (done < out.size()) {
     const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
@@ -36,8 +48,10 @@ inline void pread_exact(int fd, std::span<std::byte> out, std::uint64_t offset, 
     if (n < 0)
       throw_error<checkpoint_error>("cannot read '", label.string(), "' at offset ", offset + done, ": ", std::strerror(errno));
     if (n == 0)
-      throw_error<checkpoint_error>("'", label.string(), "' ended at offset ", offset + done, " while reading ", out.size(),
-                                    " bytes at ", offset, "; the file was truncated after its header was checked");
+      throw_error<checkpoint_error>("'", label.string(), "' shrank while it was being read: it was ", expected_size,
+                                    " bytes when its header was checked and is now ", current_file_size(fd),
+                                    " bytes (it ended at offset ", offset + done, "); something truncated or rewrote it: "
+                                    "load again once the file is complete");
     done += static_cast<std::size_t>(n);
   }
 }
@@ -56,6 +70,8 @@ class MappedFile {
       throw_error<checkpoint_error>("cannot stat '", path.string(), "': ", std::strerror(errno));
     size_ = static_cast<std::uint64_t>(st.st_size);
     mtime_ns_ = static_cast<std::uint64_t>(st.st_mtim.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(st.st_mtim.tv_nsec);
+    dev_ = static_cast<std::uint64_t>(st.st_dev);
+    ino_ = static_cast<std::uint64_t>(st.st_ino);
     if (size_ == 0) return;
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_.get(), 0);
     if (p == MAP_FAILED)
@@ -78,6 +94,8 @@ class MappedFile {
     std::swap(data_, o.data_);
     std::swap(size_, o.size_);
     std::swap(mtime_ns_, o.mtime_ns_);
+    std::swap(dev_, o.dev_);
+    std::swap(ino_, o.ino_);
   }
   [[nodiscard]] std::span<const std::byte> bytes() const noexcept { return {data_, static_cast<std::size_t>(size_)}; }
   [[nodiscard]] const std::byte* data() const noexcept { return data_; }
@@ -86,7 +104,10 @@ class MappedFile {
   [[nodiscard]] int fd() const noexcept { return fd_.get(); }
   [[nodiscard]] const std::filesystem::path& path() const noexcept { return path_; }
   /// @brief Reads exactly `out.size()` bytes at `offset` with pread (see pread_exact).
-  void read_exact(std::span<std::byte> out, std::uint64_t offset) const { pread_exact(fd_.get(), out, offset, path_); }
+  void read_exact(std::span<std::byte> out, std::uint64_t offset) const { pread_exact(fd_.get(), out, offset, path_, size_); }
+  /// @brief The file's identity: device and inode numbers (a replaced file has a new inode).
+  [[nodiscard]] std::uint64_t device_id() const noexcept { return dev_; }
+  [[nodiscard]] std::uint64_t inode() const noexcept { return ino_; }
   /// @brief Tells the kernel the range will be read sequentially soon (readahead).
   void advise_sequential(std::uint64_t offset, std::uint64_t length) const noexcept {
     if (!data_ || length == 0) return;
@@ -101,34 +122,75 @@ class MappedFile {
   const std::byte* data_ = nullptr;
   std::uint64_t size_ = 0;
   std::uint64_t mtime_ns_ = 0;
+  std::uint64_t dev_ = 0;
+  std::uint64_t ino_ = 0;
 };
 
-/// @brief Writes `parts` (in order) to `path` atomically: a temp file in the same folder, fsync,
-///        then rename over `path`; on any failure the temp file is removed and `path` is untouched.
-/// @throws accel::checkpoint_error naming the file and the system error (e.g. no space left)
-inline void write_file_atomic(const std::filesystem::path& path, std::span<const std::span<const std::byte>> parts) {
-  const auto tmp = std::filesystem::path(path.string() + ".tmp." + std::to_string(::getpid()));
+/// @brief Why an atomic write failed: the step ("create", "write", "flush", "rename into place")
+///        and the errno.
+struct WriteFailure {
+  const char* step = "";
+  int error = 0;
+  /// @brief True for a full disk or quota, or a file-size limit (RLIMIT_FSIZE): more space fixes it.
+  [[nodiscard]] bool out_of_space() const noexcept { return error == ENOSPC || error == EFBIG || error == EDQUOT; }
+};
+
+/// @brief The temporary name write_file_atomic uses for `path`: `<path>.tmp.<pid>`.
+inline std::filesystem::path temporary_path(const std::filesystem::path& path) {
+  return std::filesystem::path(path.string() + ".tmp." + std::to_string(::getpid()));
+}
+
+/// @brief True for a name write_file_atomic leaves behind when killed: `<anything>.tmp.<digits>`.
+inline bool is_temporary_name(std::string_view name) noexcept {
+  const auto at = name.rfind(".tmp.");
+  if (at == std::string_view::npos || at + 5 == name.size()) return false;
+  for (char c : name.substr(at + 5))
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
+/// @brief Writes `parts` (in order) to `path` atomically: a temp file in the same folder, flushed
+///        to the disk (fdatasync), then renamed over `path`; on any failure the temp file is
+///        removed, `path` is untouched, and the failing step and errno are returned.
+[[nodiscard]] inline std::optional<WriteFailure> try_write_file_atomic(const std::filesystem::path& path,
+                                                                       std::span<const std::span<const std::byte>> parts) {
+  const auto tmp = temporary_path(path);
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0)
-    throw_error<checkpoint_error>("cannot create '", tmp.string(), "': ", std::strerror(errno),
-                                  "; check that the offload folder is writable");
-  auto fail = [&](const char* what, int err) {
+  if (fd.get() < 0) return WriteFailure{"create", errno};
+  auto fail = [&](const char* step, int err) {
+    fd.reset();
     std::error_code ec;
     std::filesystem::remove(tmp, ec);
-    throw_error<checkpoint_error>("cannot ", what, " '", path.string(), "': ", std::strerror(err),
-                                  "; free disk space or choose another offload folder");
+    return WriteFailure{step, err};
   };
   for (auto part : parts) {
     std::size_t done = 0;
     while (done < part.size()) {
       const ssize_t n = ::write(fd.get(), part.data() + done, part.size() - done);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) fail("write", n < 0 ? errno : ENOSPC);
+      if (n <= 0) return fail("write", n < 0 ? errno : ENOSPC);
       done += static_cast<std::size_t>(n);
     }
   }
-  if (::fsync(fd.get()) != 0) fail("flush", errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename into place", errno);
+  if (::fdatasync(fd.get()) != 0) return fail("flush", errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("rename into place", errno);
+  return std::nullopt;
+}
+
+/// @brief try_write_file_atomic, throwing.
+/// @throws accel::config_error naming the file, the step and the system error (e.g. no space left)
+inline void write_file_atomic(const std::filesystem::path& path, std::span<const std::span<const std::byte>> parts) {
+  if (auto f = try_write_file_atomic(path, parts))
+    throw_error<config_error>("cannot ", f->step, " '", f->step == std::string_view("create") ? temporary_path(path).string() : path.string(),
+                              "': ", std::strerror(f->error),
+                              f->out_of_space() ? "; free disk space or choose another offload folder"
+                                                : "; check that the offload folder is writable");
+}
+
+/// @brief Flushes a folder's entries (renames, removals) to the disk; best effort.
+inline void sync_directory(const std::filesystem::path& folder) noexcept {
+  UniqueFd fd(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() >= 0) (void)::fsync(fd.get());
 }
 
 }  // namespace detail

@@ -32,6 +32,21 @@ void for_each_chunk(std::uint64_t total, std::uint64_t chunk, F&& f) {
   for (std::uint64_t done = 0; done < total; done += chunk) f(done, std::min(chunk, total - done));
 }
 
+/// @brief Reads `count` elements of `from` at `offset` of `file` and writes them converted to `to`
+///        at `out`, in pieces of at most 512 KiB of file bytes through `scratch`: each piece is read
+///        with pread (a file that shrinks is an error, not a SIGBUS) while it still fits the
+///        cache the conversion then reads it from.
+inline void read_converted(const MappedFile& file, std::uint64_t offset, DType from, DType to, std::uint64_t count,
+                           std::byte* out, std::vector<std::byte>& scratch) {
+  const std::uint64_t in_size = element_size_bytes(from), out_size = element_size_bytes(to);
+  const std::uint64_t piece = std::max<std::uint64_t>((std::uint64_t{512} << 10) / in_size, 1);
+  if (scratch.size() < piece * in_size) scratch.resize(static_cast<std::size_t>(piece * in_size));
+  for_each_chunk(count, piece, [&](std::uint64_t at, std::uint64_t n) {
+    file.read_exact({scratch.data(), static_cast<std::size_t>(n * in_size)}, offset + at * in_size);
+    convert_elements(from, to, scratch.data(), out + at * out_size, n);
+  });
+}
+
 /// @brief Page-aligned pageable host memory from an anonymous mapping (transparent huge pages
 ///        requested, which halves page-fault time when a large checkpoint lands on the CPU).
 class HostBuffer {
@@ -131,13 +146,16 @@ class Stager {
       return n;
     }, on_chunk);
   }
-  /// @brief Converts `count` elements (`from` → `to`) into the ring and copies them to the device.
+  /// @brief Reads `count` elements of `from` at `offset` of `file` (pread, in pieces) and copies
+  ///        them converted to `to` through the ring to the device.
   template <class OnChunk>
-  void convert(void* dst, const std::byte* src, DType from, DType to, std::uint64_t count, OnChunk&& on_chunk) {
+  void convert(void* dst, const MappedFile& file, std::uint64_t offset, DType from, DType to, std::uint64_t count,
+               OnChunk&& on_chunk) {
     const std::uint64_t in_size = element_size_bytes(from), out_size = element_size_bytes(to);
     stage(dst, count * out_size, out_size, [&](std::byte* buf, std::uint64_t at, std::uint64_t n) {
-      convert_elements(from, to, src + at / out_size * in_size, buf, n / out_size);
-      return n / out_size * in_size;
+      const std::uint64_t elements = n / out_size, first = at / out_size;
+      read_converted(file, offset + first * in_size, from, to, elements, buf, scratch_);
+      return elements * in_size;
     }, on_chunk);
   }
   /// @brief Waits for every copy enqueued so far. @note blocking
@@ -153,6 +171,7 @@ class Stager {
   std::vector<Event> events_;
   std::vector<bool> used_;
   std::size_t next_ = 0;
+  std::vector<std::byte> scratch_;  // file bytes read for a conversion
 };
 
 }  // namespace detail
