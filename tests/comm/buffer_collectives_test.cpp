@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "support/catch.hpp"
+#include "support/store_log.hpp"
 #include "support/thread_world.hpp"
 
 using namespace std::chrono_literals;
@@ -28,17 +29,7 @@ using accel::ReduceOp;
 
 namespace {
 
-struct Job {
-  accel::StoreServer server{"127.0.0.1", 0, "job-token", quiet()};
-  static accel::StoreServerOptions quiet() {
-    accel::StoreServerOptions o;
-    o.log = [](const std::string&) {};
-    return o;
-  }
-  std::shared_ptr<accel::StoreClient> client(int rank, int world, std::chrono::milliseconds timeout = 30s) {
-    return std::make_shared<accel::StoreClient>("127.0.0.1", server.port(), "job-token", timeout, rank, world);
-  }
-};
+using Job = accel_test::LocalStore;
 
 // Runs fn(comm) on n CPU-backend ranks (threads, each with its own store connection); returns each
 // rank's exception message ("" for none).

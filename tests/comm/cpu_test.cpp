@@ -18,23 +18,14 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/store_log.hpp"
 #include "support/thread_world.hpp"
 
 using namespace std::chrono_literals;
 
 namespace {
 
-struct Job {
-  accel::StoreServer server{"127.0.0.1", 0, "job-token", quiet()};
-  static accel::StoreServerOptions quiet() {
-    accel::StoreServerOptions o;
-    o.log = [](const std::string&) {};
-    return o;
-  }
-  std::shared_ptr<accel::StoreClient> client(int rank, int world, std::chrono::milliseconds timeout = 20s) {
-    return std::make_shared<accel::StoreClient>("127.0.0.1", server.port(), "job-token", timeout, rank, world);
-  }
-};
+using Job = accel_test::LocalStore;
 
 // Runs fn(comm) for every rank on its own thread with its own store connection; returns the
 // exception message of each rank ("" for none).

@@ -28,6 +28,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_golden_maps import device_of  # noqa: E402  (one rule for "where does this tensor go")
+
 
 # --- stand-ins for the few torch pieces the planning functions touch -------------------------
 class Tensor:
@@ -183,15 +186,6 @@ def random_model(rng):
     # A module without tensors anywhere below it is not in transformers' maps: drop such trees.
     root.all_tied_weights_keys = tied_keys
     return root, skeleton
-
-
-def device_of(name, device_map):
-    best, where = -1, None
-    for key, value in device_map.items():
-        if key == "" or name == key or name.startswith(key + "."):
-            if len(key) > best:
-                best, where = len(key), value
-    return where
 
 
 def main():

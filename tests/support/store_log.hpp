@@ -5,7 +5,9 @@
 
 #include <accel/comm/store.hpp>
 
+#include <chrono>
 #include <cstddef>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -35,6 +37,19 @@ struct StoreLog {
     for (const auto& l : lines)
       if (l.find(needle) != std::string::npos) return true;
     return false;
+  }
+};
+
+/// A job's store on loopback with a quiet log, and connections to it as any rank.
+struct LocalStore {
+  accel::StoreServer server{"127.0.0.1", 0, "job-token", quiet()};
+  static accel::StoreServerOptions quiet() {
+    accel::StoreServerOptions o;
+    o.log = [](const std::string&) {};
+    return o;
+  }
+  std::shared_ptr<accel::StoreClient> client(int rank, int world, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    return std::make_shared<accel::StoreClient>("127.0.0.1", server.port(), "job-token", timeout, rank, world);
   }
 };
 

@@ -445,13 +445,13 @@ class CudaDeviceMemory final : public DeviceMemory {
   [[nodiscard]] int index() const noexcept override { return index_; }
   [[nodiscard]] bool host_accessible() const noexcept override { return false; }
   [[nodiscard]] MemoryInfo memory_info() override {
-    make_current();
+    const detail::ScopedCudaDevice on_device(index_);
     std::size_t free_b = 0, total_b = 0;
     ACCEL_CUDA_TRY(cudaMemGetInfo(&free_b, &total_b));
     return {free_b, total_b};
   }
   [[nodiscard]] void* allocate(std::uint64_t bytes) override {
-    make_current();
+    const detail::ScopedCudaDevice on_device(index_);
     void* p = nullptr;
     const cudaError_t rc = cudaMalloc(&p, bytes);
     if (rc == cudaErrorMemoryAllocation) {
@@ -466,11 +466,11 @@ class CudaDeviceMemory final : public DeviceMemory {
     return p;
   }
   void deallocate(void* ptr, std::uint64_t) noexcept override {
-    ACCEL_CUDA_TRY_NO_THROW(cudaSetDevice(index_));
+    const detail::ScopedCudaDevice on_device(index_, std::nothrow);
     ACCEL_CUDA_TRY_NO_THROW(cudaFree(ptr));
   }
   [[nodiscard]] void* allocate_pinned(std::uint64_t bytes) override {
-    make_current();
+    const detail::ScopedCudaDevice on_device(index_);
     void* p = nullptr;
     const cudaError_t rc = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
     if (rc == cudaErrorMemoryAllocation) {
@@ -482,7 +482,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   }
   void deallocate_pinned(void* ptr, std::uint64_t) noexcept override { ACCEL_CUDA_TRY_NO_THROW(cudaFreeHost(ptr)); }
   [[nodiscard]] StreamHandle create_stream() override {
-    make_current();
+    const detail::ScopedCudaDevice on_device(index_);
     cudaStream_t s = nullptr;
     ACCEL_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     return s;
@@ -492,7 +492,7 @@ class CudaDeviceMemory final : public DeviceMemory {
     ACCEL_CUDA_TRY_NO_THROW(cudaStreamDestroy(static_cast<cudaStream_t>(stream)));
   }
   [[nodiscard]] EventHandle create_event() override {
-    make_current();
+    const detail::ScopedCudaDevice on_device(index_);
     cudaEvent_t e = nullptr;
     ACCEL_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     return e;
@@ -501,20 +501,20 @@ class CudaDeviceMemory final : public DeviceMemory {
     ACCEL_CUDA_TRY_NO_THROW(cudaEventDestroy(static_cast<cudaEvent_t>(event)));
   }
   void copy_to_device_async(void* dst, const void* src, std::uint64_t bytes, StreamHandle stream) override {
-    make_current();
+    const detail::ScopedCudaDevice on_device(index_);
     ACCEL_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, static_cast<cudaStream_t>(stream)));
   }
   void copy_to_host_async(void* dst, const void* src, std::uint64_t bytes, StreamHandle stream) override {
-    make_current();
+    const detail::ScopedCudaDevice on_device(index_);
     ACCEL_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(stream)));
   }
   void record_event(EventHandle event, StreamHandle stream) override {
-    make_current();
+    const detail::ScopedCudaDevice on_device(index_);
     ACCEL_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(event), static_cast<cudaStream_t>(stream)));
   }
   void wait_event(EventHandle event) override { ACCEL_CUDA_TRY(cudaEventSynchronize(static_cast<cudaEvent_t>(event))); }
   void stream_wait_event(StreamHandle stream, EventHandle event) override {
-    make_current();
+    const detail::ScopedCudaDevice on_device(index_);
     ACCEL_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0));
   }
   void synchronize(StreamHandle stream) override {
@@ -522,7 +522,6 @@ class CudaDeviceMemory final : public DeviceMemory {
   }
 
  private:
-  void make_current() const { ACCEL_CUDA_TRY(cudaSetDevice(index_)); }
   int index_;
 };
 #endif

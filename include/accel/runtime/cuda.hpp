@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <new>
 #include <string>
 
 #include <accel/runtime/error.hpp>
@@ -59,5 +60,42 @@ ACCEL_NAMESPACE_END
     if (accel_detail_rc != cudaSuccess)                                                    \
       ::accel::detail::cuda_log_failure(accel_detail_rc, #call, __FILE__, __LINE__);       \
   } while (false)
+
+ACCEL_NAMESPACE_BEGIN
+namespace detail {
+
+/// @brief Makes `device` current for its lifetime and restores the caller's device after (it is
+///        only changed when it differs), so a library call never leaves the caller on another GPU.
+class ScopedCudaDevice {
+ public:
+  /// @throws accel::cuda_error when `device` cannot be made current
+  explicit ScopedCudaDevice(int device) {
+    if (enter(device) != cudaSuccess) ACCEL_CUDA_TRY(cudaSetDevice(device));
+  }
+  /// @brief For cleanup paths: a failure is logged, never thrown.
+  ScopedCudaDevice(int device, std::nothrow_t) noexcept {
+    if (const cudaError_t rc = enter(device); rc != cudaSuccess) cuda_log_failure(rc, "cudaSetDevice(device)", __FILE__, __LINE__);
+  }
+  ~ScopedCudaDevice() {
+    if (changed_) ACCEL_CUDA_TRY_NO_THROW(cudaSetDevice(previous_));
+  }
+  ScopedCudaDevice(const ScopedCudaDevice&) = delete;
+  ScopedCudaDevice& operator=(const ScopedCudaDevice&) = delete;
+
+ private:
+  cudaError_t enter(int device) noexcept {
+    if (cudaGetDevice(&previous_) != cudaSuccess) (void)cudaGetLastError(), previous_ = -1;
+    if (previous_ == device) return cudaSuccess;
+    const cudaError_t rc = cudaSetDevice(device);
+    changed_ = rc == cudaSuccess && previous_ >= 0;
+    if (rc != cudaSuccess) (void)cudaGetLastError();
+    return rc;
+  }
+  int previous_ = -1;
+  bool changed_ = false;
+};
+
+}  // namespace detail
+ACCEL_NAMESPACE_END
 
 #endif
