@@ -89,7 +89,9 @@ def main():
             if run:
                 times["transformers"].append(t_hf)
                 times["accel plan"].append(t_accel)
-        print("transformers map: %d entries; accel map: %d entries" % (len(hf_map), len(json.loads(r.stdout))))
+        accel_map = json.loads(r.stdout)
+        same = {k: str(v) for k, v in hf_map.items()} == {k: str(v) for k, v in accel_map.items()}
+        print("transformers map: %d entries; accel map: %d entries; identical: %s" % (len(hf_map), len(accel_map), "yes" if same else "no"))
         hf_med, hf_p90 = summary(times["transformers"])
         print("%-14s %10s %10s %24s" % ("case", "median ms", "p90 ms", "transformers / case"))
         for name, xs in times.items():
