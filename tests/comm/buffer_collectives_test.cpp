@@ -35,21 +35,7 @@ using Job = accel_test::LocalStore;
 // rank's exception message ("" for none).
 std::vector<std::string> run_cpu(int n, accel::CpuCommOptions options, const std::function<void(accel::Communicator&)>& fn,
                                  std::chrono::milliseconds timeout = 30s) {
-  Job job;
-  std::vector<std::future<std::string>> fs;
-  for (int r = 0; r < n; ++r)
-    fs.push_back(std::async(std::launch::async, [&, r] {
-      try {
-        accel::CpuCommunicator comm(job.client(r, n, timeout), r, n, options);
-        fn(comm);
-        return std::string();
-      } catch (const std::exception& e) {
-        return std::string(e.what());
-      }
-    }));
-  std::vector<std::string> out;
-  for (auto& f : fs) out.push_back(f.get());
-  return out;
+  return Job().run_cpu(n, options, fn, timeout);
 }
 
 // The same over a thread world (the Communicator's default data step) or solo.

@@ -27,25 +27,6 @@ namespace {
 
 using Job = accel_test::LocalStore;
 
-// Runs fn(comm) for every rank on its own thread with its own store connection; returns the
-// exception message of each rank ("" for none).
-std::vector<std::string> run_cpu(Job& job, int n, accel::CpuCommOptions options, const std::function<void(accel::CpuCommunicator&)>& fn) {
-  std::vector<std::future<std::string>> fs;
-  for (int r = 0; r < n; ++r)
-    fs.push_back(std::async(std::launch::async, [&, r] {
-      try {
-        accel::CpuCommunicator comm(job.client(r, n), r, n, options);
-        fn(comm);
-        return std::string();
-      } catch (const std::exception& e) {
-        return std::string(e.what());
-      }
-    }));
-  std::vector<std::string> out;
-  for (auto& f : fs) out.push_back(f.get());
-  return out;
-}
-
 std::size_t shm_files_of_this_process() {
   std::size_t n = 0;
   const std::string prefix = "accel." + std::to_string(accel::detail::pid_namespace_id()) + "." + std::to_string(::getpid()) + ".";
@@ -66,7 +47,7 @@ TEST_CASE("cpu backend: gathers small and large payloads in rank order, with and
       accel::CpuCommOptions o;
       o.use_shm = shm;
       o.name = "g" + std::to_string(n) + (shm ? "s" : "t");
-      const auto errors = run_cpu(job, n, o, [&](accel::CpuCommunicator& comm) {
+      const auto errors = job.run_cpu(n, o, [&](accel::CpuCommunicator& comm) {
         ACCEL_TEST_ENSURE(comm.uses_shared_memory() == shm);
         for (std::size_t size : {std::size_t{10}, std::size_t{100'000}, std::size_t{1'500'000}}) {
           // Rank r sends size + r bytes of value r, so sizes and contents differ per rank.
@@ -78,7 +59,7 @@ TEST_CASE("cpu backend: gathers small and large payloads in rank order, with and
             ACCEL_TEST_ENSURE(all[static_cast<std::size_t>(i)].back() == static_cast<std::uint8_t>(i));
           }
         }
-      });
+      }, 20s);
       for (const auto& e : errors) REQUIRE(e == std::string());
     }
   REQUIRE(shm_files_of_this_process() == 0);  // segments are unlinked with their communicator
@@ -112,7 +93,7 @@ TEST_CASE("cpu backend: many back-to-back large rounds never read a segment bein
   Job job;
   accel::CpuCommOptions o;
   o.shm_threshold = 1;
-  const auto errors = run_cpu(job, 3, o, [](accel::CpuCommunicator& comm) {
+  const auto errors = job.run_cpu(3, o, [](accel::CpuCommunicator& comm) {
     for (int round = 0; round < 40; ++round) {
       std::vector<int> mine(50'000 + static_cast<std::size_t>(round), round * 10 + comm.rank());
       const auto all = accel::gather_object(comm, mine);
@@ -121,28 +102,28 @@ TEST_CASE("cpu backend: many back-to-back large rounds never read a segment bein
         ACCEL_TEST_ENSURE(all[static_cast<std::size_t>(i)].back() == round * 10 + i);
       }
     }
-  });
+  }, 20s);
   for (const auto& e : errors) REQUIRE(e == std::string());
 }
 
 TEST_CASE("cpu backend: broadcast, barrier and the shard gather work over the store", "[cpu]") {
   Job job;
-  const auto errors = run_cpu(job, 4, {}, [](accel::CpuCommunicator& comm) {
+  const auto errors = job.run_cpu(4, {}, [](accel::CpuCommunicator& comm) {
     ACCEL_TEST_ENSURE(accel::broadcast_object(comm, std::string(200'000, static_cast<char>('a' + comm.rank())), 2) == std::string(200'000, 'c'));
     accel::wait_for_everyone(comm);
     std::vector<int> input(10);
     for (int i = 0; i < 10; ++i) input[static_cast<std::size_t>(i)] = i * i;
     auto mine = accel::split_between_processes(input, static_cast<std::size_t>(comm.rank()), 4, {.apply_padding = true});
     ACCEL_TEST_ENSURE(accel::gather_object(comm, std::vector<int>(mine.begin(), mine.end()), mine.shard()) == input);
-  });
+  }, 20s);
   for (const auto& e : errors) REQUIRE(e == std::string());
 }
 
 TEST_CASE("cpu backend: a collective called only on rank 0 fails as soon as the others exit", "[cpu]") {
   Job job;
-  const auto errors = run_cpu(job, 3, {}, [](accel::CpuCommunicator& comm) {
+  const auto errors = job.run_cpu(3, {}, [](accel::CpuCommunicator& comm) {
     if (comm.rank() == 0) accel::gather_object(comm, 1);
-  });
+  }, 20s);
   REQUIRE(errors[0].find("exited without joining gather_object #1 (was the collective called on only some ranks") != std::string::npos);
   REQUIRE(errors[1].empty());
   REQUIRE(errors[2].empty());
@@ -150,10 +131,10 @@ TEST_CASE("cpu backend: a collective called only on rank 0 fails as soon as the 
 
 TEST_CASE("cpu backend: different collectives on different ranks are reported on every rank", "[cpu]") {
   Job job;
-  const auto errors = run_cpu(job, 2, {}, [](accel::CpuCommunicator& comm) {
+  const auto errors = job.run_cpu(2, {}, [](accel::CpuCommunicator& comm) {
     if (comm.rank() == 0) accel::broadcast_object(comm, 1, 0);
     else accel::gather_object(comm, 1);
-  });
+  }, 20s);
   for (const auto& e : errors)
     REQUIRE(e.find("collective mismatch at ") != std::string::npos);
   REQUIRE(errors[0].find("rank 0 called broadcast_object #1 (root 0), rank 1 called gather_object #1") != std::string::npos);
@@ -183,10 +164,10 @@ TEST_CASE("cpu backend: a late rank produces a timeout naming it", "[cpu]") {
 TEST_CASE("cpu backend: ACCEL_CPU_SHM=0 sends everything through the store", "[cpu]") {
   Job job;
   ::setenv("ACCEL_CPU_SHM", "0", 1);
-  const auto errors = run_cpu(job, 2, {}, [](accel::CpuCommunicator& comm) {
+  const auto errors = job.run_cpu(2, {}, [](accel::CpuCommunicator& comm) {
     ACCEL_TEST_ENSURE(!comm.uses_shared_memory());
     ACCEL_TEST_ENSURE(accel::gather_object(comm, std::string(100'000, 'x')).size() == 2);
-  });
+  }, 20s);
   ::unsetenv("ACCEL_CPU_SHM");
   for (const auto& e : errors) REQUIRE(e == std::string());
 }

@@ -49,7 +49,7 @@ void run_concurrent_jobs(const std::vector<std::string>& launcher, const std::ve
     jobs.push_back(j);
   }
   const auto until = std::chrono::steady_clock::now() + 120s;
-  for (auto& j : jobs) j.code = accel_test::wait_for_launcher(j.pid, until);
+  for (auto& j : jobs) j.code = accel_test::wait_or_kill(j.pid, until, 3s);
   for (const auto& j : jobs) {
     INFO("job " << j.label << " (" << launcher.front() << ") stderr:\n" << accel_test::read_file(dir / (j.label + ".err")));
     CHECK(j.code == 0);

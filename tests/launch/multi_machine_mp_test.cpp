@@ -94,7 +94,7 @@ std::vector<accel_test::JobResult> run_two_machines(const TwoMachines& m, const 
   for (int r = 0; r < 2; ++r) {
     const auto name = "machine" + std::to_string(r);
     accel_test::JobResult res;
-    res.code = accel_test::wait_for_launcher(pids[static_cast<std::size_t>(r)], until);
+    res.code = accel_test::wait_or_kill(pids[static_cast<std::size_t>(r)], until, 3s);
     res.out = accel_test::read_file(dir / (name + ".out"));
     res.err = accel_test::read_file(dir / (name + ".err"));
     out.push_back(res);

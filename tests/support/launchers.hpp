@@ -125,25 +125,6 @@ inline RealLauncher torchrun_launcher(int n) {
   return {"torchrun", {*torchrun, "-r", "1", "-t", "1", "--standalone", "--nproc_per_node", std::to_string(n), "--no_python"}, ""};
 }
 
-/// @brief Waits for a launcher started by the test: its exit code (128 + signal when killed), or
-///        -1 when it was still running at `until` (it is then sent SIGTERM, so it takes its ranks
-///        down with it, and SIGKILL 3 s later).
-inline int wait_for_launcher(pid_t pid, std::chrono::steady_clock::time_point until) {
-  using namespace std::chrono_literals;
-  int st = 0;
-  while (::waitpid(pid, &st, WNOHANG) != pid) {
-    if (std::chrono::steady_clock::now() > until) {
-      ::kill(pid, SIGTERM);
-      std::this_thread::sleep_for(3s);
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &st, 0);
-      return -1;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 /// @brief What a job printed and how its launcher ended.
 struct JobResult {
   int code = -1;  ///< the launcher's exit code; -1 when it timed out
@@ -156,7 +137,7 @@ inline JobResult run_job(std::vector<std::string> argv, const ScratchDir& dir, s
   JobResult r;
   const pid_t pid = spawn_redirected(std::move(argv), launcher_environment(), "/dev/null", dir / "job.out", dir / "job.err");
   REQUIRE(pid > 0);
-  r.code = wait_for_launcher(pid, std::chrono::steady_clock::now() + limit);
+  r.code = wait_or_kill(pid, std::chrono::steady_clock::now() + limit, std::chrono::seconds(3));
   r.out = read_file(dir / "job.out");
   r.err = read_file(dir / "job.err");
   return r;

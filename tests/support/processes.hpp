@@ -72,25 +72,12 @@ struct Processes {
   /// @brief Exit code per process (128+signal when killed). A process still running after the
   /// limit is killed and fails the test: a hang is the bug these tests exist to catch.
   std::vector<int> wait(int limit_s = 60) {
-    using namespace std::chrono_literals;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(limit_s);
     bool hung = false;
     for (std::size_t i = 0; i < pids.size(); ++i) {
-      while (!codes[i]) {
-        int st = 0;
-        if (::waitpid(pids[i], &st, WNOHANG) == pids[i]) {
-          codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-          break;
-        }
-        if (std::chrono::steady_clock::now() > until) {
-          ::kill(pids[i], SIGKILL);
-          ::waitpid(pids[i], &st, 0);
-          codes[i] = -1;
-          hung = true;
-          break;
-        }
-        std::this_thread::sleep_for(10ms);
-      }
+      if (codes[i]) continue;
+      codes[i] = wait_or_kill(pids[i], until, std::chrono::milliseconds(0));
+      hung = hung || *codes[i] == -1;
     }
     if (hung) {
       std::string all;

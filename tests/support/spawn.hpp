@@ -6,10 +6,14 @@
 #pragma once
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace accel_test {
@@ -32,6 +36,26 @@ inline pid_t spawn_redirected(std::vector<std::string> argv, std::vector<std::st
   const int rc = posix_spawn(&pid, a[0], &fa, nullptr, a.data(), e.data());
   posix_spawn_file_actions_destroy(&fa);
   return rc == 0 ? pid : -1;
+}
+
+/// @brief Waits for a child the test started: its exit code (128 + signal when killed), or -1 when
+///        it was still running at `until`. It is then sent SIGTERM (a launcher takes its ranks down
+///        with it) and SIGKILL `grace` later; with no grace, SIGKILL at once.
+inline int wait_or_kill(pid_t pid, std::chrono::steady_clock::time_point until, std::chrono::milliseconds grace) {
+  int st = 0;
+  while (::waitpid(pid, &st, WNOHANG) != pid) {
+    if (std::chrono::steady_clock::now() > until) {
+      if (grace.count() > 0) {
+        ::kill(pid, SIGTERM);
+        std::this_thread::sleep_for(grace);
+      }
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 }  // namespace accel_test

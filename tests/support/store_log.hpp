@@ -3,10 +3,14 @@
 // What the store tests share: bytes as text, and a StoreServer log that tests can search.
 #pragma once
 
+#include <accel/comm/cpu.hpp>
 #include <accel/comm/store.hpp>
 
 #include <chrono>
 #include <cstddef>
+#include <exception>
+#include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -50,6 +54,25 @@ struct LocalStore {
   }
   std::shared_ptr<accel::StoreClient> client(int rank, int world, std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
     return std::make_shared<accel::StoreClient>("127.0.0.1", server.port(), "job-token", timeout, rank, world);
+  }
+  /// Runs fn(comm) for `n` CPU-backend ranks, each on its own thread with its own connection;
+  /// returns each rank's exception message ("" for none).
+  std::vector<std::string> run_cpu(int n, const accel::CpuCommOptions& options, const std::function<void(accel::CpuCommunicator&)>& fn,
+                                   std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    std::vector<std::future<std::string>> fs;
+    for (int r = 0; r < n; ++r)
+      fs.push_back(std::async(std::launch::async, [&, r] {
+        try {
+          accel::CpuCommunicator comm(client(r, n, timeout), r, n, options);
+          fn(comm);
+          return std::string();
+        } catch (const std::exception& e) {
+          return std::string(e.what());
+        }
+      }));
+    std::vector<std::string> out;
+    for (auto& f : fs) out.push_back(f.get());
+    return out;
   }
 };
 
