@@ -410,6 +410,95 @@ TEST_CASE("store: plan_job_store follows accel launch, torchrun and its agent st
   REQUIRE_THROWS_AS(accel::plan_job_store(env), accel::config_error);
 }
 
+namespace {
+// Whether nothing listens or is bound at 127.0.0.1:port right now.
+bool port_free(int port) {
+  int err = 0;
+  return static_cast<bool>(accel::detail::try_listen_tcp("127.0.0.1", port, 1, err));
+}
+}  // namespace
+
+TEST_CASE("store: with derived ports, rank 0 hosts the store past ports held by others and every rank finds it", "[store]") {
+  // A job id whose first four derived ports are free now; the test then occupies three of them the
+  // ways a real machine does: another job's store, a socket bound without listening (a connection's
+  // ephemeral port), and a service that answers with something that is not an accel store.
+  std::string id;
+  for (int n = 0; id.empty(); ++n) {
+    const std::string candidate = "test:derived-" + std::to_string(::getpid()) + "-" + std::to_string(n);
+    bool all_free = true;
+    for (int i = 0; i < 4; ++i) all_free = all_free && port_free(accel::job_port(candidate, i));
+    if (all_free) id = candidate;
+  }
+  std::vector<int> ports;
+  for (int i = 0; i < accel::job_port_count; ++i) ports.push_back(accel::job_port(id, i));
+  REQUIRE(ports[0] == accel::job_port(id));
+
+  Log other_log;
+  StoreServer other_job("127.0.0.1", static_cast<std::uint16_t>(ports[0]), "another-token", other_log.options());
+  accel::detail::Fd bound(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(ports[1]));
+  REQUIRE(::bind(bound.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  int err = 0;
+  accel::detail::Fd foreign = accel::detail::try_listen_tcp("127.0.0.1", ports[2], 16, err);
+  REQUIRE(foreign);
+  std::atomic<bool> stop{false};
+  std::thread foreign_service([&] {  // answers every connection like a web server, then closes it
+    while (!stop) {
+      const int c = ::accept(foreign.get(), nullptr, nullptr);
+      if (c < 0) {
+        std::this_thread::sleep_for(1ms);
+        continue;
+      }
+      raw_send(c, bytes("HTTP/1.1 400 Bad Request\r\n\r\n"));
+      ::close(c);
+    }
+  });
+
+  accel::LaunchEnv env;
+  env.world_size = 3, env.master_addr = "127.0.0.1", env.timeout = 20s, env.join_timeout = 20s;
+  env.job_id = id, env.job_token = id, env.master_port = ports[0], env.master_port_derived = true;
+  REQUIRE(accel::plan_job_store(env).derived_ports == ports);
+  std::vector<std::future<std::string>> others;
+  for (int r = 1; r < 3; ++r)
+    others.push_back(std::async(std::launch::async, [env, r]() mutable {
+      env.rank = r;
+      return accel::connect_job_store(env)->get_string("hello");
+    }));
+  std::this_thread::sleep_for(50ms);  // the others look for the store before it exists, too
+  env.rank = 0;
+  auto c0 = accel::connect_job_store(env);
+  CHECK(c0->address() == "127.0.0.1:" + std::to_string(ports[3]));
+  c0->set("hello", std::string_view("world"));
+  for (auto& f : others) CHECK(f.get() == "world");
+  // The other job's store turned the probes away without logging them as an intrusion.
+  CHECK_FALSE(other_log.has("refused"));
+  stop = true;
+  foreign_service.join();
+}
+
+TEST_CASE("store: when every derived port is held, rank 0's error names them all and how to fix it", "[store]") {
+  std::vector<int> ports;
+  std::vector<accel::detail::Fd> held;
+  for (int i = 0; i < 3; ++i) {
+    int err = 0;
+    held.push_back(accel::detail::try_listen_tcp("127.0.0.1", 0, 1, err));
+    REQUIRE(held.back());
+    ports.push_back(accel::detail::socket_port(held.back().get()));
+  }
+  Log log;
+  try {
+    StoreServer s("127.0.0.1", ports, "tok", log.options());
+    FAIL("listening on a held port succeeded");
+  } catch (const accel::comm_error& e) {
+    const std::string what = e.what();
+    for (int p : ports) CHECK_THAT(what, accel_test::contains(std::to_string(p)));
+    CHECK_THAT(what, accel_test::contains("set MASTER_PORT to a free port"));
+  }
+}
+
 TEST_CASE("store: connect_job_store on rank 0 hosts the store the other ranks join", "[store]") {
   int port = 0;
   {

@@ -26,6 +26,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -87,6 +88,10 @@ class StoreServer {
   /// @param job_token secret every client must present (the launcher's ACCEL_JOB_TOKEN)
   /// @throws comm_error naming the address when it cannot listen (port in use, foreign address)
   StoreServer(std::string bind_host, std::uint16_t port, std::string job_token, StoreServerOptions options = {})
+      : StoreServer(std::move(bind_host), std::vector<int>{port}, std::move(job_token), std::move(options)) {}
+  /// @brief Listens at the first of `ports` not in use (a job's derived ports, see job_port).
+  /// @throws comm_error naming the address and every port when all are in use
+  StoreServer(std::string bind_host, const std::vector<int>& ports, std::string job_token, StoreServerOptions options = {})
       : host_(std::move(bind_host)), options_(std::move(options)),
         core_(detail::StoreCoreOptions{.job_token = std::move(job_token),
                                        .max_frame_bytes = options_.max_frame_bytes,
@@ -97,7 +102,7 @@ class StoreServer {
                                        .max_world_size = options_.max_world_size,
                                        .job_id = options_.job_id,
                                        .join_timeout = options_.join_timeout}) {
-    listener_ = detail::listen_tcp(host_, port);
+    listener_ = detail::listen_tcp(host_, std::span<const int>(ports));
     port_ = static_cast<std::uint16_t>(detail::socket_port(listener_.get()));
     int p[2];
     if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) detail::throw_error<comm_error>("store: pipe failed: ", detail::os_error_text(errno));
@@ -375,6 +380,55 @@ class StoreClient {
     const auto reply = round_trip(detail::encode_hello(job_token, rank, world_size, job_id), reach_by, "handshake");
     expect(reply, detail::Msg::ok, "handshake");
   }
+  /// @brief Looks for the job's store at each of `ports` in turn (a job's derived ports, see
+  /// job_port) until one accepts this job's hello. A port where nothing listens, or another job's
+  /// store (which refuses this job's token) listens, or something that does not answer the hello
+  /// within probe_answer_timeout, is passed over, and tried again in the next round.
+  /// @throws timeout_error naming every port and what answered there when none accepted in time
+  /// @throws comm_error when the job's own store refuses this process
+  StoreClient(std::string host, const std::vector<int>& ports, std::string job_token, std::chrono::milliseconds timeout,
+              int rank, int world_size, const std::string& job_id, std::chrono::milliseconds connect_timeout)
+      : host_(std::move(host)), port_(ports.at(0)), timeout_(timeout), rank_(rank) {
+    const auto reach_by = Clock::now() + connect_timeout;
+    const auto hello = detail::encode_hello(job_token, rank, world_size, job_id, /*probing=*/true);
+    std::vector<std::string> seen(ports.size());  // what answered at each port, for the timeout message
+    for (auto pause = std::chrono::milliseconds(1);; pause = detail::next_pause(pause)) {
+      for (std::size_t i = 0; i < ports.size(); ++i) {
+        port_ = ports[i];
+        int err = 0;
+        fd_ = detail::try_connect_tcp(host_, port_, std::min(reach_by, Clock::now() + probe_answer_timeout), err);
+        if (!fd_) {
+          seen[i] = detail::os_error_text(err);
+          continue;
+        }
+        std::vector<std::byte> reply;
+        try {
+          reply = round_trip(hello, std::min(reach_by, Clock::now() + probe_answer_timeout), "handshake", max_hello_reply_bytes);
+        } catch (const comm_error& e) {  // timeout_error included: fd_ is closed, try the next port
+          seen[i] = e.what();
+          continue;
+        }
+        // Only this job's store accepts the hello, or refuses it for a reason of the job's own.
+        if (static_cast<detail::Msg>(reply[0]) == detail::Msg::ok || is_failure(reply, detail::FailureKind::refused)) {
+          expect(reply, detail::Msg::ok, "handshake");
+          return;
+        }
+        fd_.reset();
+        seen[i] = is_failure(reply, detail::FailureKind::other_job) ? "another job's store: " + failure_text(reply)
+                                                                     : std::string("something that is not an accel store answered");
+      }
+      if (Clock::now() + pause >= reach_by) {
+        std::string tried;
+        for (std::size_t i = 0; i < ports.size(); ++i) tried += detail::concat(i ? "; " : "", ports[i], ": ", seen[i]);
+        detail::throw_error<timeout_error>("could not find this job's store at ", host_, " on any of its ports (", tried,
+                                           "); is the process that hosts it (rank 0) running and reachable?");
+      }
+      std::this_thread::sleep_for(pause);
+    }
+  }
+  /// @brief How long a probing client waits for the hello's answer before passing a port over (a
+  /// store answers within a round trip; something else may never answer).
+  static constexpr std::chrono::milliseconds probe_answer_timeout{5000};
   StoreClient(const StoreClient&) = delete;
   StoreClient& operator=(const StoreClient&) = delete;
   /// @brief Says goodbye (so the server knows this rank exited rather than died) and closes.
@@ -494,7 +548,8 @@ class StoreClient {
     return round_trip(frame, Clock::now() + timeout + std::chrono::seconds(10), what);
   }
 
-  std::vector<std::byte> round_trip(const std::vector<std::byte>& frame, Clock::time_point deadline, const std::string& what) {
+  std::vector<std::byte> round_trip(const std::vector<std::byte>& frame, Clock::time_point deadline, const std::string& what,
+                                    std::size_t max_reply_bytes = std::numeric_limits<std::uint32_t>::max()) {
     if (!fd_) detail::throw_error<comm_error>("the connection to the store at ", address(), " is closed after an earlier failure");
     int err = 0;
     auto st = detail::send_all(fd_.get(), frame, deadline, err);
@@ -504,6 +559,7 @@ class StoreClient {
     if (st == detail::IoStatus::ok) {
       const auto len = load_le<std::uint32_t>(head);
       if (len == 0) lost(what, "an empty reply");
+      if (len > max_reply_bytes) lost(what, detail::concat("a reply of ", len, " bytes, more than a store sends"));
       body.resize(len);
       st = detail::recv_all(fd_.get(), body, deadline, err);
     }
@@ -524,6 +580,20 @@ class StoreClient {
   }
 
   // Turns a failure reply into the matching exception; checks the reply type otherwise.
+  static bool is_failure(const std::vector<std::byte>& reply, detail::FailureKind kind) {
+    return reply.size() >= 2 && static_cast<detail::Msg>(reply[0]) == detail::Msg::failure && static_cast<detail::FailureKind>(reply[1]) == kind;
+  }
+  static std::string failure_text(const std::vector<std::byte>& reply) {
+    try {
+      detail::WireReader r(std::span<const std::byte>(reply).subspan(2));
+      return r.str();
+    } catch (const comm_error&) {
+      return "(an unreadable reason)";
+    }
+  }
+  /// Largest answer to a hello (a failure names two job ids): more is not from an accel store.
+  static constexpr std::size_t max_hello_reply_bytes = 64 * 1024;
+
   void expect(const std::vector<std::byte>& reply, detail::Msg type, const char* what) {
     const auto got = static_cast<detail::Msg>(reply.at(0));
     if (got == type) return;
@@ -534,6 +604,7 @@ class StoreClient {
     switch (kind) {
       case detail::FailureKind::timeout: detail::throw_error<timeout_error>(msg);
       case detail::FailureKind::refused:
+      case detail::FailureKind::other_job:
         fd_.reset();
         detail::throw_error<comm_error>("the store at ", address(), " refused this process: ", msg);
       case detail::FailureKind::protocol:
@@ -565,24 +636,30 @@ struct StorePlan {
   std::string host;
   int port = 0;
   bool host_here = false;  ///< this process (rank 0) starts the StoreServer
+  /// Where MASTER_PORT is unset and the port derives from the job id: every port the store may be
+  /// at (`port` first). Rank 0 hosts it at the first it can bind, the others look at each in turn.
+  std::vector<int> derived_ports;
 };
 
 /// @brief Decides where the store is: ACCEL_STORE (accel launch hosts it) if set; otherwise rank 0
 /// hosts it at MASTER_ADDR:MASTER_PORT, or MASTER_PORT+1 under torchrun's agent store (which
-/// already occupies MASTER_PORT with torch's own TCPStore). Without MASTER_PORT, LaunchEnv's port
-/// is derived from the job id, so concurrent jobs on one machine get stores of their own.
+/// already occupies MASTER_PORT with torch's own TCPStore). Without MASTER_PORT, the ports are
+/// derived from the job id (job_port), so concurrent jobs on one machine get stores of their own.
 /// @throws config_error when no address is known (several machines and no MASTER_ADDR)
 inline StorePlan plan_job_store(const LaunchEnv& env) {
   if (env.store_address) {
     auto [h, p] = parse_store_address(*env.store_address);
-    return {h, p, false};
+    return {h, p, false, {}};
   }
   if (env.master_addr.empty())
     detail::throw_error<config_error>("MASTER_ADDR is unset in a job on ", env.num_machines,
                                       " machines; set MASTER_ADDR to rank 0's host (or start the job with accel launch)");
   const int port = env.master_port + (env.torchelastic_agent_store ? 1 : 0);
   if (port <= 0 || port > 65535) detail::throw_error<config_error>("MASTER_PORT=", env.master_port, " gives store port ", port, ", outside 1-65535");
-  return {env.master_addr, port, env.rank == 0};
+  StorePlan plan{env.master_addr, port, env.rank == 0, {}};
+  if (env.master_port_derived && !env.torchelastic_agent_store)
+    for (int i = 0; i < job_port_count; ++i) plan.derived_ports.push_back(job_port(env.job_id, i));
+  return plan;
 }
 
 /// @brief Connects to the job's store (see plan_job_store), hosting it first on rank 0 when no
@@ -603,13 +680,18 @@ inline std::shared_ptr<StoreClient> connect_job_store(const LaunchEnv& env) {
     o.join_timeout = env.join_timeout;
     // Said once per job: the rank hosting the store is the one whose address is shared.
     if (!env.rendezvous_warning.empty() && o.log) o.log("warning: " + env.rendezvous_warning);
-    server = std::make_shared<StoreServer>(plan.host, static_cast<std::uint16_t>(plan.port), env.job_token, std::move(o));
+    server = plan.derived_ports.empty() ? std::make_shared<StoreServer>(plan.host, static_cast<std::uint16_t>(plan.port), env.job_token, std::move(o))
+                                        : std::make_shared<StoreServer>(plan.host, plan.derived_ports, env.job_token, std::move(o));
   }
   const auto reach_within = env.join_timeout.count() > 0 ? std::min(env.join_timeout, env.timeout) : env.timeout;
   std::shared_ptr<StoreClient> client;
   try {
-    client = std::make_shared<StoreClient>(plan.host, plan.port, env.job_token, env.timeout, env.rank, env.world_size, env.job_id,
-                                           reach_within);
+    if (server || plan.derived_ports.empty())
+      client = std::make_shared<StoreClient>(plan.host, server ? server->port() : plan.port, env.job_token, env.timeout, env.rank,
+                                             env.world_size, env.job_id, reach_within);
+    else
+      client = std::make_shared<StoreClient>(plan.host, plan.derived_ports, env.job_token, env.timeout, env.rank, env.world_size,
+                                             env.job_id, reach_within);
   } catch (const timeout_error& e) {
     if (plan.host_here) throw;
     std::string why = e.what();  // without its "[accel.comm.timeout] " prefix: the new message has one

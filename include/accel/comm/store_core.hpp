@@ -255,10 +255,10 @@ class StoreCore {
   }
   void finish(ConnId id, std::vector<std::byte> frame) { finish(id, std::make_shared<const std::vector<std::byte>>(std::move(frame))); }
   void fail(ConnId id, FailureKind kind, const std::string& msg) { finish(id, encode_failure(kind, msg)); }
-  void refuse(ConnId id, FailureKind kind, const std::string& msg) {
+  void refuse(ConnId id, FailureKind kind, const std::string& msg, bool quiet = false) {
     auto it = conns_.find(id);
     if (it == conns_.end()) return;
-    log(concat("refused ", it->second.peer, ": ", msg));
+    if (!quiet) log(concat("refused ", it->second.peer, ": ", msg));
     send(id, encode_failure(kind, msg));
     it->second.close_after_flush = true;
   }
@@ -399,12 +399,16 @@ class StoreCore {
 
   void handshake(ConnId id, Conn& c, const StoreRequest& q) {
     if (q.type != Msg::hello) return refuse(id, FailureKind::protocol, "the first store message must be a hello");
-    if (q.magic != store_magic) return refuse(id, FailureKind::refused, "not an accel store client (bad magic number)");
+    // A client probing the ports derived from its job id is told quietly that this store is not its own.
+    const bool quiet = q.probing;
+    if (q.magic != store_magic)
+      return refuse(id, FailureKind::other_job, "not an accel store client (bad magic number)", quiet);
     if (q.version != store_protocol_version)
-      return refuse(id, FailureKind::refused,
+      return refuse(id, FailureKind::other_job,
                     concat("store protocol version ", q.version, " is not the server's version ", store_protocol_version,
-                           "; build every process of the job with the same accel version"));
-    if (!token_equal(q.token, options_.job_token)) return refuse(id, FailureKind::refused, wrong_token(q.job_id));
+                           "; build every process of the job with the same accel version"),
+                    quiet);
+    if (!token_equal(q.token, options_.job_token)) return refuse(id, FailureKind::other_job, wrong_token(q.job_id), quiet);
     if (q.world > 0 && world_ > 0 && q.world != world_)
       return refuse(id, FailureKind::refused, concat("world size ", q.world, " does not match the job's world size ", world_));
     // Both bound what later messages build per rank (rank lists, exchange slots).

@@ -25,7 +25,7 @@ ACCEL_NAMESPACE_BEGIN
 namespace detail {
 
 inline constexpr std::uint32_t store_magic = 0x54534341u;  // "ACST" on the wire
-inline constexpr std::uint32_t store_protocol_version = 1;
+inline constexpr std::uint32_t store_protocol_version = 2;
 inline constexpr std::size_t frame_header_bytes = 4;
 
 /// @brief Message types. Requests are below 64, replies from 64.
@@ -35,7 +35,9 @@ enum class Msg : std::uint8_t {
 };
 
 /// @brief Why the server refused a request (carried in a `failure` reply).
-enum class FailureKind : std::uint8_t { refused = 1, timeout = 2, peer_gone = 3, protocol = 4, mismatch = 5 };
+/// `other_job`: the hello reached a store that serves another job (another token, magic or protocol
+/// version); a client looking for its store among several ports tries the next.
+enum class FailureKind : std::uint8_t { refused = 1, timeout = 2, peer_gone = 3, protocol = 4, mismatch = 5, other_job = 6 };
 
 /// @brief A frame or field that does not parse.
 class wire_error : public comm_error {
@@ -181,7 +183,8 @@ struct StoreRequest {
   std::vector<std::string> keys;    ///< wait
   std::string label;                ///< exchange: what the collective is, for messages
   std::string token;                ///< hello
-  std::string job_id;               ///< hello, optional last field: the client's job, named in refusals
+  std::string job_id;               ///< hello, optional field: the client's job, named in refusals
+  bool probing = false;             ///< hello, optional last field: the client looks for its store among several ports
   std::uint32_t magic = 0, version = 0;
   std::int64_t delta = 0;           ///< add
   std::int32_t rank = -1, world = 0;
@@ -201,6 +204,7 @@ inline StoreRequest parse_request(std::span<const std::byte> body) {
     case Msg::hello:
       q.magic = r.u32(), q.version = r.u32(), q.token = r.str(), q.rank = r.i32(), q.world = r.i32();
       if (r.remaining() > 0) q.job_id = r.str();
+      if (r.remaining() > 0) q.probing = r.u8() != 0;
       if (q.rank < -1 || q.world < 0 || (q.rank >= 0 && q.world > 0 && q.rank >= q.world))
         throw_error<wire_error>("malformed hello: rank ", q.rank, " of world size ", q.world);
       break;
@@ -233,8 +237,8 @@ inline StoreRequest parse_request(std::span<const std::byte> body) {
 
 /// @name Request encoders (client side)
 ///@{
-inline std::vector<std::byte> encode_hello(std::string_view token, int rank, int world, std::string_view job_id = {}) {
-  return WireWriter(Msg::hello).u32(store_magic).u32(store_protocol_version).str(token).i32(rank).i32(world).str(job_id).finish();
+inline std::vector<std::byte> encode_hello(std::string_view token, int rank, int world, std::string_view job_id = {}, bool probing = false) {
+  return WireWriter(Msg::hello).u32(store_magic).u32(store_protocol_version).str(token).i32(rank).i32(world).str(job_id).u8(probing ? 1 : 0).finish();
 }
 inline std::vector<std::byte> encode_failure(FailureKind kind, std::string_view message) {
   return WireWriter(Msg::failure).u8(static_cast<std::uint8_t>(kind)).str(message).finish();

@@ -89,7 +89,9 @@ struct LaunchEnv {
   int num_machines = 1;
   std::string master_addr = "127.0.0.1";  ///< "" when several machines and nobody said where rank 0 is
   int master_port = 29500;                ///< MASTER_PORT, else job_port(job_id), else 29500
-  bool master_port_derived = false;       ///< master_port was derived from job_id (MASTER_PORT unset)
+  /// master_port was derived from job_id (MASTER_PORT unset): the store may be at any of the
+  /// job's job_port_count ports, master_port being the first
+  bool master_port_derived = false;
   std::optional<std::string> store_address;  ///< ACCEL_STORE ("host:port"), the store accel launch hosts
   /// The launcher's own name for this job, the same on every rank: "slurm:<job>.<step>",
   /// "pmi:<PMI_JOBID>", "openmpi:<job id>", "mpich:<host>/<proxy pid>", "torchrun:<run id>",
@@ -116,19 +118,28 @@ inline constexpr int job_port_first = 29500;
 inline constexpr int job_port_last = 60999;
 
 namespace detail {
-/// @brief FNV-1a over the bytes, then splitmix64's finaliser so every output bit depends on every input bit.
-[[nodiscard]] constexpr std::uint64_t mix_hash(std::string_view s) noexcept {
-  std::uint64_t h = text::fnv1a(s);
+/// @brief splitmix64's finaliser: every output bit depends on every input bit.
+[[nodiscard]] constexpr std::uint64_t mix64(std::uint64_t h) noexcept {
   h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
   h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
   return h ^ (h >> 31);
 }
+/// @brief FNV-1a over the bytes, then mix64.
+[[nodiscard]] constexpr std::uint64_t mix_hash(std::string_view s) noexcept { return mix64(text::fnv1a(s)); }
 }  // namespace detail
 
-/// @brief The default store port of the job named `job_id`: the same on every rank, and for two
-///        jobs equal only by a 1 in 31500 chance (then the second cannot listen, and says so).
-[[nodiscard]] constexpr int job_port(std::string_view job_id) noexcept {
-  return job_port_first + static_cast<int>(detail::mix_hash(job_id) % static_cast<std::uint64_t>(job_port_last - job_port_first + 1));
+/// @brief How many store ports are derived from one job id. Rank 0 hosts the store at the first
+///        of them it can bind (one may be held by another job, or by some connection's ephemeral
+///        port, since the range overlaps Linux's); the other ranks look for it at each in turn.
+inline constexpr int job_port_count = 8;
+
+/// @brief The `index`-th store port of the job named `job_id` (0 <= index < job_port_count): the
+///        same on every rank; two jobs share their first port only by a 1 in 31500 chance, and
+///        then each still finds its own store at another of its ports.
+[[nodiscard]] constexpr int job_port(std::string_view job_id, int index = 0) noexcept {
+  std::uint64_t h = detail::mix_hash(job_id);
+  if (index > 0) h = detail::mix64(h + static_cast<std::uint64_t>(index) * 0x9e3779b97f4a7c15ull);
+  return job_port_first + static_cast<int>(h % static_cast<std::uint64_t>(job_port_last - job_port_first + 1));
 }
 
 /// @brief `<kind>:<8 hex digits>`, the job id of a job known by a secret token: only a

@@ -14,6 +14,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -110,17 +111,16 @@ inline void resolve(const std::string& host, int port, bool passive, AddrInfo& o
                             "; check MASTER_ADDR / ACCEL_STORE");
 }
 
-/// @brief A listening socket bound to exactly `host` (never the wildcard unless host is "" or "0.0.0.0").
-/// @param port 0 picks a free port; read it back with socket_port()
-/// @throws comm_error naming the address when nothing could be bound (port in use, bad address)
-inline Fd listen_tcp(const std::string& host, int port, int backlog = 512) {
+/// @brief A listening socket bound to exactly `host` (never the wildcard unless host is "" or "0.0.0.0");
+/// an empty Fd and the errno in `err` when nothing could be bound.
+inline Fd try_listen_tcp(const std::string& host, int port, int backlog, int& err) {
   AddrInfo ai;
   resolve(host, port, true, ai);
-  int last = 0;
+  err = 0;
   for (addrinfo* a = ai.list; a; a = a->ai_next) {
     Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
     if (!fd) {
-      last = errno;
+      err = errno;
       continue;
     }
     int one = 1;
@@ -129,11 +129,34 @@ inline Fd listen_tcp(const std::string& host, int port, int backlog = 512) {
       set_nonblocking(fd.get(), true);
       return fd;
     }
-    last = errno;
+    err = errno;
   }
-  throw_error<comm_error>("cannot listen on ", host_port(host, port), ": ", os_error_text(last),
-                          last == EADDRINUSE ? "; another job uses this port: pick another MASTER_PORT, or use accel launch"
-                                             : "; check the address belongs to this machine");
+  return Fd();
+}
+
+/// @brief try_listen_tcp at the first of `ports` not in use (each port but the last is skipped only
+/// when in use: a foreign address fails at once).
+/// @param ports at least one; 0 picks a free port (read it back with socket_port())
+/// @throws comm_error naming the address and every port tried when nothing could be bound
+inline Fd listen_tcp(const std::string& host, std::span<const int> ports, int backlog = 512) {
+  int err = 0;
+  for (const int port : ports) {
+    if (Fd fd = try_listen_tcp(host, port, backlog, err)) return fd;
+    if (err != EADDRINUSE) break;
+  }
+  std::string tried;
+  for (const int port : ports) tried += (tried.empty() ? "" : ", ") + std::to_string(port);
+  const bool several = ports.size() > 1;
+  throw_error<comm_error>("cannot listen on ", several ? host + " at any of the ports " + tried : host_port(host, ports.front()), ": ",
+                          os_error_text(err),
+                          err != EADDRINUSE ? "; check the address belongs to this machine"
+                          : several         ? "; other jobs or connections hold every one: set MASTER_PORT to a free port, or use accel launch"
+                                            : "; another job uses this port: pick another MASTER_PORT, or use accel launch");
+}
+/// @brief listen_tcp at one port (0 picks a free one).
+inline Fd listen_tcp(const std::string& host, int port, int backlog = 512) {
+  const int ports[] = {port};
+  return listen_tcp(host, std::span<const int>(ports), backlog);
 }
 
 inline int poll_ms(std::chrono::steady_clock::time_point deadline) {
@@ -163,32 +186,44 @@ inline int connect_until(int fd, const sockaddr* addr, socklen_t len, std::chron
   return 0;
 }
 
+/// @brief One attempt to connect to host:port (each of its addresses), giving up at `deadline`; an
+/// empty Fd and the errno in `err` when it fails.
+/// @throws comm_error when the host cannot be resolved
+inline Fd try_connect_tcp(const std::string& host, int port, std::chrono::steady_clock::time_point deadline, int& err) {
+  AddrInfo ai;
+  resolve(host, port, false, ai);
+  err = 0;
+  for (addrinfo* a = ai.list; a; a = a->ai_next) {
+    Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (!fd) {
+      err = errno;
+      continue;
+    }
+    err = connect_until(fd.get(), a->ai_addr, a->ai_addrlen, deadline);
+    if (err == 0) {
+      set_nodelay(fd.get());
+      set_liveness_probes(fd.get());
+      return fd;
+    }
+  }
+  return Fd();
+}
+
+/// @brief The pause before the next round of connection attempts: 1 ms doubling to 100 ms.
+inline std::chrono::milliseconds next_pause(std::chrono::milliseconds pause) {
+  return std::min(pause * 2, std::chrono::milliseconds(100));
+}
+
 /// @brief Connects to host:port, retrying refused connections until `deadline` (the server may start later).
 /// @throws timeout_error when the deadline passes, comm_error when the host cannot be resolved
 inline Fd connect_tcp(const std::string& host, int port, std::chrono::steady_clock::time_point deadline) {
   int last = 0;
-  auto pause = std::chrono::milliseconds(1);
-  for (;;) {
-    AddrInfo ai;
-    resolve(host, port, false, ai);
-    for (addrinfo* a = ai.list; a; a = a->ai_next) {
-      Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-      if (!fd) {
-        last = errno;
-        continue;
-      }
-      last = connect_until(fd.get(), a->ai_addr, a->ai_addrlen, deadline);
-      if (last == 0) {
-        set_nodelay(fd.get());
-        set_liveness_probes(fd.get());
-        return fd;
-      }
-    }
+  for (auto pause = std::chrono::milliseconds(1);; pause = next_pause(pause)) {
+    if (Fd fd = try_connect_tcp(host, port, deadline, last)) return fd;
     if (std::chrono::steady_clock::now() + pause >= deadline)
       throw_error<timeout_error>("could not connect to the store at ", host_port(host, port), ": ", os_error_text(last),
                                  "; is the process that hosts it (accel launch, or rank 0) running and reachable?");
     std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::milliseconds(100));
   }
 }
 
