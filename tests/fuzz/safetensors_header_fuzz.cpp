@@ -3,7 +3,8 @@
 // libFuzzer harness for the safetensors header parser: any byte sequence either parses into a
 // header that satisfies every format invariant or throws accel::checkpoint_error; nothing else
 // (crash, other exception, sanitizer report) is allowed. Also feeds the bytes to the index and
-// offload-index parsers, which must behave the same way.
+// offload-index parsers, which must behave the same way. The DOM-free fast paths for headers and
+// indexes must decline or read what the strict parser reads (support/plain_json.hpp).
 #include <accel/load/offload.hpp>
 #include <accel/model/safetensors.hpp>
 
@@ -11,6 +12,8 @@
 #include <cstdlib>
 #include <span>
 #include <string_view>
+
+#include "support/plain_json.hpp"
 
 namespace {
 void check(bool ok) {
@@ -34,6 +37,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   } catch (const accel::checkpoint_error&) {
   }
   const std::string_view text(reinterpret_cast<const char*>(data), size);
+  const auto header = accel_test::plain_header_verdict(size >= 8 ? text.substr(8) : text);
+  check(header == "declined" || header == "agrees");
+  const auto index = accel_test::plain_index_verdict(text);
+  check(index == "declined" || index == "agrees");
   try {
     (void)accel::parse_safetensors_index(text, "fuzz");
   } catch (const accel::checkpoint_error&) {

@@ -323,3 +323,50 @@ TEST_CASE("an entry parsed alone from the embedded text equals the whole catalog
   CHECK(accel::detail::embedded_architecture("NoSuchModel") == nullptr);
   CHECK(accel::catalog_transformers_version() == cat.transformers_version);
 }
+
+TEST_CASE("TemplateIndex finds exactly the templates template_matches accepts, in construction order", "[architecture][index]") {
+  // Every catalog entry, paths made from its own templates (numbers put in for `{i}`), and the
+  // near misses: a number where a name belongs, a name where a number belongs, a part too many.
+  std::vector<accel::Architecture> entries = accel::architecture_catalog().architectures;
+  accel::Architecture literal;  // templates with literal numbers are tried one by one
+  for (const auto& [path, cls] : std::vector<std::pair<std::string, std::string>>{
+           {"", "Root"}, {"blocks", "ModuleList"}, {"blocks.{i}", "Block"}, {"blocks.0", "FirstBlock"}, {"blocks.{i}.{}", "Odd"},
+           {"blocks.{i}.mlp", "Mlp"}}) {
+    accel::ModuleTemplate m;
+    m.path = path, m.class_name = cls;
+    literal.modules.push_back(m);
+  }
+  entries.push_back(literal);
+  std::size_t checked = 0;
+  for (const auto& a : entries) {
+    const accel::TemplateIndex index(a);
+    std::vector<std::string> paths{"", "7", "x.y.z"};
+    for (const auto& m : a.modules) {
+      std::string with_numbers, with_names;
+      std::size_t start = 0;
+      for (int k = 0; start <= m.path.size(); ++k) {
+        const auto end = std::min(m.path.find('.', start), m.path.size());
+        const auto part = m.path.substr(start, end - start);
+        const bool block = part.size() >= 3 && part.front() == '{';
+        with_numbers += (start ? "." : "") + (block ? std::to_string(k * 7 % 13) : part);
+        with_names += (start ? "." : "") + (block ? std::string("layer") : std::string(part == "0" ? "zero" : "0"));
+        start = end + 1;
+      }
+      paths.insert(paths.end(), {with_numbers, with_names, with_numbers + ".3", with_numbers + ".extra", m.path});
+    }
+    for (const auto& path : paths) {
+      std::vector<std::size_t> expected, found;
+      for (std::size_t i = 0; i < a.modules.size(); ++i)
+        if (accel::template_matches(a.modules[i].path, path)) expected.push_back(i);
+      index.for_each_match(path, [&](std::size_t i) { found.push_back(i); });
+      INFO(a.name << ": '" << path << "'");
+      CHECK(found == expected);
+      ++checked;
+    }
+  }
+  CHECK(checked > 1000);
+  const accel::TemplateIndex index(literal);
+  CHECK(accel::module_rank(index, "blocks.0") == std::size_t{2});
+  CHECK(accel::module_class(index, "blocks.5.mlp") == std::string("Mlp"));
+  CHECK_FALSE(accel::module_class(index, "blocks.0"));  // Block and FirstBlock both match
+}

@@ -3,11 +3,13 @@
 #include <accel/model/safetensors.hpp>
 
 #include <algorithm>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/plain_json.hpp"
 #include "support/safetensors_writer.hpp"
 
 using accel::DType;
@@ -286,4 +288,113 @@ TEST_CASE("property: corrupted headers either parse or throw checkpoint_error, n
     }
   }
   CHECK(rejected > 0);
+}
+
+namespace {
+// A header or index text as tools write them, with random names, spacing, key order and values,
+// sometimes with what the fast path leaves to the strict parser (escapes, non-ASCII, duplicates,
+// floats, unknown fields).
+struct TextMaker {
+  std::mt19937_64 rng;
+  std::size_t pick(std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); }
+  std::string ws() { return std::string(pick(3), " \n\t"[pick(3)]); }
+  std::string name() {
+    static const char* parts[] = {"model", "layers", "0", "17", "self_attn", "q_proj", "weight", "bias", "a", "x\\u00e9", "\xc3\xa9", "n\\\"q"};
+    std::string n;
+    for (std::size_t i = 0, k = 1 + pick(4); i < k; ++i) n += (i ? "." : "") + std::string(parts[pick(rare() ? 12 : 9)]);
+    return n;
+  }
+  bool rare() { return pick(8) == 0; }
+  std::string number(std::uint64_t v) { return rare() ? std::to_string(v) + ".0" : std::to_string(v); }
+  std::string header() {
+    static const std::pair<const char*, int> dtypes[] = {{"F16", 2}, {"BF16", 2}, {"F32", 4}, {"I64", 8}, {"BOOL", 1}, {"F99", 1}};
+    std::string t = "{" + ws();
+    std::uint64_t offset = 0;
+    bool first = true;
+    for (std::size_t i = 0, n = pick(6); i < n; ++i) {
+      const auto [dtype, size] = dtypes[pick(rare() ? 6 : 5)];
+      std::vector<std::uint64_t> shape(pick(3));
+      std::uint64_t bytes = static_cast<std::uint64_t>(size);
+      for (auto& d : shape) bytes *= (d = pick(5));
+      const std::uint64_t end = offset + bytes + (rare() ? 1 : 0);
+      std::vector<std::string> fields{"\"dtype\":" + ws() + "\"" + dtype + "\"", "\"data_offsets\":[" + number(offset) + "," + ws() + number(end) + "]"};
+      std::string s = "\"shape\":[";
+      for (std::size_t k = 0; k < shape.size(); ++k) s += (k ? "," : "") + number(shape[k]);
+      fields.push_back(s + "]");
+      if (rare()) fields.push_back("\"extra\":1");
+      std::shuffle(fields.begin(), fields.end(), rng);
+      std::string entry = "{";
+      for (std::size_t k = 0; k < fields.size(); ++k) entry += (k ? "," + ws() : "") + fields[k];
+      t += (first ? "" : "," + ws()) + "\"" + name() + "\":" + ws() + entry + "}";
+      first = false;
+      offset = end;
+    }
+    if (!rare()) t += std::string(first ? "" : ",") + "\"__metadata__\":{\"format\":\"pt\"" + (rare() ? ",\"n\":1" : "") + "}";
+    return t + ws() + "}";
+  }
+  std::string index() {
+    std::string t = "{\"metadata\":{\"total_size\":" + number(pick(1000)) + "}," + ws() + "\"weight_map\":{";
+    for (std::size_t i = 0, n = 1 + pick(6); i < n; ++i)
+      t += (i ? "," : "") + ("\"" + name() + "\":\"") + (rare() ? "../x" : "model-0000" + std::to_string(pick(3))) + ".safetensors\"";
+    return t + "}}" + ws();
+  }
+  // Damage of the kinds that change meaning: a byte dropped, doubled or replaced by a JSON character.
+  std::string mutate(std::string t) {
+    if (t.empty()) return t;
+    const std::size_t at = pick(t.size());
+    switch (pick(3)) {
+      case 0: t.erase(at, 1); break;
+      case 1: t.insert(at, 1, t[at]); break;
+      default: t[at] = "{}[]:,\"0-9e.\\ nul"[pick(19)];
+    }
+    return t;
+  }
+};
+}  // namespace
+
+TEST_CASE("the DOM-free header and index readers decline or agree with the strict parser on any text", "[safetensors][fast]") {
+  TextMaker make{std::mt19937_64(20261203)};
+  std::map<std::string, int> headers, indexes;
+  for (int i = 0; i < 4000; ++i) {
+    const auto h = make.header();
+    const auto x = make.index();
+    for (const auto& text : {h, make.mutate(h), make.mutate(make.mutate(h))}) {
+      const auto verdict = accel_test::plain_header_verdict(text);
+      INFO(text);
+      REQUIRE((verdict == "declined" || verdict == "agrees"));
+      ++headers[verdict];
+    }
+    for (const auto& text : {x, make.mutate(x), make.mutate(make.mutate(x))}) {
+      const auto verdict = accel_test::plain_index_verdict(text);
+      INFO(text);
+      REQUIRE((verdict == "declined" || verdict == "agrees"));
+      ++indexes[verdict];
+    }
+  }
+  // Both outcomes are common: the fast path serves ordinary files and leaves the rest alone.
+  CHECK(headers["agrees"] > 1000);
+  CHECK(headers["declined"] > 2000);
+  CHECK(indexes["agrees"] > 2000);
+  CHECK(indexes["declined"] > 2000);
+}
+
+TEST_CASE("files the fast path declines still parse, or fail with the strict parser's words", "[safetensors][fast]") {
+  // An escaped name, an unknown field and a float offset: the fast path declines all three.
+  const std::string escaped = R"({"a\u0062":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  CHECK(accel_test::plain_header_verdict(escaped) == "declined");
+  CHECK(parse_header(escaped, 4).tensors.at(0).name == "ab");
+  const std::string unknown_field = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":[]}})";
+  CHECK(accel_test::plain_header_verdict(unknown_field) == "declined");
+  CHECK(parse_header(unknown_field, 4).tensors.size() == 1);
+  REQUIRE_THROWS_WITH(parse_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4.0]}})", 4),
+                      accel_test::contains("'data_offsets' must be two non-negative integers"));
+  // Ties at one offset come out in name order whichever reader ran.
+  const std::string empties = R"({"b":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})";
+  const std::string empties_escaped = R"({"\u0062":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})";
+  for (const auto& text : {empties, empties_escaped}) {
+    const auto h = parse_header(text);
+    REQUIRE(h.tensors.size() == 2);
+    CHECK(h.tensors[0].name == "a");
+    CHECK(h.find("b") == &h.tensors[1]);
+  }
 }

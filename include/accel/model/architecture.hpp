@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -402,14 +403,78 @@ struct ArchitectureMatch {
   return detail::ConfigExpression(expr, scope).evaluate();
 }
 
+/// @brief The templates of one entry that match concrete module paths, found by the path's shape
+///        (each all-digit part read as `{}`) in one lookup instead of trying every template; for
+///        looking up many paths (model_from_checkpoint looks up every tensor and module).
+class TemplateIndex {
+ public:
+  explicit TemplateIndex(const Architecture& arch) : arch_(&arch) {
+    for (std::size_t i = 0; i < arch.modules.size(); ++i) {
+      const std::string_view templ = arch.modules[i].path;
+      // A literal number (or a literal "{}") in a template would be read as a block number in a
+      // path's shape: such templates are tried one by one instead.
+      bool literal = false;
+      for (std::size_t start = 0; start <= templ.size();) {
+        const auto end = std::min(templ.find('.', start), templ.size());
+        const auto part = templ.substr(start, end - start);
+        literal = literal || part == "{}" || (!part.empty() && is_number(part));
+        start = end + 1;
+      }
+      if (literal) literal_.push_back(i);
+      else by_shape_[shape(templ, true)].push_back(i);
+    }
+  }
+  [[nodiscard]] const Architecture& architecture() const noexcept { return *arch_; }
+
+  /// @brief Calls f(index into modules) for every template matching `path`, in construction order.
+  template <class F>
+  void for_each_match(std::string_view path, F&& f) const {
+    static const std::vector<std::size_t> none;
+    const auto it = by_shape_.find(shape(path, false));
+    const auto& shaped = it == by_shape_.end() ? none : it->second;
+    auto a = shaped.begin();
+    auto b = literal_.begin();
+    while (a != shaped.end() || b != literal_.end()) {
+      if (b == literal_.end() || (a != shaped.end() && *a < *b)) {
+        f(*a++);
+      } else {
+        if (template_matches(arch_->modules[*b].path, path)) f(*b);
+        ++b;
+      }
+    }
+  }
+
+ private:
+  static bool is_number(std::string_view part) {
+    return std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+  }
+  // A template's parts `{name}`, or a path's all-digit parts, become `{}`.
+  static std::string shape(std::string_view text, bool is_template) {
+    std::string out;
+    out.reserve(text.size());
+    for (std::size_t start = 0; start <= text.size();) {
+      const auto end = std::min(text.find('.', start), text.size());
+      const auto part = text.substr(start, end - start);
+      const bool block = is_template ? part.size() >= 3 && part.front() == '{' && part.back() == '}' : !part.empty() && is_number(part);
+      if (start > 0) out += '.';
+      out += block ? std::string_view("{}") : part;
+      start = end + 1;
+    }
+    return out;
+  }
+
+  const Architecture* arch_;
+  std::unordered_map<std::string, std::vector<std::size_t>> by_shape_;
+  std::vector<std::size_t> literal_;  ///< templates with a literal number part, tried one by one
+};
+
 /// @brief The class of the module at `path`. When a path has several classes (dense and MoE
 ///        layers, T5's sub-layers) the one whose child names include all of `child_names` wins.
 /// @return the class, or nullopt when no template matches or the children do not decide
-[[nodiscard]] inline std::optional<std::string> module_class(const Architecture& arch, std::string_view path,
+[[nodiscard]] inline std::optional<std::string> module_class(const TemplateIndex& index, std::string_view path,
                                                              const std::vector<std::string>& child_names = {}) {
   std::vector<const ModuleTemplate*> found;
-  for (const auto& m : arch.modules)
-    if (template_matches(m.path, path)) found.push_back(&m);
+  index.for_each_match(path, [&](std::size_t i) { found.push_back(&index.architecture().modules[i]); });
   if (found.size() > 1 && !child_names.empty()) {
     std::erase_if(found, [&](const ModuleTemplate* m) {
       return !std::all_of(child_names.begin(), child_names.end(), [&](const std::string& c) {
@@ -420,13 +485,24 @@ struct ArchitectureMatch {
   if (found.size() != 1) return std::nullopt;
   return found.front()->class_name;
 }
+/// @brief module_class for one path.
+[[nodiscard]] inline std::optional<std::string> module_class(const Architecture& arch, std::string_view path,
+                                                             const std::vector<std::string>& child_names = {}) {
+  return module_class(TemplateIndex(arch), path, child_names);
+}
 
 /// @brief Construction-order rank of `path`: the index of its first template in `arch.modules`.
 ///        Sorting siblings by (rank, block number) gives transformers' module order.
+[[nodiscard]] inline std::optional<std::size_t> module_rank(const TemplateIndex& index, std::string_view path) {
+  std::optional<std::size_t> first;
+  index.for_each_match(path, [&](std::size_t i) {
+    if (!first) first = i;
+  });
+  return first;
+}
+/// @brief module_rank for one path.
 [[nodiscard]] inline std::optional<std::size_t> module_rank(const Architecture& arch, std::string_view path) {
-  for (std::size_t i = 0; i < arch.modules.size(); ++i)
-    if (template_matches(arch.modules[i].path, path)) return i;
-  return std::nullopt;
+  return module_rank(TemplateIndex(arch), path);
 }
 
 /// @brief How many blocks a numbered container holds (`model.layers` -> num_hidden_layers).
@@ -550,6 +626,7 @@ struct BufferSpec {
 ///        already have one keep it).
 /// @return how many modules got a class
 [[nodiscard]] inline std::size_t annotate_module_classes(ModuleTree& tree, const Architecture& arch) {
+  const TemplateIndex index(arch);
   std::size_t n = 0;
   for (std::size_t id = 0; id < tree.modules().size(); ++id) {
     const auto& m = tree.modules()[id];
@@ -559,7 +636,7 @@ struct BufferSpec {
       const auto& cn = tree.modules()[c].name;
       kids.push_back(cn.substr(cn.rfind('.') + 1));
     }
-    if (auto cls = module_class(arch, m.name, kids)) {
+    if (auto cls = module_class(index, m.name, kids)) {
       const std::string name = m.name;
       tree.add_module(name, *cls);
       ++n;

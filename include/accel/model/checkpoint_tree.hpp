@@ -125,16 +125,17 @@ inline std::optional<std::size_t> find_input_embedding(const ModuleTree& tree) {
 
 // The first template of `arch` matching `path` that lists `local` among its parameters (0) or
 // buffers (1), with the position there; nullopt when none does.
-inline std::optional<std::pair<int, std::size_t>> catalog_tensor_slot(const Architecture& arch, std::string_view path,
+inline std::optional<std::pair<int, std::size_t>> catalog_tensor_slot(const TemplateIndex& index, std::string_view path,
                                                                       std::string_view local) {
-  for (const auto& m : arch.modules) {
-    if (!template_matches(m.path, path)) continue;
-    for (std::size_t i = 0; i < m.parameters.size(); ++i)
-      if (m.parameters[i] == local) return std::pair{0, i};
-    for (std::size_t i = 0; i < m.buffers.size(); ++i)
-      if (m.buffers[i] == local) return std::pair{1, i};
-  }
-  return std::nullopt;
+  std::optional<std::pair<int, std::size_t>> slot;
+  index.for_each_match(path, [&](std::size_t t) {
+    const auto& m = index.architecture().modules[t];
+    for (std::size_t i = 0; i < m.parameters.size() && !slot; ++i)
+      if (m.parameters[i] == local) slot = std::pair{0, i};
+    for (std::size_t i = 0; i < m.buffers.size() && !slot; ++i)
+      if (m.buffers[i] == local) slot = std::pair{1, i};
+  });
+  return slot;
 }
 
 // One tensor of the tree to build: a checkpoint tensor, a tied copy the checkpoint leaves out, or
@@ -191,6 +192,8 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
                                           : match.reason;
   }
   out.architecture = arch;
+  std::optional<TemplateIndex> index;
+  if (arch) index.emplace(*arch);
 
   // The tensors: the checkpoint's, then the catalog's tied copies and computed buffers.
   std::vector<detail::TreeEntry> entries;
@@ -203,7 +206,7 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
       const auto dot = name.rfind('.');
       const std::string_view path = dot == std::string::npos ? std::string_view{} : std::string_view(name).substr(0, dot);
       const std::string_view local = dot == std::string::npos ? std::string_view(name) : std::string_view(name).substr(dot + 1);
-      if (auto slot = detail::catalog_tensor_slot(*arch, path, local)) t.buffer = slot->first == 1;
+      if (auto slot = detail::catalog_tensor_slot(*index, path, local)) t.buffer = slot->first == 1;
     }
     entries.push_back(std::move(t));
   }
@@ -284,7 +287,7 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
     auto tensor_key = [&](std::size_t t) {
       std::size_t pos = SIZE_MAX;
       if (arch)
-        if (auto slot = detail::catalog_tensor_slot(*arch, prefix, local_of(t))) pos = slot->second;
+        if (auto slot = detail::catalog_tensor_slot(*index, prefix, local_of(t))) pos = slot->second;
       return pos;
     };
     std::vector<std::pair<std::size_t, std::size_t>> keyed;
@@ -305,7 +308,7 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
     for (auto c : node.children) {
       std::size_t rank = SIZE_MAX;
       if (arch)
-        if (auto r = module_rank(*arch, join(prefix, nodes[c].local))) rank = *r;
+        if (auto r = module_rank(*index, join(prefix, nodes[c].local))) rank = *r;
       kids.emplace_back(rank, c);
     }
     std::sort(kids.begin(), kids.end(), [&](const auto& ka, const auto& kb) {

@@ -125,6 +125,98 @@ inline StrictJsonResult parse_json_strict(std::string_view text) {
   return out;
 }
 
+namespace detail {
+
+/// @brief A cursor over JSON text for fast paths that read one fixed, common shape (a checkpoint
+/// header, an index) without building a DOM. It understands only the plain subset: strings of
+/// printable ASCII without escapes, unsigned integers without sign, fraction or exponent. Anything
+/// else makes the fast path give up (nullopt / false) and the caller parses with
+/// parse_json_strict, which accepts or rejects and words the error exactly as before.
+class PlainJsonCursor {
+ public:
+  explicit PlainJsonCursor(std::string_view text) : p_(text.data()), end_(text.data() + text.size()) {}
+
+  /// @brief Skips whitespace, then consumes `c` if it comes next.
+  bool eat(char c) noexcept {
+    skip_ws();
+    if (p_ == end_ || *p_ != c) return false;
+    ++p_;
+    return true;
+  }
+  /// @brief Skips whitespace; true when the whole text has been read.
+  bool at_end() noexcept {
+    skip_ws();
+    return p_ == end_;
+  }
+  /// @brief A string of printable ASCII without escapes, as a view into the text.
+  std::optional<std::string_view> string() noexcept {
+    if (!eat('"')) return std::nullopt;
+    const char* start = p_;
+    while (p_ != end_ && *p_ != '"') {
+      const auto c = static_cast<unsigned char>(*p_);
+      if (c < 0x20 || c > 0x7e || c == '\\') return std::nullopt;
+      ++p_;
+    }
+    if (p_ == end_) return std::nullopt;
+    return std::string_view(start, static_cast<std::size_t>(p_++ - start));
+  }
+  /// @brief An unsigned integer as JSON writes it (no leading zeros), up to 2^64 - 1.
+  std::optional<std::uint64_t> unsigned_integer() noexcept {
+    skip_ws();
+    if (p_ == end_ || *p_ < '0' || *p_ > '9') return std::nullopt;
+    std::uint64_t v = 0;
+    const char* start = p_;
+    while (p_ != end_ && *p_ >= '0' && *p_ <= '9') {
+      const auto d = static_cast<std::uint64_t>(*p_ - '0');
+      if (v > (UINT64_MAX - d) / 10) return std::nullopt;
+      v = v * 10 + d;
+      ++p_;
+    }
+    if ((*start == '0' && p_ - start > 1) || (p_ != end_ && (*p_ == '.' || *p_ == 'e' || *p_ == 'E'))) return std::nullopt;
+    return v;
+  }
+  /// @brief Consumes the literal `null` if it comes next.
+  bool null() noexcept {
+    skip_ws();
+    if (end_ - p_ < 4 || std::string_view(p_, 4) != "null") return false;
+    p_ += 4;
+    return true;
+  }
+  /// @brief Reads `[n, n, ...]` of unsigned integers into `out`.
+  bool unsigned_array(std::vector<std::uint64_t>& out) {
+    out.clear();
+    if (!eat('[')) return false;
+    if (eat(']')) return true;
+    do {
+      const auto v = unsigned_integer();
+      if (!v) return false;
+      out.push_back(*v);
+    } while (eat(','));
+    return eat(']');
+  }
+  /// @brief Reads the members of an object, calling member(key) with the cursor at each value; false
+  /// when the text is not an object or member returns false.
+  template <class F>
+  bool object(F&& member) {
+    if (!eat('{')) return false;
+    if (eat('}')) return true;
+    do {
+      const auto key = string();
+      if (!key || !eat(':') || !member(*key)) return false;
+    } while (eat(','));
+    return eat('}');
+  }
+
+ private:
+  void skip_ws() noexcept {
+    while (p_ != end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
+  }
+  const char* p_;
+  const char* end_;
+};
+
+}  // namespace detail
+
 /// @brief A JSON value for an error message, at most about `limit` characters: scalars as JSON,
 ///        containers shortened with "..." (nested ones past a few levels as `[...]` / `{...}`).
 inline std::string json_excerpt(const nlohmann::json& value, std::size_t limit = 80) {

@@ -23,10 +23,13 @@
 #include <map>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <system_error>
 #include <unordered_map>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -104,35 +107,17 @@ inline std::uint64_t check_header_length(std::uint64_t n, std::uint64_t file_siz
   return n;
 }
 
-inline TensorEntry parse_tensor_entry(const std::string& name, const nlohmann::json& v, std::string_view file) {
-  auto bad = [&](const std::string& what) { safetensors_fail(file, concat("tensor '", name, "': ", what)); };
-  if (!v.is_object()) bad(concat("entry is ", v.type_name(), ", not an object with dtype, shape, data_offsets"));
-  TensorEntry t;
-  t.name = name;
-  auto dt = v.find("dtype");
-  if (dt == v.end() || !dt->is_string()) bad("missing or non-string 'dtype'");
-  const auto& dname = dt->get_ref<const std::string&>();
-  bool known = false;
+// The dtype a safetensors header names ("F16", "BF16", ...), exactly as spelled there.
+inline std::optional<DType> safetensors_dtype(std::string_view name) {
   for (const auto& row : detail::dtype_table)
-    if (row.safetensors == dname) {
-      t.dtype = row.dtype;
-      known = true;
-    }
-  if (!known) bad(concat("unknown dtype '", dname, "' (rule: dtype is one of BOOL, U8, I8, ..., F16, BF16, F32, F64, F8_*)"));
-  auto sh = v.find("shape");
-  if (sh == v.end() || !sh->is_array()) bad("missing or non-array 'shape'");
-  t.shape.reserve(sh->size());
-  for (const auto& d : *sh) {
-    if (!d.is_number_unsigned() || d.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
-      bad(concat("shape entry ", json_excerpt(d), " is not a non-negative integer (rule: shape holds non-negative integers)"));
-    t.shape.push_back(static_cast<std::int64_t>(d.get<std::uint64_t>()));
-  }
-  auto off = v.find("data_offsets");
-  if (off == v.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
-      !(*off)[1].is_number_unsigned())
-    bad("'data_offsets' must be two non-negative integers [begin, end]");
-  t.begin = (*off)[0].get<std::uint64_t>();
-  t.end = (*off)[1].get<std::uint64_t>();
+    if (row.safetensors == name) return row.dtype;
+  return std::nullopt;
+}
+
+// The checks of an entry's extent once dtype, shape and offsets are read: begin <= end, the shape's
+// bytes fit 64 bits and equal end - begin. `bad` throws.
+template <class Bad>
+void check_tensor_extent(const TensorEntry& t, std::string_view dname, Bad&& bad) {
   if (t.end < t.begin) bad(concat("data_offsets [", t.begin, ", ", t.end, "] end before begin (rule: begin <= end)"));
   std::uint64_t numel = 1;
   for (auto d : t.shape) {
@@ -152,7 +137,111 @@ inline TensorEntry parse_tensor_entry(const std::string& name, const nlohmann::j
     bad(concat("data_offsets [", t.begin, ", ", t.end, "] span ", t.end - t.begin, " bytes but shape ",
                shape_text(t.shape), " of ", dname, " needs ", *bytes,
                " (rule: end - begin == product(shape) * element size)"));
+}
+
+inline TensorEntry parse_tensor_entry(const std::string& name, const nlohmann::json& v, std::string_view file) {
+  auto bad = [&](const std::string& what) { safetensors_fail(file, concat("tensor '", name, "': ", what)); };
+  if (!v.is_object()) bad(concat("entry is ", v.type_name(), ", not an object with dtype, shape, data_offsets"));
+  TensorEntry t;
+  t.name = name;
+  auto dt = v.find("dtype");
+  if (dt == v.end() || !dt->is_string()) bad("missing or non-string 'dtype'");
+  const auto& dname = dt->get_ref<const std::string&>();
+  const auto dtype = safetensors_dtype(dname);
+  if (!dtype) bad(concat("unknown dtype '", dname, "' (rule: dtype is one of BOOL, U8, I8, ..., F16, BF16, F32, F64, F8_*)"));
+  t.dtype = *dtype;
+  auto sh = v.find("shape");
+  if (sh == v.end() || !sh->is_array()) bad("missing or non-array 'shape'");
+  t.shape.reserve(sh->size());
+  for (const auto& d : *sh) {
+    if (!d.is_number_unsigned() || d.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
+      bad(concat("shape entry ", json_excerpt(d), " is not a non-negative integer (rule: shape holds non-negative integers)"));
+    t.shape.push_back(static_cast<std::int64_t>(d.get<std::uint64_t>()));
+  }
+  auto off = v.find("data_offsets");
+  if (off == v.end() || !off->is_array() || off->size() != 2 || !(*off)[0].is_number_unsigned() ||
+      !(*off)[1].is_number_unsigned())
+    bad("'data_offsets' must be two non-negative integers [begin, end]");
+  t.begin = (*off)[0].get<std::uint64_t>();
+  t.end = (*off)[1].get<std::uint64_t>();
+  check_tensor_extent(t, dname, bad);
   return t;
+}
+
+// A header in its common form (names and dtypes of plain ASCII, the three fields once each, string
+// metadata), read without building a DOM: several times faster on the large headers of sharded
+// checkpoints. nullopt as soon as the text leaves that form or an entry fails a check; the full
+// parser then decides, so what is accepted and every error message stay exactly the same.
+inline std::optional<std::vector<TensorEntry>> parse_plain_header(std::string_view text, std::map<std::string, std::string>& metadata) {
+  PlainJsonCursor c(text);
+  std::vector<TensorEntry> tensors;
+  std::unordered_set<std::string_view> names;
+  std::vector<std::uint64_t> shape, offsets;
+  bool seen_metadata = false;
+  const auto give_up = [](const std::string&) { throw std::invalid_argument("fails a check"); };
+  const auto member = [&](std::string_view key) {
+    if (key == "__metadata__") {
+      if (std::exchange(seen_metadata, true)) return false;
+      return c.null() || c.object([&](std::string_view k) {
+        const auto v = c.string();
+        return v && metadata.emplace(k, *v).second;
+      });
+    }
+    std::optional<std::string_view> dname;
+    bool have_shape = false, have_offsets = false;
+    const bool read = c.object([&](std::string_view field) {
+      if (field == "dtype" && !dname) return (dname = c.string()).has_value();
+      if (field == "shape" && !have_shape) return have_shape = c.unsigned_array(shape);
+      if (field == "data_offsets" && !have_offsets) return have_offsets = c.unsigned_array(offsets);
+      return false;
+    });
+    if (!read || !dname || !have_shape || !have_offsets || offsets.size() != 2 || !names.insert(key).second) return false;
+    const auto dtype = safetensors_dtype(*dname);
+    if (!dtype) return false;
+    TensorEntry t;
+    t.name = key;
+    t.dtype = *dtype;
+    t.shape.reserve(shape.size());
+    for (const auto d : shape) {
+      if (d > static_cast<std::uint64_t>(INT64_MAX)) return false;
+      t.shape.push_back(static_cast<std::int64_t>(d));
+    }
+    t.begin = offsets[0], t.end = offsets[1];
+    try {
+      check_tensor_extent(t, *dname, give_up);
+    } catch (const std::invalid_argument&) {
+      return false;
+    }
+    tensors.push_back(std::move(t));
+    return true;
+  };
+  if (!c.object(member) || !c.at_end()) return std::nullopt;
+  return tensors;
+}
+
+// The header read through the strict JSON parser: every form the format allows, and the errors.
+inline void parse_json_header(std::string_view text, std::string_view file_label, SafetensorsHeader& h) {
+  auto parsed = parse_json_strict(text);
+  if (!parsed.error.empty())
+    safetensors_fail(file_label, "header is not valid JSON: " + parsed.error + " (rule: the header is a UTF-8 JSON object)");
+  if (!parsed.value.is_object())
+    safetensors_fail(file_label, concat("header is a JSON ", parsed.value.type_name(), ", not an object (rule: the header is a JSON object)"));
+  h.tensors.reserve(parsed.value.size());
+  for (const auto& [key, value] : parsed.value.items()) {
+    if (key == "__metadata__") {
+      if (value.is_null()) continue;
+      if (!value.is_object())
+        safetensors_fail(file_label, "'__metadata__' is not an object (rule: __metadata__ maps strings to strings)");
+      for (const auto& [mk, mv] : value.items()) {
+        if (!mv.is_string())
+          safetensors_fail(file_label, concat("'__metadata__' value for '", mk, "' is ", mv.type_name(),
+                                              ", not a string (rule: __metadata__ maps strings to strings)"));
+        h.metadata.emplace(mk, mv.get<std::string>());
+      }
+      continue;
+    }
+    h.tensors.push_back(parse_tensor_entry(key, value, file_label));
+  }
 }
 
 }  // namespace detail
@@ -179,30 +268,15 @@ inline TensorEntry parse_tensor_entry(const std::string& name, const nlohmann::j
   h.data_offset = 8 + n;
   h.file_size = file_size;
   std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8), static_cast<std::size_t>(n));
-  auto parsed = parse_json_strict(text);
-  if (!parsed.error.empty())
-    detail::safetensors_fail(file_label, "header is not valid JSON: " + parsed.error + " (rule: the header is a UTF-8 JSON object)");
-  if (!parsed.value.is_object())
-    detail::safetensors_fail(file_label, detail::concat("header is a JSON ", parsed.value.type_name(),
-                                                        ", not an object (rule: the header is a JSON object)"));
-  h.tensors.reserve(parsed.value.size());
-  for (const auto& [key, value] : parsed.value.items()) {
-    if (key == "__metadata__") {
-      if (value.is_null()) continue;
-      if (!value.is_object())
-        detail::safetensors_fail(file_label, "'__metadata__' is not an object (rule: __metadata__ maps strings to strings)");
-      for (const auto& [mk, mv] : value.items()) {
-        if (!mv.is_string())
-          detail::safetensors_fail(file_label, detail::concat("'__metadata__' value for '", mk, "' is ", mv.type_name(),
-                                                              ", not a string (rule: __metadata__ maps strings to strings)"));
-        h.metadata.emplace(mk, mv.get<std::string>());
-      }
-      continue;
-    }
-    h.tensors.push_back(detail::parse_tensor_entry(key, value, file_label));
+  if (auto plain = detail::parse_plain_header(text, h.metadata)) {
+    h.tensors = std::move(*plain);
+  } else {
+    h.metadata.clear();
+    detail::parse_json_header(text, file_label, h);
   }
-  std::stable_sort(h.tensors.begin(), h.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  // Ties (empty tensors at one offset) in name order, whichever parser read them.
+  std::sort(h.tensors.begin(), h.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end != b.end ? a.end < b.end : a.name < b.name;
   });
   std::uint64_t expected = 0;
   for (const auto& t : h.tensors) {
@@ -270,6 +344,38 @@ struct SafetensorsIndex {
   std::optional<std::uint64_t> total_size;                   ///< metadata.total_size when present
 };
 
+namespace detail {
+// An index in its common form (plain ASCII names, metadata of strings and unsigned integers, a
+// non-empty weight map, each key once) read without building a DOM; false as soon as the text
+// leaves that form, and the strict parser then decides. `entries` come out in tensor-name order.
+inline bool parse_plain_index(std::string_view text, std::optional<std::uint64_t>& total_size,
+                              std::vector<std::pair<std::string_view, std::string_view>>& entries) {
+  PlainJsonCursor c(text);
+  bool seen_metadata = false, seen_map = false;
+  const bool read = c.object([&](std::string_view key) {
+    if (key == "metadata" && !std::exchange(seen_metadata, true)) {
+      std::unordered_set<std::string_view> keys;
+      return c.null() || c.object([&](std::string_view k) {
+        if (!keys.insert(k).second) return false;
+        if (k == "total_size") return (total_size = c.unsigned_integer()).has_value();
+        return c.string().has_value() || c.unsigned_integer().has_value();
+      });
+    }
+    if (key == "weight_map" && !std::exchange(seen_map, true))
+      return c.object([&](std::string_view tensor) {
+        const auto shard = c.string();
+        if (shard) entries.emplace_back(tensor, *shard);
+        return shard.has_value();
+      });
+    return false;
+  });
+  if (!read || !seen_map || entries.empty() || !c.at_end()) return false;
+  std::sort(entries.begin(), entries.end());
+  return std::adjacent_find(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.first == b.first; }) ==
+         entries.end();
+}
+}  // namespace detail
+
 /// @brief Parses the text of a sharded-checkpoint index.
 /// @param json_text the file's content
 /// @param label name used in messages
@@ -281,38 +387,49 @@ struct SafetensorsIndex {
     detail::throw_error<checkpoint_error>("invalid checkpoint index '", label, "': ", what,
                                           "; expected {\"metadata\": {\"total_size\": N}, \"weight_map\": {tensor: shard file}}");
   };
-  auto parsed = parse_json_strict(json_text);
-  if (!parsed.error.empty()) fail("not valid JSON: " + parsed.error);
-  const auto& j = parsed.value;
-  if (!j.is_object()) fail(detail::concat("top level is a JSON ", j.type_name(), ", not an object"));
   SafetensorsIndex idx;
-  if (auto md = j.find("metadata"); md != j.end() && !md->is_null()) {
-    if (!md->is_object()) fail("'metadata' is not an object");
-    if (auto ts = md->find("total_size"); ts != md->end()) {
-      // transformers writes an int; some tools write a float with no fraction.
-      if (auto n = json_whole_number(*ts)) idx.total_size = *n;
-      else fail(detail::concat("'metadata.total_size' is ", json_excerpt(*ts), ", not a non-negative integer"));
+  // tensor -> shard file, in tensor-name order; views into the text or into `parsed`
+  std::vector<std::pair<std::string_view, std::string_view>> entries;
+  nlohmann::json parsed;
+  if (!detail::parse_plain_index(json_text, idx.total_size, entries)) {
+    idx.total_size.reset();
+    entries.clear();
+    auto strict = parse_json_strict(json_text);
+    if (!strict.error.empty()) fail("not valid JSON: " + strict.error);
+    parsed = std::move(strict.value);
+    const auto& j = parsed;
+    if (!j.is_object()) fail(detail::concat("top level is a JSON ", j.type_name(), ", not an object"));
+    if (auto md = j.find("metadata"); md != j.end() && !md->is_null()) {
+      if (!md->is_object()) fail("'metadata' is not an object");
+      if (auto ts = md->find("total_size"); ts != md->end()) {
+        // transformers writes an int; some tools write a float with no fraction.
+        if (auto n = json_whole_number(*ts)) idx.total_size = *n;
+        else fail(detail::concat("'metadata.total_size' is ", json_excerpt(*ts), ", not a non-negative integer"));
+      }
+    }
+    auto wm = j.find("weight_map");
+    if (wm == j.end() || !wm->is_object()) fail("missing or non-object 'weight_map'");
+    for (const auto& [tensor, shard] : wm->items()) {
+      if (!shard.is_string()) fail(detail::concat("weight_map entry '", tensor, "' is ", shard.type_name(), ", not a shard file name"));
+      entries.emplace_back(tensor, shard.get_ref<const std::string&>());
     }
   }
-  auto wm = j.find("weight_map");
-  if (wm == j.end() || !wm->is_object()) fail("missing or non-object 'weight_map'");
-  if (wm->empty()) fail("'weight_map' is empty, so the index lists no tensor and no shard");
-  std::map<std::string, std::size_t> shard_ids;
-  for (const auto& [tensor, shard] : wm->items()) {
-    if (!shard.is_string()) fail(detail::concat("weight_map entry '", tensor, "' is ", shard.type_name(), ", not a shard file name"));
-    const auto& name = shard.get_ref<const std::string&>();
+  if (entries.empty()) fail("'weight_map' is empty, so the index lists no tensor and no shard");
+  std::map<std::string, std::size_t, std::less<>> shard_ids;
+  for (const auto& [tensor, name] : entries) {
+    if (!shard_ids.emplace(name, 0).second) continue;  // each shard name is checked once
     const std::filesystem::path p(name);
     bool unsafe = name.empty() || p.is_absolute();
     for (const auto& part : p) unsafe = unsafe || part == "..";
     if (unsafe) fail(detail::concat("weight_map entry '", tensor, "' names shard '", name,
                                     "', which is not a file name relative to the index's folder"));
-    shard_ids.emplace(name, 0);
   }
   for (auto& [name, id] : shard_ids) {
     id = idx.shard_names.size();
     idx.shard_names.push_back(name);
   }
-  for (const auto& [tensor, shard] : wm->items()) idx.weight_map.emplace(tensor, shard_ids.at(shard.get<std::string>()));
+  for (const auto& [tensor, name] : entries)  // in key order already: each goes at the end
+    idx.weight_map.emplace_hint(idx.weight_map.end(), tensor, shard_ids.find(name)->second);
   return idx;
 }
 
