@@ -25,7 +25,7 @@ import time
 
 GIB = 1 << 30
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "compat"))
-from gen_golden_maps import record_map, write_headers_only  # noqa: E402  (shared with the golden maps)
+from gen_golden_maps import record_map, write_checkpoint_files  # noqa: E402  (shared with the golden maps)
 
 
 def write_checkpoint(folder, torch, transformers, shards=30):
@@ -37,24 +37,7 @@ def write_checkpoint(folder, torch, transformers, shards=30):
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(config)
     tensors = [(n, "BF16", list(t.shape)) for n, t in model.state_dict().items()]
-    per = (len(tensors) + shards - 1) // shards
-    weight_map, total = {}, 0
-    for i in range(shards):
-        part = tensors[i * per:(i + 1) * per]
-        name = "model-%05d-of-%05d.safetensors" % (i + 1, shards)
-        write_headers_only(os.path.join(folder, name), part)
-        total += sum(2 * _elements(shape) for _, _, shape in part)
-        weight_map.update({n: name for n, _, _ in part})
-    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
-        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
-    return len(tensors), total
-
-
-def _elements(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
+    return len(tensors), write_checkpoint_files(folder, tensors, shards=shards)
 
 
 def summary(xs):

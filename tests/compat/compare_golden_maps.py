@@ -8,7 +8,7 @@ transformers put it. Fails on any scenario that is not parameter-identical unles
 lists it with the reason (each is documented in tests/compat/README.md), and on a listed scenario
 that now agrees (so the list never goes stale).
 
-  compare_golden_maps.py ACCEL_BINARY [FIXTURE_DIR]
+  compare_golden_maps.py ACCEL_BINARY [FIXTURE_DIR...]   (default: golden_maps and golden_maps_published)
 """
 import json
 import os
@@ -19,7 +19,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from gen_golden_maps import write_headers_only  # noqa: E402  (pure Python; needs no torch)
+from gen_golden_maps import write_checkpoint_files  # noqa: E402  (pure Python; needs no torch)
 
 
 # (architecture, scenario) -> why accel's map differs from transformers' on purpose.
@@ -70,29 +70,30 @@ def over_budget(tensors, device_map, scenario, keep_in_fp32):
 
 def main():
     accel = sys.argv[1]
-    folder = sys.argv[2] if len(sys.argv) > 2 else os.path.join(HERE, "fixtures", "golden_maps")
+    folders = sys.argv[2:] or [os.path.join(HERE, "fixtures", d) for d in ("golden_maps", "golden_maps_published")]
     with open(CATALOG) as f:
         fp32 = {a["architecture"]: (a["keep_in_fp32_modules"], a["keep_in_fp32_modules_strict"])
                 for a in json.load(f)["architectures"]}
     agree_all = total_all = maps_equal = maps = 0
     failures = []
-    for file in sorted(os.listdir(folder)):
+    for folder, file in [(d, f) for d in folders for f in sorted(os.listdir(d))]:
         with open(os.path.join(folder, file)) as f:
             fixture = json.load(f)
         arch = fixture["architecture"]
+        label = arch if folder.endswith("golden_maps") else f"{arch} ({os.path.basename(folder)})"
         for scenario in fixture["maps"]:
             tensors = fixture["checkpoints"][scenario["checkpoint_dtype"]]
             with tempfile.TemporaryDirectory() as ckpt:
                 with open(os.path.join(ckpt, "config.json"), "w") as f:
                     json.dump(fixture["config"], f)
-                write_headers_only(os.path.join(ckpt, "model.safetensors"), [tuple(t) for t in tensors])
+                write_checkpoint_files(ckpt, [tuple(t) for t in tensors])
                 cmd = [accel, "plan", "--checkpoint", ckpt, "--json", "--device-map", scenario["device_map"],
                        "--max-memory", json.dumps(scenario["max_memory"])]
                 if scenario["dtype"] != "auto":
                     cmd += ["--dtype", scenario["dtype"]]
                 run = subprocess.run(cmd, capture_output=True, text=True)
             if run.returncode != 0:
-                print(f"{arch} {scenario['name']}: accel plan failed ({run.returncode}): {run.stderr.strip()}")
+                print(f"{label} {scenario['name']}: accel plan failed ({run.returncode}): {run.stderr.strip()}")
                 return 1
             ours, theirs = json.loads(run.stdout), scenario["result"]
             agree = sum(device_of(n, ours) == device_of(n, theirs) for n, _, _ in tensors)
@@ -102,14 +103,14 @@ def main():
             maps_equal += agree == len(tensors)
             known = KNOWN_DIFFERENCES.get((arch, scenario["name"]))
             note = f" (known difference: {known})" if known and agree != len(tensors) else ""
-            print(f"{arch} {scenario['name']}: {agree}/{len(tensors)} tensors agree{note}")
+            print(f"{label} {scenario['name']}: {agree}/{len(tensors)} tensors agree{note}")
             if agree != len(tensors) and not known:
                 differ = [n for n, _, _ in tensors if device_of(n, ours) != device_of(n, theirs)]
-                failures.append(f"{arch} {scenario['name']}: {len(differ)} tensors differ, e.g. {differ[:3]}")
+                failures.append(f"{label} {scenario['name']}: {len(differ)} tensors differ, e.g. {differ[:3]}")
             for over in over_budget(tensors, ours, scenario, fp32[arch]):
-                failures.append(f"{arch} {scenario['name']}: accel's map is over budget at the loaded dtype on {over}")
+                failures.append(f"{label} {scenario['name']}: accel's map is over budget at the loaded dtype on {over}")
             if agree == len(tensors) and known:
-                failures.append(f"{arch} {scenario['name']}: now agrees; remove it from KNOWN_DIFFERENCES and the README")
+                failures.append(f"{label} {scenario['name']}: now agrees; remove it from KNOWN_DIFFERENCES and the README")
     print(f"golden maps: {maps_equal}/{maps} maps agree on every tensor; {agree_all}/{total_all} tensors agree")
     for f in failures:
         print("FAIL " + f)

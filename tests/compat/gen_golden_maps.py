@@ -15,7 +15,9 @@ Each fixture tests/compat/fixtures/golden_maps/<architecture>.json holds the ver
 config.json, the checkpoint's tensors (name, dtype, shape) and one entry per scenario: mode,
 max_memory (bytes), dtype argument, and the map transformers returned.
 
-  gen_golden_maps.py          regenerate the fixtures (needs torch + transformers + accelerate)
+  gen_golden_maps.py              regenerate the fixtures (needs torch + transformers + accelerate)
+  gen_golden_maps.py --published  the same for every catalog architecture at its config class's
+                                  defaults (the published base size), into fixtures/golden_maps_published
 """
 import json
 import os
@@ -25,6 +27,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "fixtures", "golden_maps")
+OUT_PUBLISHED = os.path.join(HERE, "fixtures", "golden_maps_published")
+CATALOG = os.path.join(os.path.dirname(os.path.dirname(HERE)), "include/accel/model/data/catalog.json")
 
 # (architecture, config class, small config). Sizes are small but keep the structure: several
 # blocks, embeddings larger than one block, so budgets can split anywhere.
@@ -63,9 +67,7 @@ def write_headers_only(path, tensors):
     """A safetensors file whose header is real and whose data section is a hole."""
     header, offset = {}, 0
     for name, dtype, shape in tensors:
-        n = SIZES[dtype]
-        for d in shape:
-            n *= d
+        n = tensor_bytes(dtype, shape)
         header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
         offset += n
     header["__metadata__"] = {"format": "pt"}
@@ -75,6 +77,36 @@ def write_headers_only(path, tensors):
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         f.truncate(8 + len(blob) + offset)
+
+
+def tensor_bytes(dtype, shape):
+    n = SIZES[dtype]
+    for d in shape:
+        n *= d
+    return n
+
+
+def write_checkpoint_files(folder, tensors, shards=None, max_shard_bytes=4 << 30):
+    """Headers-only checkpoint files as save_pretrained lays them out: one model.safetensors, or
+    (past max_shard_bytes, or when `shards` is given) consecutive shards and their index. Shards
+    also keep each file small enough for safetensors to map on a small machine. Returns the
+    total data bytes."""
+    total = sum(tensor_bytes(d, s) for _, d, s in tensors)
+    if shards is None:
+        shards = max(1, -(-total // max_shard_bytes))
+    if shards == 1:
+        write_headers_only(os.path.join(folder, "model.safetensors"), tensors)
+        return total
+    per = -(-len(tensors) // shards)
+    weight_map = {}
+    for i in range(shards):
+        part = tensors[i * per:(i + 1) * per]
+        name = "model-%05d-of-%05d.safetensors" % (i + 1, shards)
+        write_headers_only(os.path.join(folder, name), part)
+        weight_map.update({n: name for n, _, _ in part})
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
+    return total
 
 
 def checkpoint_tensors(torch, transformers, arch, config, dtype):
@@ -110,8 +142,14 @@ def main():
     import torch
     import transformers
     transformers.logging.set_verbosity_error()
-    os.makedirs(OUT, exist_ok=True)
-    for arch, config_name, kwargs in MODELS:
+    published = "--published" in sys.argv[1:]
+    out = OUT_PUBLISHED if published else OUT
+    models = MODELS
+    if published:  # every catalog architecture, its config class's defaults unchanged
+        with open(CATALOG) as f:
+            models = [(a["architecture"], a["config_class"], {}) for a in json.load(f)["architectures"]]
+    os.makedirs(out, exist_ok=True)
+    for arch, config_name, kwargs in models:
         config = getattr(transformers, config_name)(**kwargs)
         config.architectures = [arch]
         fixture = {
@@ -130,21 +168,16 @@ def main():
             tensors = checkpoint_tensors(torch, transformers, arch, config, stored)
             fixture["checkpoints"].setdefault(stored, [[n, d, s] for n, d, s in tensors])
             load = stored if dtype == "auto" else {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}[dtype]
-            total = 0
-            for _, _, shape in tensors:
-                n = SIZES[load]
-                for d in shape:
-                    n *= d
-                total += n
+            total = sum(tensor_bytes(load, shape) for _, _, shape in tensors)
             budgets = {k: int(total * f) for k, f in fractions.items()}
             with tempfile.TemporaryDirectory() as folder:
                 config.save_pretrained(folder)
-                write_headers_only(os.path.join(folder, "model.safetensors"), tensors)
+                write_checkpoint_files(folder, tensors)
                 result = record_map(transformers, arch, folder, mode, budgets, dtype)
             fixture["maps"].append({"name": name, "device_map": mode, "dtype": dtype, "checkpoint_dtype": stored,
                                     "max_memory": {str(k): v for k, v in budgets.items()}, "result": result})
             print(f"{arch} {name}: {len(result)} entries", file=sys.stderr)
-        with open(os.path.join(OUT, arch + ".json"), "w") as f:
+        with open(os.path.join(out, arch + ".json"), "w") as f:
             json.dump(fixture, f, indent=1)
             f.write("\n")
 
