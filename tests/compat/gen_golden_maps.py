@@ -53,6 +53,8 @@ SCENARIOS = [
     ("gpu_cpu_disk_sequential", "sequential", {0: 0.4, "cpu": 0.4}, "float16", "F16"),
     ("three_gpus_balanced_low_0", "balanced_low_0", {0: 1.0, 1: 1.0, 2: 1.0, "cpu": 2.0}, "auto", "BF16"),
     ("one_gpu_cpu_auto_fp32", "auto", {0: 0.5, "cpu": 0.8}, "float32", "F32"),
+    ("four_gpus_balanced_fp32_upcast", "balanced", {0: 0.3, 1: 0.3, 2: 0.3, 3: 0.3, "cpu": 2.0}, "float32", "BF16"),
+    ("gpu_cpu_disk_auto_bf16_downcast", "auto", {0: 0.3, "cpu": 0.3}, "bfloat16", "F32"),
 ]
 
 TORCH_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
