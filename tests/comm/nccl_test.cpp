@@ -42,6 +42,7 @@ TEST_CASE("nccl: without NCCL or without a GPU the communicator refuses with how
 #include <accel/comm/collectives.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
@@ -61,6 +62,10 @@ std::vector<std::string> calls;
 thread_local int current_device = 7;
 int next_id = 0;
 ncclResult_t collective_result = ncclSuccess;
+// What the simulated GPU says about recorded events and the communicator's asynchronous state
+// (read by the watchdog thread too).
+std::atomic<cudaError_t> event_state{cudaSuccess};
+std::atomic<ncclResult_t> async_state{ncclSuccess};
 
 void note(const std::string& s) {
   std::lock_guard lock(mutex);
@@ -97,7 +102,7 @@ accel::NcclApi api() {
   a.stream_query = [](cudaStream_t) { return cudaSuccess; };
   a.event_create = [](cudaEvent_t* e, unsigned) { return *e = reinterpret_cast<cudaEvent_t>(new char), cudaSuccess; };
   a.event_record = [](cudaEvent_t, cudaStream_t s) { return note("cudaEventRecord stream=" + ptr(s)), cudaSuccess; };
-  a.event_query = [](cudaEvent_t) { return cudaSuccess; };
+  a.event_query = [](cudaEvent_t) { return event_state.load(); };
   a.event_destroy = [](cudaEvent_t e) { return delete reinterpret_cast<char*>(e), cudaSuccess; };
   a.malloc = [](void** p, std::size_t n) { return note("cudaMalloc"), *p = std::malloc(n), cudaSuccess; };
   a.free = [](void* p) { return note("cudaFree"), std::free(p), cudaSuccess; };
@@ -114,7 +119,7 @@ accel::NcclApi api() {
     *c = reinterpret_cast<ncclComm_t>(new char);
     return ncclInProgress;  // non-blocking: the backend polls
   };
-  a.comm_get_async_error = [](ncclComm_t, ncclResult_t* r) { return *r = ncclSuccess, ncclSuccess; };
+  a.comm_get_async_error = [](ncclComm_t, ncclResult_t* r) { return *r = async_state.load(), ncclSuccess; };
   a.comm_finalize = [](ncclComm_t) { return note("ncclCommFinalize"), ncclSuccess; };
   a.comm_destroy = [](ncclComm_t c) { return note("ncclCommDestroy"), delete reinterpret_cast<char*>(c), ncclSuccess; };
   a.comm_abort = [](ncclComm_t c) { return note("ncclCommAbort"), delete reinterpret_cast<char*>(c), ncclSuccess; };
@@ -280,3 +285,50 @@ TEST_CASE("simulated nccl: a re-created communicator never picks up an earlier i
   REQUIRE(ids[1] != ids[2]);
 }
 #endif
+
+TEST_CASE("simulated nccl: work nobody waits for is watched; a peer's failure or the timeout aborts the communicator", "[nccl]") {
+  using namespace std::chrono_literals;
+  auto aborted_within = [](std::chrono::milliseconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      if (fake::logged(fake::take(), "ncclCommAbort")) return true;
+      std::this_thread::sleep_for(5ms);
+    }
+    return false;
+  };
+  std::vector<float> f(4);
+  SECTION("an asynchronous NCCL error while work is in flight") {
+    fake::take();
+    accel::NcclCommunicator comm(nullptr, 0, 1, 0, 60s, fake::options());
+    fake::event_state = cudaErrorNotReady;  // the kernel never finishes: its peer is gone
+    auto handle = accel::all_reduce_async(comm, std::span(f), accel::ReduceOp::sum);
+    std::this_thread::sleep_for(60ms);
+    REQUIRE_FALSE(fake::logged(fake::take(), "ncclCommAbort"));  // healthy but slow: left alone
+    fake::async_state = ncclRemoteError;
+    CHECK(aborted_within(5s));  // nobody called wait(): the watchdog aborted it
+    fake::event_state = cudaSuccess, fake::async_state = ncclSuccess;
+    REQUIRE_THROWS_WITH(accel::all_reduce(comm, std::span(f), accel::ReduceOp::sum),
+                        accel_test::contains("aborted after an earlier failure (all_reduce") &&
+                            accel_test::contains("failed on rank 0: fake nccl failure (peer 1 vanished); the watchdog aborted"));
+    REQUIRE_THROWS_WITH(handle.wait(), accel_test::contains("aborted after an earlier failure"));
+  }
+  SECTION("work older than the timeout") {
+    fake::take();
+    accel::NcclCommunicator comm(nullptr, 0, 1, 0, 200ms, fake::options());
+    fake::event_state = cudaErrorNotReady;
+    auto handle = accel::all_reduce_async(comm, std::span(f), accel::ReduceOp::sum);
+    CHECK(aborted_within(5s));
+    fake::event_state = cudaSuccess;
+    REQUIRE_THROWS_WITH(accel::all_reduce(comm, std::span(f), accel::ReduceOp::sum),
+                        accel_test::contains("did not finish on the GPU within 200 ms on rank 0 and nobody waited for it"));
+  }
+  SECTION("finished work is forgotten and never aborts anything") {
+    fake::take();
+    accel::NcclCommunicator comm(nullptr, 0, 1, 0, 200ms, fake::options());
+    for (int i = 0; i < 5; ++i) (void)accel::all_reduce_async(comm, std::span(f), accel::ReduceOp::sum);
+    std::this_thread::sleep_for(400ms);  // twice the timeout: nothing is in flight any more
+    accel::all_reduce(comm, std::span(f), accel::ReduceOp::sum);
+    CHECK_FALSE(fake::logged(fake::take(), "ncclCommAbort"));
+  }
+  fake::event_state = cudaSuccess, fake::async_state = ncclSuccess;
+}

@@ -12,15 +12,21 @@
 /// padded to the largest in one ncclAllGather on a dedicated stream. Buffer collectives map onto
 /// ncclAllGather / ncclAllReduce / ncclBroadcast / ncclReduceScatter on device memory. Every call
 /// that makes the communicator's device current restores the caller's device afterwards. The
-/// CUDA and NCCL calls go through a table (NcclApi) that tests replace with a simulation. Without
+/// CUDA and NCCL calls go through a table (NcclApi) that tests replace with a simulation. Work
+/// enqueued on a stream that nobody waits for (the *_async calls, or a caller's own stream) is
+/// followed by a watchdog thread: an asynchronous NCCL error or work older than the timeout aborts
+/// the communicator, so the kernels of a job with a dead peer end instead of spinning forever, and
+/// the next call says why. Without
 /// NCCL compiled in the class still exists and its constructor throws unavailable_error.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -240,7 +246,10 @@ class NcclCommunicator final : public Communicator {
  protected:
   Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header, const Payload& payload) override {
 #if ACCEL_HAS_NCCL()
-    if (aborted_) detail::throw_error<comm_error>("the NCCL communicator was aborted after an earlier failure; create a new one");
+    {
+      std::lock_guard lock(mutex_);
+      throw_if_aborted(label);
+    }
     const NcclApi& api = *options_.api;
     // 1. Headers and sizes through the store: every rank learns the same facts, so all skip the
     //    data step together when a rank failed or the ranks are out of step.
@@ -285,6 +294,8 @@ class NcclCommunicator final : public Communicator {
       return r;
     }
     // 2. One padded all-gather on our own stream, then one copy back to the host.
+    std::unique_lock lock(mutex_);
+    throw_if_aborted(label);
     detail::CurrentDevice on(api, device_);
     reserve(layout);
     auto* send = static_cast<std::byte*>(send_);
@@ -296,7 +307,7 @@ class NcclCommunicator final : public Communicator {
     enqueued(api.all_gather(send_, recv_, layout.chunk, ncclUint8, comm_, stream_), "ncclAllGather");
     r.payloads.buffer.resize(layout.total);
     cuda(api.memcpy_async(r.payloads.buffer.data(), recv_, layout.total, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
-    wait_until([&] { return api.stream_query(stream_); }, label);
+    wait_until([&] { return api.stream_query(stream_); }, label, lock);
     for (std::size_t i = 0; i < sizes.size(); ++i)
       r.payloads.offset.push_back(i * layout.chunk), r.payloads.length.push_back(static_cast<std::size_t>(sizes[i]));
     return r;
@@ -309,7 +320,8 @@ class NcclCommunicator final : public Communicator {
   /// @brief The buffer collectives: one NCCL call on the call's stream (or ours), an event after it.
   CollectiveHandle buffer_data(const BufferCall& c, const std::string& label) override {
 #if ACCEL_HAS_NCCL()
-    if (aborted_) detail::throw_error<comm_error>("the NCCL communicator was aborted after an earlier failure; create a new one");
+    std::unique_lock lock(mutex_);
+    throw_if_aborted(label);
     const NcclApi& api = *options_.api;
     detail::CurrentDevice on(api, device_);
     cudaStream_t s = c.stream ? static_cast<cudaStream_t>(c.stream) : stream_;
@@ -327,9 +339,12 @@ class NcclCommunicator final : public Communicator {
     cuda(api.event_create(&raw, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     const std::shared_ptr<CUevent_st> event(raw, [api = options_.api](cudaEvent_t e) { (void)api->event_destroy(e); });
     cuda(api.event_record(raw, s), "cudaEventRecord");
+    in_flight_.push_back({event, label, std::chrono::steady_clock::now()});
+    if (!watchdog_.joinable()) watchdog_ = std::thread([this] { watch(); });
     return CollectiveHandle([this, event, label] {
       const NcclApi& a = *options_.api;
-      wait_until([&] { return a.event_query(event.get()); }, label);
+      std::unique_lock wait_lock(mutex_);
+      wait_until([&] { return a.event_query(event.get()); }, label, wait_lock);
     });
 #else
     (void)c, (void)label;
@@ -360,13 +375,67 @@ class NcclCommunicator final : public Communicator {
     nccl(rc, call);
     if (rc == ncclInProgress) wait_comm(call);
   }
+  // The error for a call on an aborted communicator, with what aborted it.
+  void throw_if_aborted(const std::string& what) const {
+    if (!aborted_) return;
+    detail::throw_error<comm_error>(what, ": the NCCL communicator was aborted after an earlier failure",
+                                    failure_.empty() ? std::string() : " (" + failure_ + ")", "; create a new one");
+  }
+  // The watchdog thread: follows work enqueued on streams until it finishes (see check_in_flight).
+  void watch() {
+    std::unique_lock lock(mutex_);
+    while (!watchdog_stop_ && !aborted_) {
+      watchdog_wake_.wait_for(lock, watchdog_period);
+      if (!watchdog_stop_ && !aborted_) check_in_flight(std::chrono::steady_clock::now());
+    }
+  }
+  // Under mutex_: forgets finished work; aborts the communicator (saying why in failure_) when NCCL
+  // reports an asynchronous error (a peer died) while work is in flight, or when the oldest work
+  // has been running longer than the timeout with nobody waiting for it.
+  void check_in_flight(std::chrono::steady_clock::time_point now) {
+    const NcclApi& api = *options_.api;
+    std::string failed;
+    std::erase_if(in_flight_, [&](const InFlight& w) {
+      const cudaError_t q = api.event_query(w.event.get());
+      if (q != cudaSuccess && q != cudaErrorNotReady && failed.empty())
+        failed = detail::concat(w.label, " failed on the GPU on rank ", rank(), ": ", api.error_name(q), ": ", api.error_string(q));
+      return q != cudaErrorNotReady;
+    });
+    if (failed.empty() && in_flight_.empty()) return;
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t rc = api.comm_get_async_error(comm_, &state);
+    const ncclResult_t bad = rc != ncclSuccess ? rc : state;
+    if (failed.empty() && bad != ncclSuccess && bad != ncclInProgress) {
+      const char* last = api.last_error(comm_);
+      failed = detail::concat(in_flight_.front().label, " failed on rank ", rank(), ": ", api.result_string(bad),
+                              last && *last ? detail::concat(" (", last, ")") : std::string());
+    }
+    if (failed.empty() && now - in_flight_.front().since > timeout())
+      failed = detail::concat(in_flight_.front().label, " did not finish on the GPU within ",
+                              text::format_ms(static_cast<std::uint64_t>(timeout().count())), " on rank ", rank(),
+                              " and nobody waited for it (is another rank stuck or dead?)");
+    if (failed.empty()) return;
+    failure_ = failed + "; the watchdog aborted the NCCL communicator";
+    (void)api.get_last_error();
+    abort();
+  }
+  void stop_watchdog() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      watchdog_stop_ = true;
+    }
+    watchdog_wake_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
+  }
   // Aborts the communicator now (in-flight NCCL work is cancelled, peers' waits end), so its
   // buffers can be freed safely afterwards; every later call throws.
   void abort() noexcept {
     aborted_ = true;
+    in_flight_.clear();
     if (comm_) (void)options_.api->comm_abort(comm_), comm_ = nullptr;
   }
   void release() noexcept {
+    stop_watchdog();
     const NcclApi& api = *options_.api;
     if (comm_) {
       // Non-blocking finalize: bounded wait for pending work to flush, then destroy; abort otherwise.
@@ -405,13 +474,14 @@ class NcclCommunicator final : public Communicator {
     }
   }
   // Polls `query` (a stream or event) until done; meanwhile the communicator's asynchronous error
-  // (a dead peer) and the timeout end the wait with an error instead of a hang.
+  // (a dead peer) and the timeout end the wait with an error instead of a hang. `lock` holds
+  // mutex_, released while sleeping so the watchdog can run.
   template <class Query>
-  void wait_until(Query query, const std::string& label) {
-    if (aborted_) detail::throw_error<comm_error>(label, ": the NCCL communicator was aborted after an earlier failure");
+  void wait_until(Query query, const std::string& label, std::unique_lock<std::mutex>& lock) {
     const NcclApi& api = *options_.api;
     const auto deadline = std::chrono::steady_clock::now() + timeout();
     for (auto pause = std::chrono::microseconds(5);; pause = std::min(pause * 2, std::chrono::microseconds(1000))) {
+      throw_if_aborted(label);
       const cudaError_t q = query();
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) cuda(q, "cudaStreamQuery/cudaEventQuery");
@@ -424,7 +494,9 @@ class NcclCommunicator final : public Communicator {
                                            text::format_ms(static_cast<std::uint64_t>(timeout().count())), " on rank ", rank(),
                                            "; the NCCL communicator was aborted (is another rank stuck or dead?)");
       }
+      lock.unlock();
       std::this_thread::sleep_for(pause);
+      lock.lock();
     }
   }
   void reserve(const detail::PaddedLayout& l) {
@@ -441,6 +513,22 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
+  // Work enqueued on a stream, followed by the watchdog until its event completes.
+  struct InFlight {
+    std::shared_ptr<CUevent_st> event;
+    std::string label;
+    std::chrono::steady_clock::time_point since;
+  };
+  static constexpr std::chrono::milliseconds watchdog_period{20};
+
+  // mutex_ guards what the watchdog thread shares with the caller's: comm_ and every NCCL call
+  // on it, aborted_, failure_, in_flight_ (waits release it while they sleep).
+  std::mutex mutex_;
+  std::vector<InFlight> in_flight_;
+  std::string failure_;  ///< why the watchdog aborted the communicator
+  std::thread watchdog_;
+  std::condition_variable watchdog_wake_;
+  bool watchdog_stop_ = false;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   void* send_ = nullptr;
