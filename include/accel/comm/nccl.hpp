@@ -42,6 +42,8 @@
 #if ACCEL_HAS_NCCL()
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+
+#include <accel/runtime/cuda.hpp>
 #endif
 
 ACCEL_NAMESPACE_BEGIN
@@ -141,31 +143,11 @@ constexpr ncclRedOp_t nccl_reduce_op(ReduceOp op) noexcept {
   return ncclSum;
 }
 
-/// @brief Makes `device` current for its lifetime and restores the caller's device after (the
-/// caller's device is only changed when it differs).
-class CurrentDevice {
+/// @brief Makes `device` current through the communicator's call table for its lifetime, restoring
+/// the caller's device after (runtime/cuda.hpp's ScopedCudaDevice).
+class CurrentDevice : public ScopedCudaDevice {
  public:
-  CurrentDevice(const NcclApi& api, int device) : api_(api) {
-    if (api_.get_device(&previous_) != cudaSuccess) (void)api_.get_last_error(), previous_ = -1;
-    if (previous_ == device) return;
-    const cudaError_t rc = api_.set_device(device);
-    if (rc != cudaSuccess) {
-      (void)api_.get_last_error();
-      throw cuda_error(static_cast<int>(rc),
-                       concat("cudaSetDevice(", device, ") failed: ", api_.error_name(rc), ": ", api_.error_string(rc)));
-    }
-    changed_ = true;
-  }
-  ~CurrentDevice() {
-    if (changed_ && previous_ >= 0 && api_.set_device(previous_) != cudaSuccess) (void)api_.get_last_error();
-  }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-
- private:
-  const NcclApi& api_;
-  int previous_ = -1;
-  bool changed_ = false;
+  CurrentDevice(const NcclApi& api, int device) : ScopedCudaDevice(device, {api.get_device, api.set_device, api.get_last_error}) {}
 };
 #endif
 

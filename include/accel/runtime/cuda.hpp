@@ -66,31 +66,40 @@ namespace detail {
 
 /// @brief Makes `device` current for its lifetime and restores the caller's device after (it is
 ///        only changed when it differs), so a library call never leaves the caller on another GPU.
+/// @brief The three runtime calls ScopedCudaDevice makes; a communicator passes its own table
+///        (tests simulate the GPU through it).
+struct CudaDeviceCalls {
+  cudaError_t (*get_device)(int*) = &cudaGetDevice;
+  cudaError_t (*set_device)(int) = &cudaSetDevice;
+  cudaError_t (*get_last_error)() = &cudaGetLastError;
+};
+
 class ScopedCudaDevice {
  public:
   /// @throws accel::cuda_error when `device` cannot be made current
-  explicit ScopedCudaDevice(int device) {
-    if (enter(device) != cudaSuccess) ACCEL_CUDA_TRY(cudaSetDevice(device));
+  explicit ScopedCudaDevice(int device, CudaDeviceCalls calls = {}) : calls_(calls) {
+    if (const cudaError_t rc = enter(device); rc != cudaSuccess) cuda_fail(rc, "cudaSetDevice(device)", __FILE__, __LINE__);
   }
   /// @brief For cleanup paths: a failure is logged, never thrown.
-  ScopedCudaDevice(int device, std::nothrow_t) noexcept {
+  ScopedCudaDevice(int device, std::nothrow_t, CudaDeviceCalls calls = {}) noexcept : calls_(calls) {
     if (const cudaError_t rc = enter(device); rc != cudaSuccess) cuda_log_failure(rc, "cudaSetDevice(device)", __FILE__, __LINE__);
   }
   ~ScopedCudaDevice() {
-    if (changed_) ACCEL_CUDA_TRY_NO_THROW(cudaSetDevice(previous_));
+    if (changed_ && calls_.set_device(previous_) != cudaSuccess) (void)calls_.get_last_error();
   }
   ScopedCudaDevice(const ScopedCudaDevice&) = delete;
   ScopedCudaDevice& operator=(const ScopedCudaDevice&) = delete;
 
  private:
   cudaError_t enter(int device) noexcept {
-    if (cudaGetDevice(&previous_) != cudaSuccess) (void)cudaGetLastError(), previous_ = -1;
+    if (calls_.get_device(&previous_) != cudaSuccess) (void)calls_.get_last_error(), previous_ = -1;
     if (previous_ == device) return cudaSuccess;
-    const cudaError_t rc = cudaSetDevice(device);
+    const cudaError_t rc = calls_.set_device(device);
     changed_ = rc == cudaSuccess && previous_ >= 0;
-    if (rc != cudaSuccess) (void)cudaGetLastError();
+    if (rc != cudaSuccess) (void)calls_.get_last_error();
     return rc;
   }
+  CudaDeviceCalls calls_;
   int previous_ = -1;
   bool changed_ = false;
 };
