@@ -111,27 +111,31 @@ inline void resolve(const std::string& host, int port, bool passive, AddrInfo& o
                             "; check MASTER_ADDR / ACCEL_STORE");
 }
 
-/// @brief A listening socket bound to exactly `host` (never the wildcard unless host is "" or "0.0.0.0");
-/// an empty Fd and the errno in `err` when nothing could be bound.
-inline Fd try_listen_tcp(const std::string& host, int port, int backlog, int& err) {
+/// @brief For each address of host:port in turn: a new socket, and `use(fd, address)` (0 or an
+/// errno); the first socket it succeeds with, or an empty Fd and the last errno in `err`.
+template <class Use>
+Fd first_working_socket(const std::string& host, int port, bool passive, int& err, Use&& use) {
   AddrInfo ai;
-  resolve(host, port, true, ai);
+  resolve(host, port, passive, ai);
   err = 0;
   for (addrinfo* a = ai.list; a; a = a->ai_next) {
     Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-    if (!fd) {
-      err = errno;
-      continue;
-    }
-    int one = 1;
-    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd.get(), backlog) == 0) {
-      set_nonblocking(fd.get(), true);
-      return fd;
-    }
-    err = errno;
+    err = fd ? use(fd.get(), *a) : errno;
+    if (err == 0) return fd;
   }
   return Fd();
+}
+
+/// @brief A listening socket bound to exactly `host` (never the wildcard unless host is "" or "0.0.0.0");
+/// an empty Fd and the errno in `err` when nothing could be bound.
+inline Fd try_listen_tcp(const std::string& host, int port, int backlog, int& err) {
+  return first_working_socket(host, port, true, err, [&](int fd, const addrinfo& a) {
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd, a.ai_addr, a.ai_addrlen) != 0 || ::listen(fd, backlog) != 0) return errno;
+    set_nonblocking(fd, true);
+    return 0;
+  });
 }
 
 /// @brief try_listen_tcp at the first of `ports` not in use (each port but the last is skipped only
@@ -190,23 +194,11 @@ inline int connect_until(int fd, const sockaddr* addr, socklen_t len, std::chron
 /// empty Fd and the errno in `err` when it fails.
 /// @throws comm_error when the host cannot be resolved
 inline Fd try_connect_tcp(const std::string& host, int port, std::chrono::steady_clock::time_point deadline, int& err) {
-  AddrInfo ai;
-  resolve(host, port, false, ai);
-  err = 0;
-  for (addrinfo* a = ai.list; a; a = a->ai_next) {
-    Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-    if (!fd) {
-      err = errno;
-      continue;
-    }
-    err = connect_until(fd.get(), a->ai_addr, a->ai_addrlen, deadline);
-    if (err == 0) {
-      set_nodelay(fd.get());
-      set_liveness_probes(fd.get());
-      return fd;
-    }
-  }
-  return Fd();
+  return first_working_socket(host, port, false, err, [&](int fd, const addrinfo& a) {
+    const int rc = connect_until(fd, a.ai_addr, a.ai_addrlen, deadline);
+    if (rc == 0) set_nodelay(fd), set_liveness_probes(fd);
+    return rc;
+  });
 }
 
 /// @brief The pause before the next round of connection attempts: 1 ms doubling to 100 ms.
