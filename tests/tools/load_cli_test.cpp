@@ -321,4 +321,9 @@ TEST_CASE("accel load --dump-dir writes every tensor as loaded, copied back from
     accel::convert_elements(accel::DType::F16, accel::DType::F32, src.data(), expected.data(), 64 * 16);
     CHECK(d.bytes == expected);
   }
+  auto same = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) + " --device-map '{\"\": \"cpu\"}'"
+                                                            " --offload-folder " + quoted(dump.path()) + " --dump-dir " +
+                                                            quoted(dump / "." ) + " 2>&1"));
+  CHECK(same.status == 2);
+  CHECK_THAT(same.output, accel_test::contains("--dump-dir and --offload-folder name the same folder"));
 }

@@ -133,6 +133,14 @@ inline int run_load(std::span<char*> argv) {
   opts.strict = a.has("strict");
   opts.progress = !a.has("quiet") && !a.has("json");
   const auto requested_dtype = explicit_dtype(a);  // checks the name before any file is read
+  auto same_folder = [](const fs::path& x, const fs::path& y) {
+    std::error_code ex, ey;
+    const auto cx = fs::weakly_canonical(x, ex), cy = fs::weakly_canonical(y, ey);
+    return !ex && !ey && cx == cy;
+  };
+  if (auto dump = a.value("dump-dir"); dump && !opts.offload_folder.empty() && same_folder(*dump, opts.offload_folder))
+    throw accel::usage_error("load: --dump-dir and --offload-folder name the same folder; the dump would replace the "
+                             "offload folder's index: choose another folder");
 
   // The device map: a file, inline JSON, or planned. A given map is parsed before the checkpoint's
   // headers are read, so a bad map is reported before a bad checkpoint.
