@@ -1,9 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
 // `accel load` through the built command, on host-simulated GPUs (--simulate-gpus).
+#include <accel/load/convert.hpp>
+#include <accel/load/offload.hpp>
+
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "support/catch.hpp"
 #include "support/run_command.hpp"
@@ -18,6 +24,53 @@ void write_model(const std::filesystem::path& dir) {
   accel_test::write_sharded(dir, {{{"model.embed.weight", DType::F16, {64, 16}, {}}, {"model.layers.0.w", DType::F32, {32, 32}, {}}},
                                   {{"model.layers.1.w", DType::F32, {32, 32}, {}}, {"model.layers.1.ids", DType::I64, {8}, {}},
                                    {"lm_head.weight", DType::F16, {64, 16}, {}}}});
+}
+
+// A float32 T5 (one encoder and one decoder block, the parts that matter): transformers keeps the
+// feed-forward output projections `wo` in float32 when loading in float16 (the catalog's
+// keep-in-fp32 modules), and `shared` is tied to both embeddings and the LM head.
+void write_t5(const std::filesystem::path& dir) {
+  accel_test::write_safetensors(dir / "model.safetensors",
+                                {{"shared.weight", DType::F32, {32, 8}, {}},
+                                 {"encoder.block.0.layer.0.SelfAttention.q.weight", DType::F32, {8, 8}, {}},
+                                 {"encoder.block.0.layer.1.DenseReluDense.wi.weight", DType::F32, {16, 8}, {}},
+                                 {"encoder.block.0.layer.1.DenseReluDense.wo.weight", DType::F32, {8, 16}, {}},
+                                 {"encoder.final_layer_norm.weight", DType::F32, {8}, {}},
+                                 {"decoder.block.0.layer.2.DenseReluDense.wo.weight", DType::F32, {8, 16}, {}},
+                                 {"decoder.final_layer_norm.weight", DType::F32, {8}, {}}});
+  accel_test::write_text(dir / "config.json", R"({"architectures": ["T5ForConditionalGeneration"], "d_model": 8, "d_kv": 4,
+      "d_ff": 16, "num_heads": 2, "num_layers": 1, "num_decoder_layers": 1, "vocab_size": 32, "torch_dtype": "float32"})");
+}
+
+// A float32 Llama whose config says bfloat16 and ties the LM head to the embedding.
+void write_llama(const std::filesystem::path& dir, const std::filesystem::path& config) {
+  std::vector<accel_test::TensorSpec> t{{"model.embed_tokens.weight", DType::F32, {64, 16}, {}}};
+  for (int i = 0; i < 2; ++i)
+    for (const char* p : {".self_attn.q_proj.weight", ".mlp.up_proj.weight", ".input_layernorm.weight"})
+      t.push_back({"model.layers." + std::to_string(i) + p, DType::F32, p[1] == 'i' ? std::vector<std::int64_t>{16} : std::vector<std::int64_t>{16, 16}, {}});
+  t.push_back({"model.norm.weight", DType::F32, {16}, {}});
+  accel_test::write_safetensors(dir / "model.safetensors", t);
+  accel_test::write_text(config, R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "num_attention_heads": 2,
+      "num_hidden_layers": 2, "torch_dtype": "bfloat16", "tie_word_embeddings": true})");
+}
+
+struct DumpedTensor {
+  std::string dtype;
+  std::vector<std::byte> bytes;
+};
+
+// What `accel load --dump-dir` wrote: name -> dtype and bytes, through accel's offload-index reader.
+std::map<std::string, DumpedTensor> read_dump(const std::filesystem::path& dir) {
+  std::map<std::string, DumpedTensor> out;
+  for (const auto& [name, entry] : accel::read_offload_index(dir)) {
+    std::ifstream in(accel::offload_file(dir, name), std::ios::binary);
+    std::vector<char> raw{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    DumpedTensor d{std::string(accel::torch_name(entry.dtype)), {}};
+    for (char c : raw) d.bytes.push_back(static_cast<std::byte>(c));
+    REQUIRE(d.bytes.size() == entry.size_bytes());
+    out.emplace(name, std::move(d));
+  }
+  return out;
 }
 }  // namespace
 
@@ -156,4 +209,121 @@ TEST_CASE("accel load into a full offload folder exits 3 naming the bytes needed
   INFO(r.output);
   CHECK(r.status == 0);
   CHECK(r.output.find("offload folder: 4 written") != std::string::npos);
+}
+
+TEST_CASE("accel load converts with accel plan's dtype decision: the catalog's keep-in-fp32 modules and dtype auto",
+          "[cli][load]") {
+  accel_test::TempDir dir, dump;
+  SECTION("T5 in float16 keeps wo in float32, as accel plan sizes it") {
+    write_t5(dir.path());
+    auto r = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) +
+                                                           " --device-map '{\"\": \"cpu\"}' --dtype float16 --json --dump-dir " +
+                                                           quoted(dump.path())));
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    const auto j = nlohmann::json::parse(r.output);
+    CHECK(j["keep_in_fp32"] == nlohmann::json::array({"wo"}));
+    const auto tensors = read_dump(dump.path());
+    REQUIRE(tensors.size() == 7);
+    for (const auto& [name, t] : tensors) {
+      INFO(name);
+      CHECK(t.dtype == (name.find(".wo.") != std::string::npos ? "float32" : "float16"));
+    }
+    // 2 bytes a float16 element, 4 for the two wo: the total accel plan prints for the same dtype.
+    const std::uint64_t expected = 2 * (32 * 8 + 8 * 8 + 16 * 8 + 8 + 8) + 4 * (2 * 8 * 16);
+    CHECK(j["bytes_loaded"] == expected);
+    auto plan = accel_test::run_command(accel_test::accel_cli("plan --checkpoint " + quoted(dir.path()) +
+                                                              " --max-memory cpu=1GiB --dtype float16"));
+    CHECK_THAT(plan.output, accel_test::contains("tensors, " + accel::text::format_bytes(expected) + ", mode auto"));
+    // The wo stay float32 because of the catalog: bfloat16 has no such rule for T5.
+    auto bf16 = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) +
+                                                              " --device-map '{\"\": \"cpu\"}' --dtype bfloat16 --json"));
+    CHECK(nlohmann::json::parse(bf16.output)["bytes_loaded"] == 2 * (32 * 8 + 8 * 8 + 16 * 8 + 2 * 8 * 16 + 8 + 8));
+  }
+  SECTION("no --dtype with a config.json is auto: the config's dtype, from --config too") {
+    accel_test::TempDir elsewhere;
+    write_llama(dir.path(), elsewhere / "config.json");
+    auto r = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) + " --config " +
+                                                           quoted(elsewhere / "config.json") +
+                                                           " --device-map '{\"\": \"cpu\"}' --dump-dir " + quoted(dump.path())));
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.output, accel_test::contains("architecture: LlamaForCausalLM (architecture catalog"));
+    CHECK_THAT(r.output, accel_test::contains("dtype: bfloat16 (auto: config.json)"));
+    for (const auto& [name, t] : read_dump(dump.path())) {
+      INFO(name);
+      CHECK(t.dtype == "bfloat16");
+    }
+    // Without the config nothing says bfloat16: tensors load as stored.
+    auto stored = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) +
+                                                                " --device-map '{\"\": \"cpu\"}' --json"));
+    CHECK(nlohmann::json::parse(stored.output)["dtype"].is_null());
+  }
+}
+
+TEST_CASE("accel load accepts the map accel plan writes silently and still reports keys the model does not explain",
+          "[cli][load]") {
+  accel_test::TempDir dir;
+  write_llama(dir.path(), dir / "config.json");
+  const std::string ck = " --checkpoint " + quoted(dir.path());
+  // Spread over cpu and disk, so the map has a key per block, the rotary buffers and the tied head.
+  auto plan = accel_test::run_command(accel_test::accel_cli("plan" + ck + " --max-memory cpu=4KiB --json"));
+  INFO(plan.output);
+  REQUIRE(plan.status == 0);
+  accel_test::write_text(dir / "map.json", plan.output);
+  const auto map = nlohmann::ordered_json::parse(plan.output);
+  REQUIRE(map.contains("model.rotary_emb"));
+  REQUIRE(map.contains("lm_head"));
+  REQUIRE(map["model.layers"] == "disk");
+  auto r = accel_test::run_command(accel_test::accel_cli("load" + ck + " --device-map " + quoted(dir / "map.json") +
+                                                         " --offload-folder " + quoted(dir / "offload") + " 2>&1"));
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(r.output.find("note:") == std::string::npos);
+  auto j = nlohmann::json::parse(accel_test::run_command(accel_test::accel_cli(
+      "load" + ck + " --device-map " + quoted(dir / "map.json") + " --offload-folder " + quoted(dir / "offload") + " --json")).output);
+  CHECK(j["unused_device_map_keys"].empty());
+  CHECK(j["model_only_device_map_keys"] == nlohmann::json::array({"model.rotary_emb", "lm_head"}));
+
+  // A key the model lacks, next to the model's own keys, is still reported.
+  auto odd = accel_test::run_command(accel_test::accel_cli(
+      "load" + ck + " --device-map '{\"model\": \"cpu\", \"model.rotary_emb\": \"cpu\", \"lm_head\": \"cpu\", \"model.bogus\": \"cpu\"}' 2>&1"));
+  INFO(odd.output);
+  REQUIRE(odd.status == 0);
+  CHECK_THAT(odd.output, accel_test::contains("note: 1 device-map key(s) cover no checkpoint tensor and name nothing the "
+                                              "model computes or ties: 'model.bogus'"));
+}
+
+TEST_CASE("accel load --dump-dir writes every tensor as loaded, copied back from the GPUs", "[cli][load]") {
+  accel_test::TempDir dir, dump;
+  write_model(dir.path());
+  auto r = accel_test::run_command(accel_test::accel_cli(
+      "load --checkpoint " + quoted(dir.path()) + " --simulate-gpus 1MiB --dtype float32 --offload-folder " +
+      quoted(dir / "offload") + " --device-map '{\"model.embed\": 0, \"model.layers\": \"cpu\", \"lm_head\": \"disk\"}' --dump-dir " +
+      quoted(dump.path()) + " 2>&1"));
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK_THAT(r.output, accel_test::contains("loaded tensors written to " + dump.path().string()));
+  const auto t = read_dump(dump.path());
+  REQUIRE(t.size() == 5);
+  // Stored float32 and int64: the file's bytes unchanged.
+  CHECK(t.at("model.layers.0.w").bytes == accel_test::pattern_bytes("model.layers.0.w", 32 * 32 * 4));
+  CHECK(t.at("model.layers.1.ids").dtype == "int64");
+  CHECK(t.at("model.layers.1.ids").bytes == accel_test::pattern_bytes("model.layers.1.ids", 8 * 8));
+  // float16 on disk and on the (simulated) GPU, converted to float32 exactly.
+  for (const char* name : {"model.embed.weight", "lm_head.weight"}) {
+    INFO(name);
+    const auto& d = t.at(name);
+    CHECK(d.dtype == "float32");
+    REQUIRE(d.bytes.size() == 64 * 16 * 4);
+    const auto src = accel_test::pattern_bytes(name, 64 * 16 * 2);
+    std::vector<std::byte> expected(d.bytes.size());
+    accel::convert_elements(accel::DType::F16, accel::DType::F32, src.data(), expected.data(), 64 * 16);
+    CHECK(d.bytes == expected);
+  }
+  auto same = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) + " --device-map '{\"\": \"cpu\"}'"
+                                                            " --offload-folder " + quoted(dump.path()) + " --dump-dir " +
+                                                            quoted(dump / "." ) + " 2>&1"));
+  CHECK(same.status == 2);
+  CHECK_THAT(same.output, accel_test::contains("--dump-dir and --offload-folder name the same folder"));
 }

@@ -17,6 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include <accel/load/dispatch.hpp>
+#include <accel/load/offload.hpp>
+#include <accel/plan/device_map.hpp>
 #include <accel/plan/max_memory.hpp>
 #include <accel/model/checkpoint_tree.hpp>
 #include <accel/model/module_tree.hpp>
@@ -24,33 +26,44 @@
 #include <accel/plan/planner.hpp>
 
 #include "args.hpp"
+#include "model_args.hpp"
 
 namespace accel_cli {
 
 inline constexpr OptionSpec load_options[] = {
     {"checkpoint", OptionKind::text, "PATH", "safetensors file, model.safetensors.index.json or folder"},
+    {"config", OptionKind::text, "FILE", "the model's config.json when it is not next to the checkpoint"},
     {"device-map", OptionKind::text, "MAP", "a JSON file, a JSON object, or a mode: auto (default), balanced, "
                                             "balanced_low_0, sequential"},
     {"max-memory", OptionKind::text, "BUDGETS", "budgets for planning modes: '0=20GiB,cpu=64GiB' or JSON; default: measured"},
-    {"no-split", OptionKind::text, "CLASS_OR_GLOB", "planning: never split these modules (e.g. 'model.layers.*')", true},
-    {"dtype", OptionKind::text, "DTYPE", "load floating tensors as float32, float16 or bfloat16"},
-    {"keep-in-fp32", OptionKind::text, "NAME", "modules or tensors loaded as float32", true},
+    {"no-split", OptionKind::text, "CLASS_OR_GLOB", "planning: never split these modules (class name, module name or glob; "
+                                                    "'none': no blocks); default: the catalog's classes", true},
+    {"dtype", OptionKind::text, "DTYPE", "load floating tensors as float32, float16, bfloat16 or auto (the config's; "
+                                         "default auto with a config.json, else as stored)"},
+    {"keep-in-fp32", OptionKind::text, "PATTERN", "tensors loaded as float32 (matched as transformers does; the "
+                                                  "catalog's keep-in-fp32 modules are added)", true},
     {"offload-folder", OptionKind::text, "DIR", "offload folder for disk tensors whose dtype changes"},
     {"cpu-memory", OptionKind::text, "KIND", "pageable (default), pinned or zero-copy"},
     {"strict", OptionKind::flag, "", "fail on tensors the device map does not cover"},
     {"simulate-gpus", OptionKind::text, "SIZES", "use host-simulated GPUs of these sizes ('8GiB,8GiB') instead of CUDA"},
     {"staging", OptionKind::text, "SIZE", "size of each pinned staging buffer (default 32MiB)"},
+    {"dump-dir", OptionKind::text, "DIR", "after loading, write every loaded tensor (as loaded: converted, copied back "
+                                          "from GPUs) to DIR in accelerate's offload-folder format, for checking"},
     {"quiet", OptionKind::flag, "", "no progress bar"},
     {"json", OptionKind::flag, "", "print the load report as JSON"},
 };
 
 inline constexpr const char* load_usage = R"(usage: accel load --checkpoint PATH [--device-map FILE|JSON|MODE] [options]
 
-Validates every header of the checkpoint (before allocating anything), plans a device map from its
-headers unless one is given, loads each tensor onto its GPU, CPU memory or disk (disk tensors stay
-views into the shards unless their dtype changes), and prints per device the tensors and bytes
-placed and the load rate. Exit status: 0; 2 bad arguments; 3 bad device map or budgets;
-4 GPU not available; 5 infeasible plan; 6 bad checkpoint; 9 out of device memory or another CUDA failure; 70 internal error.)";
+Validates every header of the checkpoint (before allocating anything), builds the model as
+`accel plan` does (config.json and the architecture catalog: the dtype `auto` resolves to, the
+keep-in-fp32 modules, the no-split classes, buffers and ties), plans a device map unless one is
+given, loads each tensor onto its GPU, CPU memory or disk (disk tensors stay views into the shards
+unless their dtype changes), and prints per device the tensors and bytes placed and the load rate.
+Map keys that cover only what the model computes or ties (rotary buffers, a tied lm_head) are
+accepted silently; other keys covering no checkpoint tensor are listed. Exit status: 0; 2 bad
+arguments; 3 bad device map or budgets; 4 GPU not available; 5 infeasible plan; 6 bad checkpoint;
+9 out of device memory or another CUDA failure; 70 internal error.)";
 
 namespace detail_load {
 
@@ -79,6 +92,28 @@ inline std::string placement_label(const accel::Placement& p) { return p.is_gpu(
 
 }  // namespace detail_load
 
+// `--dump-dir`: every loaded tensor, as loaded, in accelerate's offload-folder format (index.json
+// + one raw `.dat` per tensor); GPU tensors are copied back through their device.
+inline void dump_loaded_tensors(const accel::DispatchedModel& model, const std::vector<accel::DeviceMemoryPtr>& devices,
+                                const std::filesystem::path& dir) {
+  accel::OffloadIndex index;
+  std::vector<std::byte> staging;
+  for (const auto& t : model.tensors()) {
+    std::span<const std::byte> bytes = t.host;
+    if (t.storage == accel::Storage::device) {
+      const auto& dev = devices.at(static_cast<std::size_t>(t.placement.index));
+      staging.resize(t.size_bytes);
+      auto stream = dev->create_stream();
+      dev->copy_to_host_async(staging.data(), t.device_ptr, t.size_bytes, stream);
+      dev->synchronize(stream);
+      dev->destroy_stream(stream);
+      bytes = staging;
+    }
+    accel::offload_weight(dir, t.name, t.dtype, t.shape, bytes, index);
+  }
+  accel::write_offload_index(dir, index);
+}
+
 inline int run_load(std::span<char*> argv) {
   namespace fs = std::filesystem;
   const auto a = parse_args(argv, {load_options});
@@ -92,21 +127,27 @@ inline int run_load(std::span<char*> argv) {
   accel::LoadOptions opts;
   opts.devices = a.has("simulate-gpus") ? accel::host_simulated_devices(detail_load::parse_sizes(*a.value("simulate-gpus")))
                                         : accel::cuda_device_memories();
-  if (auto d = a.value("dtype")) opts.dtype = accel::dtype_from_string(*d);
-  opts.keep_in_fp32 = a.values("keep-in-fp32");
   if (auto f = a.value("offload-folder")) opts.offload_folder = *f;
   if (auto c = a.value("cpu-memory")) opts.cpu_memory = detail_load::parse_cpu_memory(*c);
   if (auto s = a.value("staging")) opts.staging_bytes = std::max<std::uint64_t>(accel::parse_byte_size(*s), 4096);
   opts.strict = a.has("strict");
   opts.progress = !a.has("quiet") && !a.has("json");
+  const auto requested_dtype = explicit_dtype(a);  // checks the name before any file is read
+  auto same_folder = [](const fs::path& x, const fs::path& y) {
+    std::error_code ex, ey;
+    const auto cx = fs::weakly_canonical(x, ex), cy = fs::weakly_canonical(y, ey);
+    return !ex && !ey && cx == cy;
+  };
+  if (auto dump = a.value("dump-dir"); dump && !opts.offload_folder.empty() && same_folder(*dump, opts.offload_folder))
+    throw accel::usage_error("load: --dump-dir and --offload-folder name the same folder; the dump would replace the "
+                             "offload folder's index: choose another folder");
 
-  // The device map: a file, inline JSON, or planned from the headers. The checkpoint's headers are
-  // read and validated once, where first needed: after a given map is parsed, so a bad map is
-  // reported before a bad checkpoint.
+  // The device map: a file, inline JSON, or planned. A given map is parsed before the checkpoint's
+  // headers are read, so a bad map is reported before a bad checkpoint.
   const std::string map_arg = a.value("device-map").value_or("auto");
   accel::DeviceMap map;
   std::string map_source;
-  std::optional<accel::Checkpoint> checkpoint;
+  std::optional<accel::DeviceMapMode> mode;
   std::error_code ec;
   if (!map_arg.empty() && map_arg.front() == '{') {
     map = accel::DeviceMap::from_json(map_arg);
@@ -118,9 +159,18 @@ inline int run_load(std::span<char*> argv) {
     // a symbolic link loop, no permission: meant as a file, but not readable
     throw accel::config_error("load: device map file '" + map_arg + "' cannot be read: " + ec.message());
   } else {
-    const auto mode = accel::parse_device_map_mode(map_arg);
-    checkpoint = accel::resolve_checkpoint(*path);
-    const auto tree = accel::tree_from_checkpoint(*checkpoint);
+    mode = accel::parse_device_map_mode(map_arg);
+  }
+
+  // The model as `accel plan` builds it (model_args.hpp): its dtype decision is the one the
+  // planner sizes with, so a map planned with the same arguments fits what is loaded.
+  const auto checkpoint = accel::resolve_checkpoint(*path);
+  const auto model = model_of_checkpoint(checkpoint, *path, a, requested_dtype);
+  auto dtype = choose_dtype(a, model);
+  opts.dtype = dtype.dtype;
+  opts.keep_in_fp32 = dtype.keep_in_fp32;
+  std::string blocks_note;
+  if (mode) {
     accel::PlanOptions plan;
     const bool defaulted = !a.has("max-memory");
     if (defaulted) {
@@ -133,23 +183,32 @@ inline int run_load(std::span<char*> argv) {
     } else {
       plan.max_memory = accel::parse_max_memory(*a.value("max-memory"));
     }
-    plan.no_split = a.values("no-split");
+    const auto blocks = choose_blocks(a, model, true, "load");
+    plan.no_split = blocks.specs;
+    plan.auto_no_split = blocks.automatic;
+    blocks_note = blocks.note;
+    plan.rules = accel::PlanRules::transformers;  // accel plan's default (--like transformers)
     plan.dtype = opts.dtype;
     plan.keep_in_fp32 = opts.keep_in_fp32;
     plan.gpu_reserve_layers = static_cast<std::uint32_t>(std::max(opts.fetch_slots, 1));  // room for every fetch buffer
-    map = accel::plan_device_map(tree, mode, plan, defaulted).device_map;
+    map = accel::plan_device_map(model.tree, *mode, plan, defaulted).device_map;
     map_source = "planned (" + map_arg + ", budgets " + plan.max_memory.to_string() + ")";
   }
 
-  if (!checkpoint) checkpoint = accel::resolve_checkpoint(*path);
-  auto model = accel::load_checkpoint_and_dispatch(*checkpoint, map, opts);
-  const auto& r = model.report();
+  auto loaded = accel::load_checkpoint_and_dispatch(checkpoint, map, opts);
+  const auto& r = loaded.report();
+  const auto unused = accel::classify_unused_keys(model.tree, r.unused_keys);
+  if (auto dir = a.value("dump-dir")) dump_loaded_tensors(loaded, *opts.devices, *dir);
   std::map<accel::Placement, std::map<std::string, std::size_t>> storage;
-  for (const auto& t : model.tensors()) ++storage[t.placement][std::string(accel::storage_name(t.storage))];
+  for (const auto& t : loaded.tensors()) ++storage[t.placement][std::string(accel::storage_name(t.storage))];
+  const std::string& architecture = model.checkpoint->architecture_note;
 
   if (a.has("json")) {
     nlohmann::ordered_json j;
     j["checkpoint"] = *path;
+    j["architecture"] = architecture;
+    j["dtype"] = dtype.dtype ? nlohmann::ordered_json(std::string(accel::torch_name(*dtype.dtype))) : nlohmann::ordered_json(nullptr);
+    j["keep_in_fp32"] = dtype.keep_in_fp32;
     j["device_map"] = map.to_json();
     for (const auto& [p, tot] : r.per_placement) {
       nlohmann::ordered_json s = nlohmann::ordered_json::object();
@@ -162,18 +221,22 @@ inline int run_load(std::span<char*> argv) {
     j["copy_bytes_per_second"] = r.copy_rate();
     j["unexpected"] = r.unexpected;
     j["missing"] = r.missing;
-    j["unused_device_map_keys"] = r.unused_keys;
+    j["unused_device_map_keys"] = unused.unknown;
+    j["model_only_device_map_keys"] = unused.model_only;
     j["offload_written"] = r.offload_written;
     j["offload_reused"] = r.offload_reused;
-    j["fetch_buffers"] = model.fetch_buffer_count();
-    j["fetch_buffer_bytes"] = model.fetch_buffer_bytes();
+    j["fetch_buffers"] = loaded.fetch_buffer_count();
+    j["fetch_buffer_bytes"] = loaded.fetch_buffer_bytes();
     j["warnings"] = r.warnings;
     std::printf("%s\n", j.dump(2).c_str());
     return 0;
   }
-  std::printf("accel load: %s (%zu tensors, %s), device map %s\n\n", path->c_str(), model.tensors().size(),
+  std::printf("accel load: %s (%zu tensors, %s), device map %s\n", path->c_str(), loaded.tensors().size(),
               accel::text::format_bytes(r.bytes_loaded, accel::text::ByteStyle::significant3).c_str(), map_source.c_str());
-  std::printf("%-10s %8s %12s  %s\n", "device", "tensors", "bytes", "held as");
+  std::printf("architecture: %s\ndtype: %s", architecture.c_str(), dtype.note.c_str());
+  if (!dtype.keep_in_fp32.empty()) std::printf(", float32: %s", accel::text::quoted_list(dtype.keep_in_fp32).c_str());
+  if (mode) std::printf("; blocks: %s", blocks_note.c_str());
+  std::printf("\n\n%-10s %8s %12s  %s\n", "device", "tensors", "bytes", "held as");
   for (const auto& [p, tot] : r.per_placement) {
     std::string held;
     for (const auto& [k, n] : storage[p]) held += (held.empty() ? "" : ", ") + std::to_string(n) + " " + k;
@@ -188,12 +251,13 @@ inline int run_load(std::span<char*> argv) {
   if (!r.unexpected.empty())
     std::printf("warning: %zu checkpoint tensor(s) not covered by the device map were skipped: %s\n", r.unexpected.size(),
                 accel::text::quoted_list(r.unexpected).c_str());
-  if (!r.unused_keys.empty())
-    std::printf("note: %zu device-map key(s) cover no checkpoint tensor: %s\n", r.unused_keys.size(),
-                accel::text::quoted_list(r.unused_keys).c_str());
-  if (model.fetch_buffer_bytes())
-    std::printf("fetch buffers on cuda:%d: %zu x %s (largest offloaded layer)\n", model.execution_device().value_or(0),
-                model.fetch_buffer_count(), accel::text::format_bytes(model.fetch_buffer_bytes(), accel::text::ByteStyle::significant3).c_str());
+  if (!unused.unknown.empty())
+    std::printf("note: %zu device-map key(s) cover no checkpoint tensor and name nothing the model computes or ties: %s\n",
+                unused.unknown.size(), accel::text::quoted_list(unused.unknown).c_str());
+  if (loaded.fetch_buffer_bytes())
+    std::printf("fetch buffers on cuda:%d: %zu x %s (largest offloaded layer)\n", loaded.execution_device().value_or(0),
+                loaded.fetch_buffer_count(), accel::text::format_bytes(loaded.fetch_buffer_bytes(), accel::text::ByteStyle::significant3).c_str());
+  if (auto dir = a.value("dump-dir")) std::printf("loaded tensors written to %s (accelerate's offload-folder format)\n", dir->c_str());
   for (const auto& w : r.warnings) std::printf("warning: %s\n", w.c_str());
   return 0;
 }

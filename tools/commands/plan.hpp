@@ -25,6 +25,7 @@
 #include <accel/plan/planner.hpp>
 
 #include "args.hpp"
+#include "model_args.hpp"
 #include "plan_svg.hpp"
 
 namespace accel_cli {
@@ -79,64 +80,6 @@ tensors counted at each row's width, integer and bool tensors and the buffers th
 (rotary inv_freq, position ids) at their own; shared tensors once. With a config.json the model is
 built as transformers builds it (ties, computed buffers, no-split classes from the catalog).)";
 
-struct LoadedModel {
-  accel::ModuleTree tree;
-  std::string label;
-  std::optional<accel::CheckpointModel> checkpoint{};  // for --checkpoint: config, catalog entry (tree moved out)
-};
-
-// `load_dtype`: the dtype the model is loaded in, when given (buffers created in the model's dtype follow it).
-inline LoadedModel load_model(const ParsedArgs& a, const char* command, std::optional<accel::DType> load_dtype = {}) {
-  const bool ck = a.has("checkpoint"), sk = a.has("skeleton");
-  if (ck == sk)
-    throw accel::usage_error(std::string(command) + ": give exactly one of --checkpoint PATH or --skeleton FILE");
-  if (ck) {
-    accel::CheckpointTreeOptions topts;
-    if (auto c = a.value("config")) topts.config_file = *c;
-    topts.load_dtype = load_dtype;
-    auto m = accel::read_checkpoint_model(*a.value("checkpoint"), topts);
-    LoadedModel out{std::move(m.tree), *a.value("checkpoint"), std::nullopt};
-    out.checkpoint = std::move(m);
-    return out;
-  }
-  if (a.has("config")) throw accel::usage_error(std::string(command) + ": --config goes with --checkpoint");
-  return {accel::read_skeleton(*a.value("skeleton")), *a.value("skeleton"), std::nullopt};
-}
-
-// The no-split blocks: given classes/names/globs (each must match), 'none', or the catalog's
-// classes (`catalog_blocks`), else numbered children. Returns (specs, automatic, description).
-struct BlockChoice {
-  std::vector<std::string> specs;
-  bool automatic = true;
-  std::string note;
-};
-inline BlockChoice choose_blocks(const ParsedArgs& a, const LoadedModel& model, bool catalog_blocks, const char* command) {
-  BlockChoice b{a.values("no-split"), true, {}};
-  const auto* arch = model.checkpoint ? model.checkpoint->architecture : nullptr;
-  if (std::find(b.specs.begin(), b.specs.end(), "none") != b.specs.end()) {
-    if (b.specs.size() > 1)
-      throw accel::usage_error(std::string(command) + ": --no-split none cannot be combined with other --no-split values");
-    b = {{}, false, "none (--no-split none)"};
-  } else if (!b.specs.empty()) {
-    accel::check_no_split_specs(model.tree, b.specs);
-    b.automatic = false;
-    b.note = accel::text::join(b.specs) + " (--no-split)";
-  } else if (arch && catalog_blocks) {
-    b = {model.checkpoint->no_split_classes(), false, {}};
-    b.note = (b.specs.empty() ? std::string("none") : accel::text::join(b.specs)) + " (catalog)";
-  } else {
-    b.note = "numbered children (automatic: architecture unknown)";
-  }
-  return b;
-}
-
-// The dtype argument: nullopt = not given; "auto" = auto.
-inline std::optional<accel::DType> explicit_dtype(const ParsedArgs& a) {
-  auto d = a.value("dtype");
-  if (!d || *d == "auto") return std::nullopt;
-  return accel::dtype_from_string(*d);
-}
-
 inline double parse_rate(const std::optional<std::string>& v, double fallback, const char* option) {
   if (!v) return fallback;
   const auto bytes = accel::parse_byte_size(*v);
@@ -168,14 +111,10 @@ inline int run_plan(std::span<char*> argv) {
   const bool defaulted = !a.has("max-memory");
   opts.max_memory = defaulted ? measured_budgets() : accel::parse_max_memory(*a.value("max-memory"));
   const auto mode = accel::parse_device_map_mode(a.value("device-map").value_or("auto"));
-  // dtype: explicit; `auto` (the default with a config.json, as from_pretrained) = the config's
-  // dtype, else the checkpoint's first floating dtype; without either, tensors keep their own.
-  opts.dtype = explicit_dtype(a);
-  const bool auto_dtype = a.value("dtype") == "auto" || (!a.has("dtype") && model.checkpoint && model.checkpoint->config);
-  if (auto_dtype && model.checkpoint) opts.dtype = model.checkpoint->auto_dtype;
-  opts.keep_in_fp32 = a.values("keep-in-fp32");
-  if (model.checkpoint)
-    for (auto& k : model.checkpoint->keep_in_fp32(opts.dtype)) opts.keep_in_fp32.push_back(std::move(k));
+  // The dtype: the same decision `accel load` converts with (model_args.hpp).
+  auto dtype = choose_dtype(a, model);
+  opts.dtype = dtype.dtype;
+  opts.keep_in_fp32 = std::move(dtype.keep_in_fp32);
   // no-split: given (each must match), 'none', the catalog's classes, or numbered children;
   // accelerate as called without no_split_module_classes has no blocks.
   auto blocks = choose_blocks(a, model, like == "transformers", "plan");
@@ -222,8 +161,7 @@ inline int run_plan(std::span<char*> argv) {
   std::printf("accel plan: %s, %zu tensors, %s, mode %s\n", model.label.c_str(), model.tree.tensors().size(),
               accel::text::format_bytes(plan.total_bytes).c_str(), a.value("device-map").value_or("auto").c_str());
   if (model.checkpoint) std::printf("architecture: %s\n", model.checkpoint->architecture_note.c_str());
-  std::printf("blocks: %s; rules: %s; dtype: %s\n", blocks_note.c_str(), like.c_str(),
-              opts.dtype ? std::string(accel::torch_name(*opts.dtype)).c_str() : "as stored");
+  std::printf("blocks: %s; rules: %s; dtype: %s\n", blocks_note.c_str(), like.c_str(), dtype.note.c_str());
   std::printf("budgets%s: %s\n", defaulted ? " (measured: free GPU memory minus max(1 GiB, 10%), 90% of available RAM)" : "",
               budgets.to_string().c_str());
   for (const auto& line : plan.balancing) std::printf("  %s\n", line.c_str());

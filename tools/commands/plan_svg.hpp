@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
-// `accel plan --svg`: one bar per device with its modules, the budget line and the reserve.
+// `accel plan --svg`: one bar per device with its modules, the budget line and the reserve, all
+// bars on one byte scale.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -41,10 +43,16 @@ struct KeySize {
 /// plan.devices[i] with their sizes, in model order.
 inline std::string render_plan_svg(const accel::PlanResult& plan, const accel::PlanReport& report,
                                    const std::vector<std::vector<KeySize>>& keys_per_device, std::string_view title) {
-  constexpr double width = 980, left = 150, bar_w = 600, row_h = 64, bar_h = 30, top = 70;
+  constexpr double width = 980, left = 150, bar_w = 600, row_h = 64, bar_h = 30, top = 86;
   std::vector<std::size_t> rows;
   for (std::size_t i = 0; i < plan.devices.size(); ++i)
     if (!(plan.devices[i].device.is_disk() && !plan.devices[i].budget && plan.devices[i].modules.empty())) rows.push_back(i);
+  // One byte scale for every bar, so bar lengths compare across devices: the full width is the
+  // largest budget or placement of any device drawn.
+  std::uint64_t scale = 1;
+  for (auto i : rows) scale = std::max({scale, plan.devices[i].budget.value_or(0), plan.devices[i].placed});
+  const double scale_bytes = static_cast<double>(scale);
+  auto x_of = [&](double bytes) { return left + bar_w * bytes / scale_bytes; };
   const double height = top + row_h * static_cast<double>(rows.size()) + 70;
   std::string s;
   s += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(width) + "\" height=\"" + num(height) +
@@ -56,7 +64,9 @@ inline std::string render_plan_svg(const accel::PlanResult& plan, const accel::P
   s += "<text x=\"20\" y=\"28\" font-size=\"18\" font-weight=\"bold\">" + xml_escape(title) + "</text>\n";
   s += "<text x=\"20\" y=\"50\" font-size=\"12\" fill=\"#555\">model " + xml_escape(accel::text::format_bytes(plan.total_bytes)) +
        ", largest layer " + xml_escape(accel::text::format_bytes(plan.largest_layer)) +
-       "; each bar is one device's budget, the red line its limit, the hatched end the reserve kept for the largest layer</text>\n";
+       "; every bar on one scale, full width " + xml_escape(accel::text::format_bytes(scale)) + "</text>\n";
+  s += "<text x=\"20\" y=\"66\" font-size=\"12\" fill=\"#555\">the grey bar is a device's budget, the red line its limit, "
+       "the hatched end the reserve kept for the largest layer</text>\n";
   static constexpr const char* gpu_colors[] = {"#4c78a8", "#72b7b2", "#54a24b", "#88b4d8"};
   static constexpr const char* cpu_colors[] = {"#f58518", "#f2b05e"};
   static constexpr const char* disk_colors[] = {"#9d9d9d", "#c7c7c7"};
@@ -64,13 +74,11 @@ inline std::string render_plan_svg(const accel::PlanResult& plan, const accel::P
     const auto& d = plan.devices[rows[r]];
     const double y = top + row_h * static_cast<double>(r);
     const std::string label = d.device.is_gpu() ? "GPU " + d.device.to_string() : d.device.is_cpu() ? "CPU" : "disk";
-    const double scale_bytes = d.budget ? static_cast<double>(std::max<std::uint64_t>(*d.budget, d.placed))
-                                        : static_cast<double>(std::max<std::uint64_t>(d.placed, 1));
-    auto x_of = [&](double bytes) { return left + (scale_bytes > 0 ? bar_w * bytes / scale_bytes : 0.0); };
     s += "<text x=\"20\" y=\"" + num(y + 19) + "\" font-size=\"15\" font-weight=\"bold\">" + label + "</text>\n";
     s += "<text x=\"20\" y=\"" + num(y + 36) + "\" font-size=\"11\" fill=\"#555\">" +
          (d.budget ? "budget " + accel::text::format_bytes(*d.budget) : std::string("unbounded")) + "</text>\n";
-    s += "<rect x=\"" + num(left) + "\" y=\"" + num(y) + "\" width=\"" + num(bar_w) + "\" height=\"" + num(bar_h) +
+    const double extent = static_cast<double>(d.budget ? std::max(*d.budget, d.placed) : d.placed);
+    s += "<rect x=\"" + num(left) + "\" y=\"" + num(y) + "\" width=\"" + num(x_of(extent) - left) + "\" height=\"" + num(bar_h) +
          "\" fill=\"#f4f4f4\" stroke=\"#bbb\"/>\n";
     if (d.main && d.budget && d.reserve > 0) {
       const double rx = x_of(static_cast<double>(*d.budget > d.reserve ? *d.budget - d.reserve : 0));

@@ -2,7 +2,7 @@
 // SPDX-FileCopyrightText: accel contributors
 /// @file device_map.hpp
 /// @brief DeviceMap: module/tensor name → GPU index, `cpu` or `disk`, in model order; HF JSON;
-///        clean_device_map and check_device_map.
+///        clean_device_map, check_device_map and classify_unused_keys.
 #pragma once
 
 #include <algorithm>
@@ -314,6 +314,48 @@ struct DeviceMapCheck {
     std::string desc;
     for (auto t : g) desc += (desc.empty() ? "" : ", ") + tree.tensors()[t].name + " on " + where[t]->to_string();
     out.warnings.push_back("tied tensors are on different devices (" + desc + "); they will be loaded as separate copies");
+  }
+  return out;
+}
+
+/// @brief Device-map keys that cover no checkpoint tensor (LoadReport::unused_keys), split by
+///        whether the model explains them.
+struct UnusedKeys {
+  /// Keys naming a module or tensor of the model whose every tensor is a non-persistent buffer
+  /// (rotary `inv_freq`: computed, never saved) or a tied copy of another tensor (`lm_head` tied to
+  /// the input embedding: saved once): planned, as transformers plans them, with nothing to load.
+  std::vector<std::string> model_only;
+  /// Every other key: not a name of the model, or a module whose weights the checkpoint lacks.
+  std::vector<std::string> unknown;
+};
+
+/// @brief Sorts `keys` (device-map keys that cover no checkpoint tensor) into the ones `tree`
+///        explains and the others; order is kept within each list.
+/// @note `accel load` reports only UnusedKeys::unknown, so a map written by `accel plan --json`
+///       for a model built from its config.json loads without notes about its buffer and tied keys.
+[[nodiscard]] inline UnusedKeys classify_unused_keys(const ModuleTree& tree, const std::vector<std::string>& keys) {
+  UnusedKeys out;
+  if (keys.empty()) return out;
+  const auto cached = tree.index();
+  const TreeIndex& ix = *cached;
+  std::vector<bool> tied(tree.tensors().size(), false);
+  for (const auto& g : ix.tied_groups)
+    if (g.size() > 1)
+      for (auto t : g) tied[t] = true;
+  auto nothing_to_load = [&](std::size_t t) {
+    const auto& ten = tree.tensors()[t];
+    return tied[t] || (ten.buffer && !ten.persistent);
+  };
+  for (const auto& key : keys) {
+    bool explained = false;
+    if (auto id = tree.find_tensor(key)) {
+      explained = nothing_to_load(*id);
+    } else if (auto m = tree.find_module(key); m && !key.empty()) {
+      explained = true;
+      for (std::size_t t = 0; t < tree.tensors().size() && explained; ++t)
+        if (ix.contains(*m, t)) explained = nothing_to_load(t);
+    }
+    (explained ? out.model_only : out.unknown).push_back(key);
   }
   return out;
 }
