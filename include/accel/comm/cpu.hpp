@@ -11,6 +11,10 @@
 /// stay mapped between rounds on both sides, so a steady stream of rounds faults in no pages. Across machines
 /// (or with ACCEL_CPU_SHM=0) everything rides in the store exchange.
 ///
+/// When every rank is on this machine, a round whose payloads all fit 64 KiB skips the store: it
+/// goes through a shared-memory slot per rank (detail/shm_slots.hpp); a peer that left is still
+/// named by the store.
+///
 /// Buffer collectives (all_reduce and friends over spans) check their descriptors in one store
 /// round, then move the data through a third segment per rank in pipelined chunks
 /// (detail/shm_collectives.hpp); across machines the data rides in store rounds instead.
@@ -72,7 +76,7 @@ class CpuCommunicator final : public Communicator {
     w.u64(detail::pid_namespace_id()).u64(options_.buffer_chunk_bytes);
     // Small rounds: each rank's slot segment exists before the setup round, so peers can map it after.
     if (options_.use_shm && options_.slot_payload_bytes > 0 && size > 1) {
-      slots_ = std::make_unique<detail::ShmSlotExchange>(shm_prefix + ".s", options_.slot_payload_bytes + slot_header_room, timeout());
+      slots_ = std::make_unique<detail::ShmSlotExchange>(shm_prefix + ".s", options_.slot_payload_bytes, timeout());
       if (!slots_->create()) slots_.reset();  // no shared memory here: the store carries every round
     }
     w.str(slots_ ? slots_->segment() : std::string());
@@ -233,7 +237,6 @@ class CpuCommunicator final : public Communicator {
   std::vector<detail::ShmSegment> segments_;
   detail::ShmPeerMappings peer_maps_;
   std::unique_ptr<detail::ShmBufferEngine> buffers_;  ///< null: buffer collectives travel in store rounds
-  static constexpr std::size_t slot_header_room = 4096;  ///< slot bytes beyond the payload, for the round header
   std::unique_ptr<detail::ShmSlotExchange> slots_;       ///< null: every round travels through the store
 };
 

@@ -12,8 +12,8 @@
 /// so two slots suffice and no acknowledgement is needed.
 ///
 /// When any rank's entry did not fit its slot, every rank sees the marker and the round goes
-/// through the store instead (so the decision is the same everywhere). Waits spin briefly (not at
-/// all when there are more ranks than CPUs), yield, then sleep on a futex; the poster issues a
+/// through the store instead (so the decision is the same everywhere). Waits spin briefly (only
+/// with CPUs to spare, see spin_plan()), yield, then sleep on a futex; the poster issues a
 /// wake only when a peer says it sleeps. While asleep a waiter checks every peer that has not
 /// posted: a process that is gone or a communicator that closed is a peer that left (the caller
 /// then asks the store, which knows how it left); one that gave up is named; the timeout names
@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -49,16 +50,23 @@ namespace detail {
 
 /// @brief How a waiter spends the time before it sleeps on a futex.
 struct SpinPlan {
-  std::chrono::microseconds spin;  ///< busy-wait (pause instructions) for up to this long
-  int yields;                      ///< then give the CPU away this many times
+  std::chrono::microseconds spin;   ///< busy-wait (pause instructions) for up to this long
+  std::chrono::microseconds yield;  ///< then give the CPU away (sched_yield) for up to this long
 };
 
-/// @brief The waiting plan for `world` ranks on `cpus` usable CPUs (pure): when every rank can have
-/// a CPU, spin (a peer that is about to post answers within microseconds); otherwise spinning
-/// would take the CPU from the very peer being waited for, so yield at once and sleep soon.
+/// @brief The waiting plan for `world` ranks on `cpus` usable CPUs (pure).
+///
+/// Spinning pays only when the awaited peer surely runs on another CPU; when it may share this
+/// one (other work on the machine, or more ranks than CPUs) every microsecond spun is one it cannot
+/// run. Measured with 2 ranks on a busy 2-CPU machine: a 1-5 us spin before yielding doubled the
+/// median round, a 50 us spin made it 100 us whenever the two shared a CPU. So spin only with
+/// CPUs to spare (twice the ranks), and otherwise yield at once: a yield hands the CPU to a peer
+/// sharing it and returns at once when none is waiting. Yielding is kept short (a yield to a busy
+/// process may cost a time slice, where a futex wake gets the CPU back sooner), then the waiter
+/// sleeps on the futex.
 [[nodiscard]] constexpr SpinPlan spin_plan(int world, int cpus) noexcept {
-  if (world <= cpus) return {std::chrono::microseconds(50), 32};
-  return {std::chrono::microseconds(0), 8};
+  if (2 * world <= cpus) return {std::chrono::microseconds(2), std::chrono::microseconds(100)};
+  return {std::chrono::microseconds(0), std::chrono::microseconds(100)};
 }
 
 /// @brief CPUs this process may run on (at least 1).
@@ -76,10 +84,9 @@ inline int usable_cpus() noexcept {
 /// noticed through its pid.
 [[nodiscard]] inline bool slots_usable(bool same_machine, bool use_shm, const std::vector<std::string>& segments,
                                        const std::vector<std::uint64_t>& pid_namespaces, std::uint64_t my_namespace) {
-  if (!same_machine || !use_shm || segments.size() < 2 || my_namespace == 0) return false;
-  for (std::size_t i = 0; i < segments.size(); ++i)
-    if (segments[i].empty() || i >= pid_namespaces.size() || pid_namespaces[i] != my_namespace) return false;
-  return true;
+  if (!same_machine || !use_shm || segments.size() < 2 || pid_namespaces.size() != segments.size() || my_namespace == 0) return false;
+  return std::none_of(segments.begin(), segments.end(), [](const std::string& s) { return s.empty(); }) &&
+         std::all_of(pid_namespaces.begin(), pid_namespaces.end(), [&](std::uint64_t ns) { return ns == my_namespace; });
 }
 
 /// @brief A peer left without joining a round: its process is gone or its communicator closed.
@@ -99,17 +106,31 @@ struct ShmSlotControl {
   ShmCounter sleeping;  ///< non-zero: this rank sleeps on a futex (posters then wake)
   ShmCounter aborted;   ///< non-zero: this rank gave up mid-round
   ShmCounter closed;    ///< non-zero: this rank's communicator is gone
+  alignas(64) std::uint64_t slot_bytes = 0;  ///< bytes of each slot (set before the setup round, read by peers)
 };
 static_assert(sizeof(ShmSlotControl) <= shm_control_bytes);
 
 /// @brief Framing at the start of a slot: header bytes, then payload bytes (too_large: no entry).
 inline constexpr std::size_t slot_frame_bytes = 16;
 inline constexpr std::uint64_t slot_too_large = ~std::uint64_t{0};
+/// @brief Room in every slot for the round header (operation, sequence number, failure message).
+inline constexpr std::size_t slot_header_room = 4096;
+
+/// @brief Bytes of a slot that carries payloads up to `payload_bytes` (pure).
+[[nodiscard]] constexpr std::size_t slot_bytes_for(std::size_t payload_bytes) noexcept {
+  return slot_frame_bytes + slot_header_room + payload_bytes;
+}
 
 /// @brief Whether an entry of `header` + `payload` bytes fits a slot of `slot_bytes` (pure).
 [[nodiscard]] constexpr bool fits_slot(std::size_t header, std::size_t payload, std::size_t slot_bytes) noexcept {
   return slot_bytes >= slot_frame_bytes && header <= slot_bytes - slot_frame_bytes &&
          payload <= slot_bytes - slot_frame_bytes - header;
+}
+
+/// @brief Whether this rank sends its entry through its slot (pure): payloads up to
+/// `payload_bytes` do, with a round header of at most slot_header_room bytes.
+[[nodiscard]] constexpr bool sends_in_slot(std::size_t header, std::size_t payload, std::size_t payload_bytes) noexcept {
+  return header <= slot_header_room && payload <= payload_bytes;
 }
 
 /// @brief One rank's side of the small-payload rounds.
@@ -121,10 +142,11 @@ class ShmSlotExchange {
     std::int64_t pid = 0;
   };
 
-  /// @param segment this rank's segment name; @param slot_bytes bytes of each of its two slots
-  /// (entries of header + payload up to this minus 16 bytes of framing travel here)
-  ShmSlotExchange(std::string segment, std::size_t slot_bytes, std::chrono::milliseconds timeout)
-      : own_(std::move(segment)), slot_bytes_(slot_bytes), timeout_(timeout) {}
+  /// @param segment this rank's segment name
+  /// @param payload_bytes the largest payload this rank sends through its slots (each slot holds
+  ///        that, a round header of up to slot_header_room bytes and the framing)
+  ShmSlotExchange(std::string segment, std::size_t payload_bytes, std::chrono::milliseconds timeout)
+      : own_(std::move(segment)), payload_bytes_(payload_bytes), slot_bytes_(slot_bytes_for(payload_bytes)), timeout_(timeout) {}
   ShmSlotExchange(const ShmSlotExchange&) = delete;
   ShmSlotExchange& operator=(const ShmSlotExchange&) = delete;
   /// @brief Tells waiting peers this rank will post no more (they ask the store how it left).
@@ -138,7 +160,7 @@ class ShmSlotExchange {
   /// @return false when shared memory is unavailable or full (the communicator then uses the store)
   bool create() noexcept {
     if (!own_.reserve(shm_control_bytes + 2 * slot_bytes_)) return false;
-    slot_bytes_ = (own_.capacity() - shm_control_bytes) / 2;  // the segment is rounded up: peers derive the slots from its size
+    own_control().slot_bytes = slot_bytes_;
     return true;
   }
   [[nodiscard]] const std::string& segment() const noexcept { return own_.name(); }
@@ -167,7 +189,10 @@ class ShmSlotExchange {
       maps_[static_cast<std::size_t>(r)] = map_shared(fd.get(), size, true);
       if (!maps_[static_cast<std::size_t>(r)])
         throw_error<comm_error>("cannot map rank ", r, "'s slot segment ", p.segment, ": ", os_error_text(errno));
-      peer_slot_bytes_[static_cast<std::size_t>(r)] = (size - shm_control_bytes) / 2;
+      const auto slot_bytes = control(r).slot_bytes;
+      if (slot_bytes < slot_frame_bytes || slot_bytes > (size - shm_control_bytes) / 2)
+        throw_error<comm_error>("rank ", r, "'s slot segment ", p.segment, " of ", size, " bytes claims slots of ", slot_bytes, " bytes");
+      peer_slot_bytes_[static_cast<std::size_t>(r)] = static_cast<std::size_t>(slot_bytes);
     }
   }
 
@@ -203,7 +228,7 @@ class ShmSlotExchange {
     if (++step_ == 0) ++step_;  // 0 is "nothing yet" in a fresh segment
     const std::uint32_t s = step_;
     const std::size_t payload = head.size() + body.size();
-    const bool fits = fits_slot(header.size(), payload, slot_bytes_);
+    const bool fits = sends_in_slot(header.size(), payload, payload_bytes_);
     std::byte* mine = slot(rank_, s);
     store_le<std::uint64_t>(mine, fits ? header.size() : slot_too_large);
     store_le<std::uint64_t>(mine + 8, fits ? payload : slot_too_large);
@@ -275,9 +300,12 @@ class ShmSlotExchange {
         }
       } while (std::chrono::steady_clock::now() < until);
     }
-    for (int i = 0; i < plan_.yields; ++i) {
-      ::sched_yield();
-      if (reached(word.load(std::memory_order_acquire), s)) return;
+    if (plan_.yield.count() > 0) {
+      const auto until = std::chrono::steady_clock::now() + plan_.yield;
+      do {  // a yield that handed the CPU to other work may take a whole time slice: check the clock after each
+        ::sched_yield();
+        if (reached(word.load(std::memory_order_acquire), s)) return;
+      } while (std::chrono::steady_clock::now() < until);
     }
     auto& sleeping = own_control().sleeping.v;
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
@@ -325,6 +353,7 @@ class ShmSlotExchange {
   }
 
   ShmSegment own_;
+  std::size_t payload_bytes_;
   std::size_t slot_bytes_;
   std::chrono::milliseconds timeout_;
   int rank_ = 0;
