@@ -224,6 +224,42 @@ TEST_CASE("shm slots: a rank that closed its communicator without joining is nam
   REQUIRE(std::chrono::steady_clock::now() - start < 30s);  // noticed, not timed out
 }
 
+TEST_CASE("shm slots: a peer that closed its communicator before this one mapped it counts as left", "[cpu][slots]") {
+  // Rank 0 made its communicator and destroyed it (its segment unlinked) before rank 1 learnt its peers.
+  const std::string prefix = d::unique_shm_prefix();
+  auto r0 = std::make_unique<d::ShmSlotExchange>(prefix + ".s0", 1024, 20s);
+  d::ShmSlotExchange r1(prefix + ".s1", 1024, 20s);
+  REQUIRE(r0->create());
+  REQUIRE(r1.create());
+  const std::vector<d::ShmSlotExchange::Peer> peers = {{r0->segment(), ::getpid()}, {r1.segment(), ::getpid()}};
+  r0.reset();
+  r1.connect(1, peers);
+  try {
+    accel::Blobs h, p;
+    const std::vector<std::byte> header(8), body(10);
+    r1.run("gather_object #1", header, body, {}, h, p);
+    FAIL("the round completed without rank 0");
+  } catch (const d::shm_peer_left& e) {
+    CHECK(e.rank() == 0);
+    CHECK_THAT(std::string(e.what()), accel_test::contains("closed its communicator without joining gather_object #1"));
+  }
+}
+
+TEST_CASE("shm slots: ranks that leave at once while a slow rank's first collective is still to come", "[cpu][slots]") {
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    Job job;  // a fresh store: in a reused one, this attempt's ranks would find the last one's as exited
+    const auto errors = job.run_cpu(3, {}, [](accel::CpuCommunicator& comm) {
+      if (comm.rank() != 2) return;  // ranks 0 and 1 create their communicator and destroy it at once
+      std::this_thread::sleep_for(50ms);
+      accel::wait_for_everyone(comm);
+    }, 20s);
+    INFO(errors[0] << " | " << errors[1] << " | " << errors[2]);
+    REQUIRE(errors[0].empty());
+    REQUIRE(errors[1].empty());
+    REQUIRE_THAT(errors[2], accel_test::contains("exited without joining wait_for_everyone #1"));
+  }
+}
+
 TEST_CASE("shm slots: a peer whose process is gone is named at once", "[cpu][slots]") {
   const pid_t child = ::fork();
   if (child == 0) ::_exit(0);
@@ -242,7 +278,7 @@ TEST_CASE("shm slots: a peer whose process is gone is named at once", "[cpu][slo
   REQUIRE_THROWS_WITH(pair.run(0), accel_test::contains("an earlier collective on this communicator failed mid-round"));
 }
 
-TEST_CASE("shm slots: a peer that never arrives is a timeout naming it; one that gave up is named by the next", "[cpu][slots]") {
+TEST_CASE("shm slots: a peer that never arrives is a timeout naming it, one that gave up is named by the next", "[cpu][slots]") {
   SlotPair pair(200ms, 20s);
   REQUIRE_THROWS_WITH(pair.run(0), accel_test::contains("timed out after 200 ms in gather_object #1: rank 1 has not arrived"));
   // Rank 1 completes round 1 (rank 0 posted it before giving up) and then finds rank 0 gone from round 2.

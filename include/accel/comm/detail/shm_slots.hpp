@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -165,35 +166,14 @@ class ShmSlotExchange {
   }
   [[nodiscard]] const std::string& segment() const noexcept { return own_.name(); }
 
-  /// @brief Maps every peer's segment (after the setup round: they all exist by then).
+  /// @brief Learns the peers (after the setup round); their segments are mapped in the first round.
   /// @param peers every rank, this one included, in rank order
-  /// @throws comm_error naming a rank whose segment cannot be opened or is too small
   void connect(int rank, std::vector<Peer> peers) {
     rank_ = rank;
     world_ = static_cast<int>(peers.size());
     peers_ = std::move(peers);
     plan_ = spin_plan(world_, usable_cpus());
-    maps_.assign(peers_.size(), nullptr);
     peer_slot_bytes_.assign(peers_.size(), slot_bytes_);
-    for (int r = 0; r < world_; ++r) {
-      if (r == rank_) continue;
-      const auto& p = peers_[static_cast<std::size_t>(r)];
-      Fd fd(::shm_open(p.segment.c_str(), O_RDWR | O_CLOEXEC, 0));
-      if (!fd)
-        throw_error<comm_error>("cannot open rank ", r, "'s slot segment ", p.segment, ": ", os_error_text(errno),
-                                "; set ACCEL_CPU_SHM=0 to send everything over TCP instead");
-      struct stat st {};
-      if (::fstat(fd.get(), &st) != 0 || static_cast<std::size_t>(st.st_size) < shm_control_bytes + 2 * slot_frame_bytes)
-        throw_error<comm_error>("rank ", r, "'s slot segment ", p.segment, " holds ", st.st_size, " bytes, too few for its slots");
-      const auto size = static_cast<std::size_t>(st.st_size);
-      maps_[static_cast<std::size_t>(r)] = map_shared(fd.get(), size, true);
-      if (!maps_[static_cast<std::size_t>(r)])
-        throw_error<comm_error>("cannot map rank ", r, "'s slot segment ", p.segment, ": ", os_error_text(errno));
-      const auto slot_bytes = control(r).slot_bytes;
-      if (slot_bytes < slot_frame_bytes || slot_bytes > (size - shm_control_bytes) / 2)
-        throw_error<comm_error>("rank ", r, "'s slot segment ", p.segment, " of ", size, " bytes claims slots of ", slot_bytes, " bytes");
-      peer_slot_bytes_[static_cast<std::size_t>(r)] = static_cast<std::size_t>(slot_bytes);
-    }
   }
 
   /// @brief One round: every rank's (header, payload), in rank order, appended to `headers` and `payloads`.
@@ -208,6 +188,7 @@ class ShmSlotExchange {
       throw_error<comm_error>(label, ": an earlier collective on this communicator failed mid-round (", broken_reason_,
                               "); create a new communicator");
     try {
+      if (maps_.empty()) map_peers(label);
       return round(label, header, head, body, headers, payloads);
     } catch (const std::exception& e) {
       give_up(e.what());
@@ -216,6 +197,36 @@ class ShmSlotExchange {
   }
 
  private:
+  // Maps every peer's segment, in the first round and before this rank posts: no peer can have
+  // finished that round yet, so a segment that is gone belongs to a peer that left without it (a
+  // peer may create its communicator, do nothing and destroy it before this one got here).
+  void map_peers(const std::string& label) {
+    std::vector<ShmMapping> maps(peers_.size());
+    for (int r = 0; r < world_; ++r) {
+      if (r == rank_) continue;
+      const auto& p = peers_[static_cast<std::size_t>(r)];
+      Fd fd(::shm_open(p.segment.c_str(), O_RDWR | O_CLOEXEC, 0));
+      if (!fd && errno == ENOENT)
+        throw shm_peer_left(r, concat("rank ", r, "'s slot segment ", p.segment, " is gone: it closed its communicator without joining ",
+                                      label, ", or the processes do not share /dev/shm (then set ACCEL_CPU_SHM=0)"));
+      if (!fd)
+        throw_error<comm_error>("cannot open rank ", r, "'s slot segment ", p.segment, ": ", os_error_text(errno),
+                                "; set ACCEL_CPU_SHM=0 to send everything over TCP instead");
+      struct stat st {};
+      if (::fstat(fd.get(), &st) != 0 || static_cast<std::size_t>(st.st_size) < shm_control_bytes + 2 * slot_frame_bytes)
+        throw_error<comm_error>("rank ", r, "'s slot segment ", p.segment, " holds ", st.st_size, " bytes, too few for its slots");
+      const auto size = static_cast<std::size_t>(st.st_size);
+      ShmMapping m = map_shared(fd.get(), size, true);
+      if (!m) throw_error<comm_error>("cannot map rank ", r, "'s slot segment ", p.segment, ": ", os_error_text(errno));
+      const auto slot_bytes = reinterpret_cast<const ShmSlotControl*>(m.get())->slot_bytes;
+      if (slot_bytes < slot_frame_bytes || slot_bytes > (size - shm_control_bytes) / 2)
+        throw_error<comm_error>("rank ", r, "'s slot segment ", p.segment, " of ", size, " bytes claims slots of ", slot_bytes, " bytes");
+      peer_slot_bytes_[static_cast<std::size_t>(r)] = static_cast<std::size_t>(slot_bytes);
+      maps[static_cast<std::size_t>(r)] = std::move(m);
+    }
+    maps_ = std::move(maps);
+  }
+
   ShmSlotControl& own_control() noexcept { return *reinterpret_cast<ShmSlotControl*>(own_.mapping().get()); }
   std::byte* base(int r) noexcept { return r == rank_ ? own_.mapping().get() : maps_[static_cast<std::size_t>(r)].get(); }
   ShmSlotControl& control(int r) noexcept { return *reinterpret_cast<ShmSlotControl*>(base(r)); }
@@ -359,7 +370,7 @@ class ShmSlotExchange {
   int rank_ = 0;
   int world_ = 1;
   std::vector<Peer> peers_;
-  std::vector<ShmMapping> maps_;
+  std::vector<ShmMapping> maps_;  ///< peers' segments (empty until the first round)
   std::vector<std::size_t> peer_slot_bytes_;
   SpinPlan plan_{};
   std::uint32_t step_ = 0;
