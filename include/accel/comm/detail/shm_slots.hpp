@@ -236,8 +236,9 @@ class ShmSlotExchange {
 
   bool round(const std::string& label, std::span<const std::byte> header, std::span<const std::byte> head,
              std::span<const std::byte> body, Blobs& headers, Blobs& payloads) {
-    if (++step_ == 0) ++step_;  // 0 is "nothing yet" in a fresh segment
-    const std::uint32_t s = step_;
+    // Steps start at 1 (a fresh segment says 0) and wrap at 2^32 keeping their parity, so the slots
+    // still alternate; reached() compares wrap-safe.
+    const std::uint32_t s = ++step_;
     const std::size_t payload = head.size() + body.size();
     const bool fits = sends_in_slot(header.size(), payload, payload_bytes_);
     std::byte* mine = slot(rank_, s);
