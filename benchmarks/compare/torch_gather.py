@@ -5,7 +5,7 @@
 collectives_bench, in the same run, and the ratio to accel's gather_object / all_reduce.
 
     /usr/bin/python3 benchmarks/compare/torch_gather.py build/dev/benchmarks/collectives_bench [--procs 2,4] [--quick]
-        [--case all_reduce ...]
+        [--case all_reduce ...] [--size 100 ...]
 
 Runs collectives_bench first (accel), then the same cases with torch: N processes started with
 torch.multiprocessing, TCP rendezvous on 127.0.0.1, gloo backend. Prints both CSVs and a table of
@@ -42,7 +42,7 @@ def all_reduce_iterations(nbytes, quick):
     return 5 if quick else 100 if nbytes <= (1 << 20) else 30 if nbytes <= (16 << 20) else 15  # as collectives_bench
 
 
-def worker(rank, world, port, quick, cases, queue):
+def worker(rank, world, port, quick, cases, sizes, queue):
     import torch
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
@@ -70,6 +70,8 @@ def worker(rank, world, port, quick, cases, queue):
     if wants("barrier"):
         rows.append(("barrier", 0, bi, timed(bi, dist.barrier)))
     for nbytes in (100, 64 << 10, 1 << 20, 16 << 20):
+        if sizes and nbytes not in sizes:
+            continue
         if wants("raw_bytes"):
             raw = bytes([rank % 256]) * nbytes
             ri = iterations(nbytes, False, quick)
@@ -80,6 +82,8 @@ def worker(rank, world, port, quick, cases, queue):
             rows.append(("struct_list", nbytes, si, timed(si, lambda: dist.all_gather_object(out, items))))
     if wants("all_reduce"):
         for nbytes in (1 << 20, 16 << 20, 64 << 20):
+            if sizes and nbytes not in sizes:
+                continue
             t = torch.full((nbytes // 4,), float(rank + 1), dtype=torch.float32)
             dist.all_reduce(t)
             expect = world * (world + 1) / 2
@@ -102,12 +106,12 @@ def free_port():
     return port
 
 
-def run_torch(world, quick, cases):
+def run_torch(world, quick, cases, sizes):
     import torch.multiprocessing as mp
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=worker, args=(r, world, port, quick, cases, queue)) for r in range(world)]
+    procs = [ctx.Process(target=worker, args=(r, world, port, quick, cases, sizes, queue)) for r in range(world)]
     for p in procs:
         p.start()
     rows = queue.get()
@@ -122,11 +126,14 @@ def main():
     ap.add_argument("--procs", default="2,4")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--case", action="append", default=[], help="run only this case (repeatable)")
+    ap.add_argument("--size", action="append", default=[], type=int, help="run only this payload size in bytes (repeatable)")
     a = ap.parse_args()
     worlds = [int(x) for x in a.procs.split(",")]
     args = [a.bench, "--procs", a.procs] + (["--quick"] if a.quick else [])
     for c in a.case:
         args += ["--case", c]
+    for n in a.size:
+        args += ["--size", str(n)]
     ours = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     print(ours, end="")
     accel = {}
@@ -137,7 +144,7 @@ def main():
     print("# torch %s, gloo" % torch.__version__)
     torch_rows = {}
     for w in worlds:
-        for case, nbytes, iters, (mean, median, p90) in run_torch(w, a.quick, a.case):
+        for case, nbytes, iters, (mean, median, p90) in run_torch(w, a.quick, a.case, a.size):
             rate = nbytes / median if case == "all_reduce" else nbytes * w / mean
             print("torch,%s,%d,%d,%d,%.1f,%.1f,%.1f,%.1f" % (case, w, nbytes, iters, mean, rate, median, p90))
             torch_rows[(case, w, nbytes)] = (mean, median, p90)

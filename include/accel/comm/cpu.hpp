@@ -11,6 +11,10 @@
 /// stay mapped between rounds on both sides, so a steady stream of rounds faults in no pages. Across machines
 /// (or with ACCEL_CPU_SHM=0) everything rides in the store exchange.
 ///
+/// When every rank is on this machine, a round whose payloads all fit 64 KiB skips the store: it
+/// goes through a shared-memory slot per rank (detail/shm_slots.hpp); a peer that left is still
+/// named by the store.
+///
 /// Buffer collectives (all_reduce and friends over spans) check their descriptors in one store
 /// round, then move the data through a third segment per rank in pipelined chunks
 /// (detail/shm_collectives.hpp); across machines the data rides in store rounds instead.
@@ -29,6 +33,7 @@
 #include <accel/runtime/config.hpp>
 #include <accel/comm/detail/shm.hpp>
 #include <accel/comm/detail/shm_collectives.hpp>
+#include <accel/comm/detail/shm_slots.hpp>
 #include <accel/comm/wire.hpp>
 #include <accel/runtime/error.hpp>
 #include <accel/comm/communicator.hpp>
@@ -43,6 +48,8 @@ struct CpuCommOptions {
   bool use_shm = true;                        ///< false (or ACCEL_CPU_SHM=0): everything through the store
   std::size_t buffer_chunk_bytes = 1 << 20;   ///< buffer collectives: bytes per pipelined step (same on every rank; each
                                               ///< rank holds a segment of twice this)
+  std::size_t slot_payload_bytes = 64 * 1024;  ///< rounds whose payloads all fit this go through per-rank shared-memory
+                                               ///< slots instead of the store (0: never; each rank holds two slots)
 };
 
 /// @brief Collectives over the job's store (and shared memory on one machine).
@@ -67,10 +74,18 @@ class CpuCommunicator final : public Communicator {
     detail::WireWriter w;
     w.str(me).u64(generation).str(shm_prefix + ".c").i64(static_cast<std::int64_t>(::getpid()));
     w.u64(detail::pid_namespace_id()).u64(options_.buffer_chunk_bytes);
+    // Small rounds: each rank's slot segment exists before the setup round, so peers can map it after.
+    if (options_.use_shm && options_.slot_payload_bytes > 0 && size > 1) {
+      slots_ = std::make_unique<detail::ShmSlotExchange>(shm_prefix + ".s", options_.slot_payload_bytes, timeout());
+      if (!slots_->create()) slots_.reset();  // no shared memory here: the store carries every round
+    }
+    w.str(slots_ ? slots_->segment() : std::string());
     const Blobs all = store_->exchange(base_key() + "setup", rank, size, w.take(), "communicator setup (" + options_.name + ")");
     same_machine_ = true;
     std::vector<detail::ShmBufferEngine::Peer> peers;
     std::vector<std::uint64_t> chunks;
+    std::vector<std::string> slot_segments;
+    std::vector<std::uint64_t> namespaces;
     for (std::size_t i = 0; i < all.size(); ++i) {
       detail::WireReader rd(all[i]);
       same_machine_ = same_machine_ && rd.str() == me;
@@ -81,6 +96,15 @@ class CpuCommunicator final : public Communicator {
       p.pid = rd.i64();
       p.pid_namespace = rd.u64();
       chunks.push_back(rd.u64());
+      slot_segments.push_back(rd.str());
+      namespaces.push_back(p.pid_namespace);
+    }
+    if (slots_ && detail::slots_usable(same_machine_, options_.use_shm, slot_segments, namespaces, detail::pid_namespace_id())) {
+      std::vector<detail::ShmSlotExchange::Peer> slot_peers;
+      for (std::size_t i = 0; i < peers.size(); ++i) slot_peers.push_back({slot_segments[i], peers[i].pid});
+      slots_->connect(rank, std::move(slot_peers));
+    } else {
+      slots_.reset();
     }
     if (same_machine_ && options_.use_shm) {
       for (std::size_t i = 0; i < chunks.size(); ++i)
@@ -113,6 +137,8 @@ class CpuCommunicator final : public Communicator {
   [[nodiscard]] std::string backend() const override { return "cpu"; }
   /// @brief Whether large payloads go through shared memory (every rank on this machine, not disabled).
   [[nodiscard]] bool uses_shared_memory() const noexcept { return !segments_.empty(); }
+  /// @brief Whether rounds with small payloads go through shared-memory slots instead of the store.
+  [[nodiscard]] bool uses_shared_memory_slots() const noexcept { return slots_ != nullptr; }
   /// @brief The store this communicator runs on.
   [[nodiscard]] StoreClient& store() const noexcept { return *store_; }
 
@@ -129,6 +155,17 @@ class CpuCommunicator final : public Communicator {
   }
 
   Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header, const Payload& payload) override {
+    if (slots_) {
+      Round r;
+      try {
+        if (slots_->run(label, header, payload.head, payload.body, r.headers, r.payloads)) return r;
+      } catch (const detail::shm_peer_left&) {
+        // The peer never joins this round's store key either: the store says how it left
+        // (exited, crashed, never joined), as it does for rounds that travel through it.
+        store_->exchange(key(std::to_string(seq)), rank(), size(), std::span<const std::byte>(), label);
+        throw;
+      }
+    }
     // Entry: u32 header size, header, u8 transport, then the payload (inline) or a segment reference.
     detail::WireWriter w;
     w.bytes(header);
@@ -200,6 +237,7 @@ class CpuCommunicator final : public Communicator {
   std::vector<detail::ShmSegment> segments_;
   detail::ShmPeerMappings peer_maps_;
   std::unique_ptr<detail::ShmBufferEngine> buffers_;  ///< null: buffer collectives travel in store rounds
+  std::unique_ptr<detail::ShmSlotExchange> slots_;       ///< null: every round travels through the store
 };
 
 ACCEL_NAMESPACE_END
