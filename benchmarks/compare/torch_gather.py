@@ -30,6 +30,11 @@ def make_items(nbytes, rank):
              "tokens": [1, 2, 3, i]} for i in range(n)]
 
 
+def make_records(count, rank):
+    """The records of collectives_bench's records_* cases, as tuples (id, score, text, tokens)."""
+    return [(i, 0.5 * i, "completion text for prompt %d" % (rank * 1000000 + i), [1, 2, 3, i]) for i in range(count)]
+
+
 def iterations(nbytes, structs, quick):
     if structs:
         n = 200 if nbytes <= 1024 else 30 if nbytes <= 65536 else 3 if nbytes <= (1 << 20) else 1
@@ -78,6 +83,11 @@ def worker(rank, world, port, quick, cases, queue):
             items = make_items(nbytes, rank)
             si = iterations(nbytes, True, quick)
             rows.append(("struct_list", nbytes, si, timed(si, lambda: dist.all_gather_object(out, items))))
+    if wants("records"):
+        for count in (1000, 100000):
+            recs = make_records(count, rank)
+            ri = 5 if quick else 200 if count <= 1000 else 20
+            rows.append(("records", count, ri, timed(ri, lambda: dist.all_gather_object(out, recs))))
     if wants("all_reduce"):
         for nbytes in (1 << 20, 16 << 20, 64 << 20):
             t = torch.full((nbytes // 4,), float(rank + 1), dtype=torch.float32)
@@ -127,6 +137,7 @@ def main():
     args = [a.bench, "--procs", a.procs] + (["--quick"] if a.quick else [])
     for c in a.case:
         args += ["--case", c]
+    torch_cases = ["records" if c.startswith("records") else c for c in a.case]
     ours = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     print(ours, end="")
     accel = {}
@@ -137,7 +148,7 @@ def main():
     print("# torch %s, gloo" % torch.__version__)
     torch_rows = {}
     for w in worlds:
-        for case, nbytes, iters, (mean, median, p90) in run_torch(w, a.quick, a.case):
+        for case, nbytes, iters, (mean, median, p90) in run_torch(w, a.quick, torch_cases):
             rate = nbytes / median if case == "all_reduce" else nbytes * w / mean
             print("torch,%s,%d,%d,%d,%.1f,%.1f,%.1f,%.1f" % (case, w, nbytes, iters, mean, rate, median, p90))
             torch_rows[(case, w, nbytes)] = (mean, median, p90)
@@ -148,7 +159,9 @@ def main():
     for key in sorted(accel, key=lambda k: (k[1], k[0], k[2])):
         # accel's struct_fields (the same items declared with ACCEL_DEFINE_FIELDS) against the same
         # list of dicts that torch's struct_list sends.
-        peer = ("struct_list",) + key[1:] if key[0] == "struct_fields" else key
+        # The records_* cases (payload: records per process) against torch's same tuples.
+        peer = ("struct_list",) + key[1:] if key[0] == "struct_fields" else (
+            ("records",) + key[1:] if key[0].startswith("records") else key)
         if peer in torch_rows:
             ours_t, theirs = accel[key], torch_rows[peer]
             cells = []
