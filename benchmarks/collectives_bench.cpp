@@ -3,7 +3,8 @@
 // gather_object latency/throughput, barrier latency and all_reduce (float32, in place, sum) between
 // real processes on the CPU backend.
 //
-//   collectives_bench [--procs 2,4] [--quick] [--case raw_bytes|struct_list|struct_fields|barrier|all_reduce] [--size BYTES]
+//   collectives_bench [--procs 2,4] [--quick]
+//       [--case raw_bytes|struct_list|struct_fields|records_fields|records_fields_fresh|records_cbor|barrier|all_reduce] [--size BYTES]
 //
 // --case and --size (each repeatable) run only those cases and payload sizes (for profiling one).
 // --quick runs a tenth of the iterations.
@@ -50,6 +51,34 @@ struct FieldsItem {
 ACCEL_DEFINE_FIELDS(FieldsItem, id, score, text, tokens)
 
 constexpr std::size_t item_bytes = 70;  // keep in step with torch_gather.py's item
+
+// The records of the struct-gather goal: {int64 id, float score, ~34-char string, 4 int32 tokens},
+// declared (binary field encoding) and through nlohmann (CBOR); torch sends the same tuples.
+struct Record {
+  std::int64_t id = 0;
+  float score = 0;
+  std::string text;
+  std::vector<std::int32_t> tokens;
+};
+ACCEL_DEFINE_FIELDS(Record, id, score, text, tokens)
+struct CborRecord {
+  std::int64_t id = 0;
+  float score = 0;
+  std::string text;
+  std::vector<std::int32_t> tokens;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CborRecord, id, score, text, tokens)
+
+template <class R>
+std::vector<R> make_records(std::size_t n, int rank) {
+  std::vector<R> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto k = static_cast<std::int32_t>(i);
+    v[i] = {static_cast<std::int64_t>(i), 0.5f * static_cast<float>(k), "completion text for prompt " + std::to_string(rank * 1000000 + k),
+            {1, 2, 3, k}};
+  }
+  return v;
+}
 
 template <class I = Item>
 std::vector<I> make_items(std::size_t bytes, int rank) {
@@ -126,6 +155,37 @@ int worker(bool quick, const Filter& only) {
     run_case("raw_bytes", bytes, false, [&] { return std::vector<std::uint8_t>(bytes, static_cast<std::uint8_t>(rank)); });
     run_case("struct_list", bytes, true, [&] { return make_items(bytes, rank); });
     run_case("struct_fields", bytes, false, [&] { return make_items<FieldsItem>(bytes, rank); });
+  }
+  // Records (payload column: records per process): gather_object_into reusing its result across
+  // calls, gather_object into fresh results, and the CBOR-encoded records.
+  for (std::size_t count : {std::size_t{1000}, std::size_t{100000}}) {
+    const int iters = quick ? 5 : count <= 1000 ? 200 : 20;
+    if (only.wants("records_fields", count)) {
+      const auto value = make_records<Record>(count, rank);
+      std::vector<std::vector<Record>> all;
+      const Stats t = time_us(state, iters, [&] {
+        accel::gather_object_into(state, value, all);
+        if (all.size() != static_cast<std::size_t>(n) || all.back().size() != count) std::abort();
+      });
+      report("records_fields", count, iters, t, 0);
+    }
+    if (only.wants("records_fields_fresh", count)) {
+      const auto value = make_records<Record>(count, rank);
+      const Stats t = time_us(state, iters, [&] {
+        auto all = accel::gather_object(state, value);
+        if (all.size() != static_cast<std::size_t>(n) || all.back().size() != count) std::abort();
+      });
+      report("records_fields_fresh", count, iters, t, 0);
+    }
+    if (only.wants("records_cbor", count)) {
+      const auto value = make_records<CborRecord>(count, rank);
+      const int cbor_iters = quick ? 2 : count <= 1000 ? 50 : 5;
+      const Stats t = time_us(state, cbor_iters, [&] {
+        auto all = accel::gather_object(state, value);
+        if (all.size() != static_cast<std::size_t>(n) || all.back().size() != count) std::abort();
+      });
+      report("records_cbor", count, cbor_iters, t, 0);
+    }
   }
   // all_reduce: float32 sum in place; the warm-up call is checked (rank r contributes r + 1).
   for (std::size_t bytes : {std::size_t{1} << 20, std::size_t{16} << 20, std::size_t{64} << 20}) {

@@ -30,6 +30,11 @@ def make_items(nbytes, rank):
              "tokens": [1, 2, 3, i]} for i in range(n)]
 
 
+def make_records(count, rank):
+    """The records of collectives_bench's records_* cases, as tuples (id, score, text, tokens)."""
+    return [(i, 0.5 * i, "completion text for prompt %d" % (rank * 1000000 + i), [1, 2, 3, i]) for i in range(count)]
+
+
 def iterations(nbytes, structs, quick):
     if structs:
         n = 200 if nbytes <= 1024 else 30 if nbytes <= 65536 else 3 if nbytes <= (1 << 20) else 1
@@ -80,6 +85,11 @@ def worker(rank, world, port, quick, cases, sizes, queue):
             items = make_items(nbytes, rank)
             si = iterations(nbytes, True, quick)
             rows.append(("struct_list", nbytes, si, timed(si, lambda: dist.all_gather_object(out, items))))
+    if wants("records"):
+        for count in (1000, 100000):
+            recs = make_records(count, rank)
+            ri = 5 if quick else 200 if count <= 1000 else 20
+            rows.append(("records", count, ri, timed(ri, lambda: dist.all_gather_object(out, recs))))
     if wants("all_reduce"):
         for nbytes in (1 << 20, 16 << 20, 64 << 20):
             if sizes and nbytes not in sizes:
@@ -134,6 +144,7 @@ def main():
         args += ["--case", c]
     for n in a.size:
         args += ["--size", str(n)]
+    torch_cases = ["records" if c.startswith("records") else c for c in a.case]
     ours = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     print(ours, end="")
     accel = {}
@@ -144,7 +155,7 @@ def main():
     print("# torch %s, gloo" % torch.__version__)
     torch_rows = {}
     for w in worlds:
-        for case, nbytes, iters, (mean, median, p90) in run_torch(w, a.quick, a.case, a.size):
+        for case, nbytes, iters, (mean, median, p90) in run_torch(w, a.quick, torch_cases, a.size):
             rate = nbytes / median if case == "all_reduce" else nbytes * w / mean
             print("torch,%s,%d,%d,%d,%.1f,%.1f,%.1f,%.1f" % (case, w, nbytes, iters, mean, rate, median, p90))
             torch_rows[(case, w, nbytes)] = (mean, median, p90)
@@ -155,7 +166,9 @@ def main():
     for key in sorted(accel, key=lambda k: (k[1], k[0], k[2])):
         # accel's struct_fields (the same items declared with ACCEL_DEFINE_FIELDS) against the same
         # list of dicts that torch's struct_list sends.
-        peer = ("struct_list",) + key[1:] if key[0] == "struct_fields" else key
+        # The records_* cases (payload: records per process) against torch's same tuples.
+        peer = ("struct_list",) + key[1:] if key[0] == "struct_fields" else (
+            ("records",) + key[1:] if key[0].startswith("records") else key)
         if peer in torch_rows:
             ours_t, theirs = accel[key], torch_rows[peer]
             cells = []

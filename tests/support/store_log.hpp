@@ -46,6 +46,9 @@ struct StoreLog {
 
 /// A job's store on loopback with a quiet log, and connections to it as any rank.
 struct LocalStore {
+  LocalStore() = default;
+  /// A store with these options (its log is replaced by a quiet one).
+  explicit LocalStore(accel::StoreServerOptions o) : server("127.0.0.1", 0, "job-token", (o.log = quiet().log, std::move(o))) {}
   accel::StoreServer server{"127.0.0.1", 0, "job-token", quiet()};
   static accel::StoreServerOptions quiet() {
     accel::StoreServerOptions o;

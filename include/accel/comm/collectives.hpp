@@ -30,6 +30,7 @@
 #include <exception>
 #include <iostream>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <span>
@@ -49,6 +50,7 @@
 #include <accel/runtime/split.hpp>
 #include <accel/runtime/distributed_state.hpp>
 #include <accel/runtime/cuda.hpp>
+#include <accel/runtime/text.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 
@@ -216,6 +218,43 @@ void print(const DistributedState& state, Args&&... args) {
 /// @name Gathering and broadcasting
 ///@{
 
+namespace detail {
+
+// Encodes `value` into the communicator's send buffer (its bytes viewed where they are, for plain
+// data) and gathers every rank's encoding. Memory exhausted while encoding travels as this rank's
+// failure, with the size it was encoding, instead of a bare std::bad_alloc.
+template <class T>
+Blobs gather_encoded(Communicator& comm, const T& value) {
+  std::vector<std::byte>& head = comm.send_buffer();
+  head.clear();
+  std::span<const std::byte> body;
+  std::exception_ptr failure;
+  try {
+    body = encode_payload(head, value, comm.rank());
+  } catch (const std::bad_alloc&) {
+    failure = std::make_exception_ptr(serialization_error(concat("rank ", comm.rank(), " ran out of memory encoding its ", type_name<T>(),
+                                                                 " for gather_object (", text::format_bytes(head.capacity()),
+                                                                 " encoded so far); gather less per call")));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  return comm.all_gather("gather_object", Payload(head, body), failure);
+}
+
+// Runs the decoding step `fn` of rank `from`'s `bytes`-byte value; memory exhausted there becomes
+// a serialization_error naming the ranks and the size, not a bare std::bad_alloc.
+template <class F>
+void out_of_memory_as_error(const Communicator& comm, std::size_t bytes, int from, F&& fn) {
+  try {
+    fn();
+  } catch (const std::bad_alloc&) {
+    throw_error<serialization_error>("rank ", comm.rank(), " ran out of memory decoding the ", text::format_bytes(bytes),
+                                     " value from rank ", from, "; gather less per call");
+  }
+}
+
+}  // namespace detail
+
 /// @brief Every process's `value`, in rank order, on every process (torch's all_gather_object).
 ///
 /// In:  rank r holds value_r.   Out: {value_0, value_1, …, value_{n-1}} on every rank.
@@ -224,20 +263,34 @@ void print(const DistributedState& state, Args&&... args) {
 /// @note collective
 template <class T>
 std::vector<T> gather_object(Communicator& comm, const T& value) {
-  std::vector<std::byte>& head = comm.send_buffer();
-  head.clear();
-  std::span<const std::byte> body;
-  std::exception_ptr failure;
-  try {
-    body = encode_payload(head, value, comm.rank());
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  const Blobs all = comm.all_gather("gather_object", Payload(head, body), failure);
+  const Blobs all = detail::gather_encoded(comm, value);
   std::vector<T> out;
   out.reserve(all.size());
-  for (std::size_t i = 0; i < all.size(); ++i) out.push_back(from_bytes<T>(all[i], static_cast<int>(i)));
+  for (std::size_t i = 0; i < all.size(); ++i)
+    detail::out_of_memory_as_error(comm, all[i].size(), static_cast<int>(i), [&] { out.push_back(from_bytes<T>(all[i], static_cast<int>(i))); });
   return out;
+}
+
+/// @brief gather_object into storage the caller keeps: `out` is resized to the world size and
+/// out[i] decoded in place from rank i's value, reusing the memory `out` holds from an earlier call
+/// (vector capacity, and for vectors of strings or of ACCEL_DEFINE_FIELDS structs every item's
+/// strings and vectors), so a loop that gathers values of a steady shape allocates nothing after
+/// its first call.
+///
+/// In:  rank r holds value_r; `out` anything.   Out: out == {value_0, …, value_{n-1}} on every rank.
+/// @throws as gather_object; on an error `out` holds valid but unspecified values
+/// @note collective
+template <class T>
+void gather_object_into(Communicator& comm, const T& value, std::vector<T>& out) {
+  const Blobs all = detail::gather_encoded(comm, value);
+  out.resize(all.size());
+  for (std::size_t i = 0; i < all.size(); ++i)
+    detail::out_of_memory_as_error(comm, all[i].size(), static_cast<int>(i), [&] { from_bytes_into(all[i], out[i], static_cast<int>(i)); });
+}
+/// @copydoc gather_object_into(Communicator&, const T&, std::vector<T>&)
+template <class T>
+void gather_object_into(DistributedState& state, const T& value, std::vector<T>& out) {
+  gather_object_into(communicator(state), value, out);
 }
 /// @copydoc gather_object(Communicator&, const T&)
 template <class T>
@@ -362,7 +415,9 @@ T broadcast_object(Communicator& comm, const T& value, int root = 0) {
     }
   }
   const auto got = comm.broadcast("broadcast_object", Payload(head, body), root, failure);
-  return from_bytes<T>(got, root);
+  std::optional<T> out;
+  detail::out_of_memory_as_error(comm, got.size(), root, [&] { out.emplace(from_bytes<T>(got, root)); });
+  return std::move(*out);
 }
 /// @copydoc broadcast_object(Communicator&, const T&, int)
 template <class T>

@@ -14,6 +14,9 @@
 /// When every rank is on this machine, a round whose payloads all fit 64 KiB skips the store: it
 /// goes through a shared-memory slot per rank (detail/shm_slots.hpp); a peer that left is still
 /// named by the store.
+/// Payloads through the store larger than a round's share (CpuCommOptions::store_round_bytes /
+/// ranks) travel in pieces over several rounds (detail/store_chunks.hpp): no store frame and no
+/// store memory grows with the payload, and payloads of 4 GiB and more go through like any other.
 ///
 /// Buffer collectives (all_reduce and friends over spans) check their descriptors in one store
 /// round, then move the data through a third segment per rank in pipelined chunks
@@ -25,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <utility>
@@ -34,8 +38,10 @@
 #include <accel/comm/detail/shm.hpp>
 #include <accel/comm/detail/shm_collectives.hpp>
 #include <accel/comm/detail/shm_slots.hpp>
+#include <accel/comm/detail/store_chunks.hpp>
 #include <accel/comm/wire.hpp>
 #include <accel/runtime/error.hpp>
+#include <accel/runtime/text.hpp>
 #include <accel/comm/communicator.hpp>
 #include <accel/comm/store.hpp>
 
@@ -50,6 +56,16 @@ struct CpuCommOptions {
                                               ///< rank holds a segment of twice this)
   std::size_t slot_payload_bytes = 64 * 1024;  ///< rounds whose payloads all fit this go through per-rank shared-memory
                                                ///< slots instead of the store (0: never; each rank holds two slots)
+  /// Payloads through the store (across machines, without shared memory, or too large for it):
+  /// the most bytes one round carries for all ranks together; a payload larger than its share
+  /// (this / ranks, at least 64 KiB) goes in pieces over several rounds. Same on every rank. The
+  /// default keeps every buffer of a round under glibc's largest mmap threshold (32 MiB), so rounds
+  /// reuse heap memory instead of faulting in fresh pages each time.
+  std::size_t store_round_bytes = std::size_t{16} << 20;
+  /// The most bytes a rank accepts to receive in pieces in one collective (0: as much as memory
+  /// allows). Past it, or when the memory cannot be allocated, every rank throws comm_error naming
+  /// the rank, the size and the limit, before the bulk of the data moves.
+  std::size_t max_receive_bytes = 0;
 };
 
 /// @brief Collectives over the job's store (and shared memory on one machine).
@@ -68,12 +84,13 @@ class CpuCommunicator final : public Communicator {
     // namespace and chunk size.
     ACCEL_EXPECTS(options_.buffer_chunk_bytes >= 4096 && options_.buffer_chunk_bytes % 64 == 0,
                   "CpuCommOptions::buffer_chunk_bytes must be a multiple of 64 and at least 4096, not ", options_.buffer_chunk_bytes);
+    ACCEL_EXPECTS(options_.store_round_bytes > 0, "CpuCommOptions::store_round_bytes must be positive");
     const std::string me = detail::machine_identity();
     const std::string shm_prefix = detail::unique_shm_prefix();
     const std::uint64_t generation = rank == 0 ? static_cast<std::uint64_t>(store_->add(base_key() + "generation", 1)) : 0;
     detail::WireWriter w;
     w.str(me).u64(generation).str(shm_prefix + ".c").i64(static_cast<std::int64_t>(::getpid()));
-    w.u64(detail::pid_namespace_id()).u64(options_.buffer_chunk_bytes);
+    w.u64(detail::pid_namespace_id()).u64(options_.buffer_chunk_bytes).u64(options_.store_round_bytes);
     // Small rounds: each rank's slot segment exists before the setup round, so peers can map it after.
     if (options_.use_shm && options_.slot_payload_bytes > 0 && size > 1) {
       slots_ = std::make_unique<detail::ShmSlotExchange>(shm_prefix + ".s", options_.slot_payload_bytes, timeout());
@@ -83,7 +100,7 @@ class CpuCommunicator final : public Communicator {
     const Blobs all = store_->exchange(base_key() + "setup", rank, size, w.take(), "communicator setup (" + options_.name + ")");
     same_machine_ = true;
     std::vector<detail::ShmBufferEngine::Peer> peers;
-    std::vector<std::uint64_t> chunks;
+    std::vector<std::uint64_t> chunks, round_bytes;
     std::vector<std::string> slot_segments;
     std::vector<std::uint64_t> namespaces;
     for (std::size_t i = 0; i < all.size(); ++i) {
@@ -96,6 +113,7 @@ class CpuCommunicator final : public Communicator {
       p.pid = rd.i64();
       p.pid_namespace = rd.u64();
       chunks.push_back(rd.u64());
+      round_bytes.push_back(rd.u64());
       slot_segments.push_back(rd.str());
       namespaces.push_back(p.pid_namespace);
     }
@@ -106,6 +124,12 @@ class CpuCommunicator final : public Communicator {
     } else {
       slots_.reset();
     }
+    for (std::size_t i = 0; i < round_bytes.size(); ++i)
+      if (round_bytes[i] != round_bytes.front())
+        detail::throw_error<usage_error>(
+            "CpuCommOptions::store_round_bytes differs across ranks: ",
+            detail::ranks_by(round_bytes.size(), [&](std::size_t r) { return std::to_string(round_bytes[r]); }, "pass"),
+            "; pass the same value on every rank");
     if (same_machine_ && options_.use_shm) {
       for (std::size_t i = 0; i < chunks.size(); ++i)
         if (chunks[i] != chunks.front())
@@ -166,7 +190,8 @@ class CpuCommunicator final : public Communicator {
         throw;
       }
     }
-    // Entry: u32 header size, header, u8 transport, then the payload (inline) or a segment reference.
+    // Entry: u32 header size, header, u8 transport, then the payload (0: inline), a segment
+    // reference (1), or the payload's size and first piece (2: the rest follows in more rounds).
     detail::WireWriter w;
     w.bytes(header);
     detail::ShmSegment* seg = nullptr;  // our segment, when this round's payload went into it
@@ -174,46 +199,77 @@ class CpuCommunicator final : public Communicator {
       seg = &segments_[seq % 2];
       w.u8(1).str(seg->name()).u64(payload.size()), last_shm_round_ = seq;
     }
-    if (!seg) w.u8(0).bytes(payload.size() == payload.head.size() ? payload.head : std::span<const std::byte>(payload.joined()));
+    const std::size_t piece = detail::store_piece_bytes(size(), options_.store_round_bytes);
+    std::vector<std::byte> scratch;
+    if (!seg && payload.size() <= piece)
+      w.u8(0).bytes(payload.size() == payload.head.size() ? payload.head : std::span<const std::byte>(payload.joined()));
+    else if (!seg)
+      w.u8(2).u64(payload.size()).bytes(slice(payload, 0, piece, scratch));
     const auto entry = w.take();
     Blobs all = store_->exchange(key(std::to_string(seq)), rank(), size(), entry, label);
 
     Round r;
     struct Part {
-      std::span<const std::byte> inline_data;
+      std::span<const std::byte> inline_data;  ///< the payload, or its first piece
       std::string segment;
-      std::size_t size = 0;
+      std::uint64_t size = 0;
+      bool pieces = false;
     };
     std::vector<Part> parts(all.size());
     for (std::size_t i = 0; i < all.size(); ++i) {
       try {
         detail::WireReader rd(all[i]);
         r.headers.push_back(rd.bytes());
-        if (rd.u8() == 0) {
+        const auto transport = rd.u8();
+        if (transport == 0) {
           parts[i].inline_data = rd.bytes();
           parts[i].size = parts[i].inline_data.size();
+        } else if (transport == 2) {
+          parts[i].pieces = true;
+          parts[i].size = rd.u64();
+          parts[i].inline_data = rd.bytes();
+          if (parts[i].size <= piece || parts[i].inline_data.size() != piece)
+            throw detail::wire_error(detail::concat("a ", parts[i].size, "-byte payload announced with a first piece of ",
+                                                    parts[i].inline_data.size(), " bytes, ", piece, " expected"));
         } else {
           parts[i].segment = rd.str();
-          parts[i].size = static_cast<std::size_t>(rd.u64());
+          parts[i].size = rd.u64();
+          if (parts[i].size > SIZE_MAX) throw detail::wire_error("a shared-memory payload larger than the address space");
         }
         rd.expect_end();
       } catch (const detail::wire_error& e) {
         detail::throw_error<comm_error>("rank ", i, " sent a malformed entry for ", label, " (", e.what(), ")");
       }
     }
+    // Payloads in pieces: the other rounds, into one buffer for all of them.
+    std::vector<std::uint64_t> piece_sizes(parts.size(), 0);
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      if (parts[i].pieces) piece_sizes[i] = parts[i].size;
+    std::vector<std::span<const std::byte>> first_pieces(parts.size());
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      if (parts[i].pieces) first_pieces[i] = parts[i].inline_data;
+    const std::shared_ptr<std::byte[]> pieced =
+        detail::continuation_rounds(piece_sizes, piece) == 0
+            ? nullptr
+            : receive_pieces(seq, label, payload.size() > piece && !seg ? payload : Payload(), piece_sizes, first_pieces, piece, scratch);
     // Inline parts are copied next to each other; shared-memory parts (our own included) are
     // viewed in place through mappings kept between rounds, so a large payload is copied once,
     // by the decoder.
     std::size_t inline_total = 0;
     for (const auto& p : parts)
-      if (p.segment.empty()) inline_total += p.size;
+      if (p.segment.empty() && !p.pieces) inline_total += p.size;
     r.payloads.buffer.reserve(inline_total);
+    std::size_t pieced_at = 0;
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const bool mine = static_cast<int>(i) == rank();
-      if (!parts[i].segment.empty() && mine && seg) {
+      if (parts[i].pieces) {
+        const auto n = static_cast<std::size_t>(parts[i].size);
+        r.payloads.push_external(std::span<const std::byte>(pieced.get() + pieced_at, n), std::shared_ptr<const void>(pieced, pieced.get()));
+        pieced_at += n;
+      } else if (!parts[i].segment.empty() && mine && seg) {
         r.payloads.push_external(std::span<const std::byte>(seg->mapping().get(), parts[i].size), seg->mapping());
       } else if (!parts[i].segment.empty()) {
-        auto [view, owner] = peer_maps_.view(parts[i].segment, parts[i].size, static_cast<int>(i));
+        auto [view, owner] = peer_maps_.view(parts[i].segment, static_cast<std::size_t>(parts[i].size), static_cast<int>(i));
         r.payloads.push_external(view, std::move(owner));
       } else if (mine) {
         r.payloads.push_back(payload.head);
@@ -226,6 +282,84 @@ class CpuCommunicator final : public Communicator {
   }
 
  private:
+  // Bytes [first, first + length) of a payload: a view when they lie in one of its two pieces,
+  // else copied into `scratch`.
+  static std::span<const std::byte> slice(const Payload& p, std::uint64_t first, std::uint64_t length, std::vector<std::byte>& scratch) {
+    const auto at = static_cast<std::size_t>(first), n = static_cast<std::size_t>(length);
+    if (at + n <= p.head.size()) return p.head.subspan(at, n);
+    if (at >= p.head.size()) return p.body.subspan(at - p.head.size(), n);
+    scratch.resize(n);
+    const std::size_t from_head = p.head.size() - at;
+    std::memcpy(scratch.data(), p.head.data() + at, from_head);
+    std::memcpy(scratch.data() + from_head, p.body.data(), n - from_head);
+    return scratch;
+  }
+
+  // The rounds after the first of a collective whose payloads (sizes: those sent in pieces, 0 for
+  // the others) did not fit one round: round k carries piece k of each, copied into one buffer
+  // holding them back to back in rank order. Round 1 also carries whether each rank could make
+  // room (the limit, the allocation), so a rank that cannot fails every rank before the bulk of
+  // the data moves, and no rank is left waiting in a later round.
+  // @param mine this rank's payload when it goes in pieces, else empty
+  // @throws comm_error on every rank naming the rank(s) that cannot receive, and why
+  std::shared_ptr<std::byte[]> receive_pieces(std::uint64_t seq, const std::string& label, const Payload& mine,
+                                              const std::vector<std::uint64_t>& sizes, const std::vector<std::span<const std::byte>>& first,
+                                              std::size_t piece, std::vector<std::byte>& scratch) {
+    std::uint64_t total = 0;
+    for (const auto s : sizes) total += s;
+    std::string problem;
+    std::shared_ptr<std::byte[]> buffer;
+    if (options_.max_receive_bytes != 0 && total > options_.max_receive_bytes) {
+      problem = detail::concat("rank ", rank(), " would receive ", text::format_bytes(total), " in ", label, ", over its limit of ",
+                               text::format_bytes(options_.max_receive_bytes), " (CpuCommOptions::max_receive_bytes)");
+    } else {
+      try {
+        if (total > SIZE_MAX) throw std::bad_alloc();
+        buffer.reset(new std::byte[static_cast<std::size_t>(total)]);  // uninitialised: every byte is written below
+      } catch (const std::bad_alloc&) {
+        problem = detail::concat("rank ", rank(), " cannot allocate the ", text::format_bytes(total), " it would receive in ", label,
+                                 " (out of memory); gather less per call");
+      }
+    }
+    std::vector<std::size_t> offset(sizes.size(), 0);
+    for (std::size_t i = 1; i < sizes.size(); ++i) offset[i] = offset[i - 1] + static_cast<std::size_t>(sizes[i - 1]);
+    if (buffer)
+      for (std::size_t i = 0; i < sizes.size(); ++i)
+        if (sizes[i]) std::memcpy(buffer.get() + offset[i], first[i].data(), first[i].size());
+    const std::uint64_t rounds = detail::continuation_rounds(sizes, piece);
+    for (std::uint64_t k = 1; k <= rounds; ++k) {
+      const auto [from, length] = detail::piece_range(mine.size(), k, piece);
+      detail::WireWriter w;
+      w.u8(problem.empty() ? 0 : 1).str(problem);
+      w.bytes(problem.empty() ? slice(mine, from, length, scratch) : std::span<const std::byte>());
+      const std::string what = detail::concat(label, ", piece ", k + 1, " of ", rounds + 1);
+      const Blobs all = store_->exchange(key(detail::concat(seq, ".", k)), rank(), size(), w.take(), what);
+      std::vector<std::string> problems;
+      std::vector<std::span<const std::byte>> got(all.size());
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        try {
+          detail::WireReader rd(all[i]);
+          const bool failed = rd.u8() != 0;
+          const std::string why = rd.str();
+          got[i] = rd.bytes();
+          rd.expect_end();
+          if (failed) problems.push_back(why);
+        } catch (const detail::wire_error& e) {
+          detail::throw_error<comm_error>("rank ", i, " sent a malformed piece for ", what, " (", e.what(), ")");
+        }
+      }
+      if (!problems.empty())
+        detail::throw_error<comm_error>(text::join(problems, "; "), "; no rank returns a result from ", label);
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        const auto [at, n] = detail::piece_range(sizes[i], k, piece);
+        if (got[i].size() != n)
+          detail::throw_error<comm_error>("rank ", i, " sent ", got[i].size(), " bytes for ", what, ", ", n, " expected");
+        if (n) std::memcpy(buffer.get() + offset[i] + at, got[i].data(), got[i].size());
+      }
+    }
+    return buffer;
+  }
+
   std::string base_key() const { return "accel/comm/" + options_.name + "/"; }
   std::string key(const std::string& what) const { return prefix_ + what; }
 

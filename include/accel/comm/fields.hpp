@@ -398,9 +398,11 @@ void get(ByteSource& src, T& v) {
       v.resize(n);
       if (n) std::memcpy(static_cast<void*>(v.data()), p, n * sizeof(V));
     } else {
-      v.clear();
-      v.reserve(n);
-      for (std::size_t i = 0; i < n; ++i) get(src, v.emplace_back());
+      // Items already there are decoded into in place, keeping their strings' and vectors' memory.
+      if (v.capacity() < n) v.reserve(n);
+      if (v.size() > n) v.resize(n);
+      for (std::size_t i = 0; i < v.size(); ++i) get(src, v[i]);
+      while (v.size() < n) get(src, v.emplace_back());
     }
   } else if constexpr (is_optional<T>::value) {
     const auto flag = static_cast<std::uint8_t>(src.take(1)[0]);

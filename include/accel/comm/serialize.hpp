@@ -286,35 +286,59 @@ std::vector<std::byte> to_bytes(const T& value, int rank = -1) {
   return out;
 }
 
-/// @brief Decodes what to_bytes<T> produced. Checks the format byte, sizes and counts; never runs sender-chosen code.
+namespace detail {
+
+// Checks the format byte against T's; returns T's name (computed once per type) for messages.
+template <class T>
+const std::string& check_format(std::span<const std::byte> bytes, int source_rank) {
+  static const std::string type = type_name<T>();
+  constexpr PayloadFormat f = format_of<T>();
+  if (bytes.empty()) throw_error<serialization_error>("empty value", from_rank(source_rank), " cannot be a ", type);
+  const auto got = static_cast<PayloadFormat>(bytes[0]);
+  if (got != f)
+    throw_error<serialization_error>("value", from_rank(source_rank), " has format ", static_cast<int>(got), " but a ", type,
+                                     " needs format ", static_cast<int>(f), " (do all ranks pass the same type to the collective?)");
+  return type;
+}
+
+// A T from CBOR (the bytes after the format byte).
+template <class T>
+T decode_cbor(std::span<const std::byte> rest, int source_rank) {
+  try {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(rest.data());
+    return nlohmann::json::from_cbor(p, p + rest.size()).template get<T>();
+  } catch (const std::exception& e) {  // nlohmann's parse/type errors, or a user from_json that throws
+    throw_error<serialization_error>("value", from_rank(source_rank), " is not a valid ", type_name<T>(), ": ", e.what());
+  }
+}
+
+}  // namespace detail
+
+/// @brief Decodes what to_bytes<T> produced into `out`, reusing the memory it holds: a vector's
+/// capacity, and for vectors of strings or of declared structs each item's strings and vectors
+/// (decoding the same shape of value again allocates nothing). Checks the format byte, sizes and
+/// counts; never runs sender-chosen code. On an error `out` holds some valid but unspecified value.
 /// @param source_rank the rank that produced the bytes, for the error message
 /// @throws serialization_error naming the rank and type when the bytes are not a valid T
 template <class T>
-T from_bytes(std::span<const std::byte> bytes, int source_rank = -1) {
+void from_bytes_into(std::span<const std::byte> bytes, T& out, int source_rank = -1) {
   using detail::PayloadFormat;
   constexpr PayloadFormat f = detail::format_of<T>();
-  const std::string type = detail::type_name<T>();
-  if (bytes.empty()) detail::throw_error<serialization_error>("empty value", detail::from_rank(source_rank), " cannot be a ", type);
-  const auto got = static_cast<PayloadFormat>(bytes[0]);
-  if (got != f)
-    detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " has format ", static_cast<int>(got),
-                                             " but a ", type, " needs format ", static_cast<int>(f),
-                                             " (do all ranks pass the same type to the collective?)");
+  const std::string& type = detail::check_format<T>(bytes, source_rank);
   detail::ByteSource src(bytes.subspan(1), source_rank, type);
   if constexpr (f == PayloadFormat::raw) {
     if (detail::check_raw_header<T>(src, source_rank, type) != 1)
       detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " is not one ", type);
-    T out;
     std::memcpy(static_cast<void*>(&out), src.take(sizeof(T)).data(), sizeof(T));
     src.end();
-    return out;
   } else if constexpr (f == PayloadFormat::string) {
     const auto rest = bytes.subspan(1);
-    std::string out;
-    out.reserve(rest.size());
-    detail::advise_huge_pages(out.data(), rest.size());
-    out.append(reinterpret_cast<const char*>(rest.data()), rest.size());
-    return out;
+    if (out.capacity() < rest.size()) {
+      out = std::string();
+      out.reserve(rest.size());
+      detail::advise_huge_pages(out.data(), rest.size());
+    }
+    out.assign(reinterpret_cast<const char*>(rest.data()), rest.size());
   } else if constexpr (f == PayloadFormat::raw_vector) {
     using V = typename T::value_type;
     const std::uint64_t n64 = detail::check_raw_header<V>(src, source_rank, type);
@@ -323,48 +347,55 @@ T from_bytes(std::span<const std::byte> bytes, int source_rank = -1) {
                                                " but ", src.remaining(), " bytes follow");
     const auto n = static_cast<std::size_t>(n64);
     const auto data = src.take(n * sizeof(V));
-    // Aligned data (shared memory is page-aligned) is copied once, straight into the new vector;
-    // otherwise the items are zero-constructed and then filled.
-    if (reinterpret_cast<std::uintptr_t>(data.data()) % alignof(V) == 0) {
-      const auto* first = reinterpret_cast<const V*>(data.data());
-      T out;
-      out.reserve(n);
-      detail::advise_huge_pages(out.data(), n * sizeof(V));
-      out.insert(out.end(), first, first + n);
-      return out;
+    // Into a vector without the room: aligned data (shared memory is page-aligned) is copied
+    // once, straight into fresh memory; otherwise the items are zero-constructed and then filled.
+    if (out.capacity() < n) {
+      out = T();
+      if (reinterpret_cast<std::uintptr_t>(data.data()) % alignof(V) == 0) {
+        const auto* first = reinterpret_cast<const V*>(data.data());
+        out.reserve(n);
+        detail::advise_huge_pages(out.data(), n * sizeof(V));
+        out.insert(out.end(), first, first + n);
+        return;
+      }
     }
-    T out(n);
+    out.resize(n);
     if (n) std::memcpy(static_cast<void*>(out.data()), data.data(), n * sizeof(V));
-    return out;
   } else if constexpr (f == PayloadFormat::string_vector) {
     const std::size_t n = src.count(8);
-    std::vector<std::uint64_t> lens(n);
-    for (auto& l : lens) l = src.u64();
-    T out;
-    out.reserve(n);
-    for (auto l : lens) {
+    const auto lens = src.take(n * 8);
+    out.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint64_t l = 0;
+      std::memcpy(&l, lens.data() + i * 8, 8);
       auto b = src.take(static_cast<std::size_t>(l));
-      out.emplace_back(reinterpret_cast<const char*>(b.data()), b.size());
+      out[i].assign(reinterpret_cast<const char*>(b.data()), b.size());
     }
     src.end();
-    return out;
   } else if constexpr (f == PayloadFormat::binary) {
     src.take(7);
     if (src.u64() != detail::binary::fingerprint<T>())
       detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " was encoded from a type of another shape than ",
                                                type, " (do all ranks pass the same type, built from the same sources?)");
-    T out{};
     detail::binary::get(src, out);
     src.end();
-    return out;
   } else {
-    try {
-      const auto rest = bytes.subspan(1);
-      const auto* p = reinterpret_cast<const std::uint8_t*>(rest.data());
-      return nlohmann::json::from_cbor(p, p + rest.size()).template get<T>();
-    } catch (const std::exception& e) {  // nlohmann's parse/type errors, or a user from_json that throws
-      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " is not a valid ", type, ": ", e.what());
-    }
+    out = detail::decode_cbor<T>(bytes.subspan(1), source_rank);
+  }
+}
+
+/// @brief Decodes what to_bytes<T> produced (see from_bytes_into).
+/// @param source_rank the rank that produced the bytes, for the error message
+/// @throws serialization_error naming the rank and type when the bytes are not a valid T
+template <class T>
+T from_bytes(std::span<const std::byte> bytes, int source_rank = -1) {
+  if constexpr (detail::format_of<T>() == detail::PayloadFormat::cbor) {  // T need not be default-constructible
+    detail::check_format<T>(bytes, source_rank);
+    return detail::decode_cbor<T>(bytes.subspan(1), source_rank);
+  } else {
+    T out{};
+    from_bytes_into(bytes, out, source_rank);
+    return out;
   }
 }
 

@@ -209,6 +209,20 @@ class StoreCore {
   [[nodiscard]] std::size_t waiting() const noexcept { return waiters_.size(); }
   /// @brief Whether a key is present (tests).
   [[nodiscard]] bool contains(const std::string& key) const { return kv_.count(key) != 0; }
+  /// @brief Bytes of payload memory the store holds: key values, exchange contributions not yet
+  /// sent back, queued replies and the connections' receive buffers (what a finished collective
+  /// must not leave behind).
+  [[nodiscard]] std::size_t retained_bytes() const noexcept {
+    std::size_t n = 0;
+    for (const auto& [key, value] : kv_) n += key.size() + value.capacity();
+    for (const auto& [key, ex] : exchanges_)
+      for (const auto& s : ex.slots) n += s.value.capacity();
+    for (const auto& [id, c] : conns_) {
+      n += c.in.capacity();
+      for (const auto& chunk : c.out) n += chunk->size();
+    }
+    return n;
+  }
 
  private:
   enum class RankStatus { connected, left, died, never_joined };

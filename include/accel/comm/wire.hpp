@@ -157,10 +157,23 @@ class FrameAssembler {
     std::vector<std::byte> body(b, b + len);
     start_ += frame_header_bytes + len;
     pending_.reset();
+    // Everything handed out: a buffer that grew for a large frame is given back, so a connection
+    // keeps no copy of the largest frame it ever carried (a store serving a 512 MiB gather would
+    // otherwise hold world x 512 MiB until the connections close).
+    if (start_ == buf_.size()) {
+      start_ = 0;
+      if (buf_.capacity() > retained_capacity) std::vector<std::byte>().swap(buf_);
+      else buf_.clear();
+    }
     return body;
   }
   /// @brief Bytes buffered but not yet returned as frames.
   [[nodiscard]] std::size_t buffered() const noexcept { return buf_.size() - start_; }
+  /// @brief Bytes of memory the buffer holds (what it keeps between frames is at most
+  /// retained_capacity once every frame has been handed out).
+  [[nodiscard]] std::size_t capacity() const noexcept { return buf_.capacity(); }
+  /// @brief The most buffer capacity kept after the last complete frame was handed out.
+  static constexpr std::size_t retained_capacity = std::size_t{1} << 20;
 
  private:
   void compact() {
