@@ -71,6 +71,8 @@ struct StoreServerOptions {
   /// Every rank must connect within this long of the first connection, or the collectives that
   /// wait for it fail naming it (LaunchEnv::join_timeout, ACCEL_JOIN_TIMEOUT_S); 0: no deadline.
   std::chrono::milliseconds join_timeout{0};
+  /// Told, on the server's thread, of every rank that leaves (see RankGone), in the order seen.
+  std::function<void(const RankDeparture&)> on_rank_gone;
 };
 
 /// @brief The store server: listens on one address, serves any number of clients from one thread.
@@ -96,7 +98,8 @@ class StoreServer {
                                        .handshake_timeout = options_.handshake_timeout,
                                        .max_world_size = options_.max_world_size,
                                        .job_id = options_.job_id,
-                                       .join_timeout = options_.join_timeout}) {
+                                       .join_timeout = options_.join_timeout,
+                                       .on_rank_gone = options_.on_rank_gone}) {
     listener_ = detail::listen_tcp(host_, port);
     port_ = static_cast<std::uint16_t>(detail::socket_port(listener_.get()));
     int p[2];
