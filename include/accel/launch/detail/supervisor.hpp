@@ -230,7 +230,7 @@ class Supervisor {
       for (std::size_t i : blame.consequences) {
         const Child& c = *ended[i];
         say_(concat("rank ", c.rank, " ", proc::describe_wait_status(c.status), " after rank ", f.rank, " ",
-                    departure_of(gone, f.rank) ? "left the job" : "ended", ": a consequence of rank ", f.rank, "'s failure"));
+                    departure_of(gone, f.rank) ? "left the job: a" : "ended: most likely a", " consequence of rank ", f.rank, "'s failure"));
       }
       return code;
     }
