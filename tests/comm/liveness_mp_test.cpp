@@ -7,8 +7,11 @@
 // installed are skipped). The collective timeout is 300 s (30 s under the real launchers), so the
 // wait bound of 20 s tells a detected failure from a hang (a bound on a hang, not a performance
 // claim). A clean job whose ranks leave right after the last collective still succeeds.
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -185,4 +188,50 @@ TEST_CASE("under SLURM's srun a rank that leaves early fails the job within seco
 TEST_CASE("under torchrun a rank that leaves early fails the job within seconds, naming it", "[liveness][mp][launchers]") {
   // torchrun takes seconds to start each job: the ways of leaving that differ most.
   check_real_launcher(accel_test::torchrun_launcher(3), no_blame, {"exit0", "kill", "never"});
+}
+
+namespace {
+
+/// The pid the victim printed for the child it forked ("child <pid>"), or -1.
+pid_t forked_child(const std::string& out) {
+  const auto at = out.find("child ");
+  return at == std::string::npos ? -1 : static_cast<pid_t>(std::atol(out.c_str() + at + 6));
+}
+
+/// Kills the victim's forked child if it is still our sleeping copy of early_exit.
+void kill_forked_child(pid_t pid) {
+  if (pid > 0 && accel_test::read_file("/proc/" + std::to_string(pid) + "/cmdline").find("early_exit") != std::string::npos)
+    ::kill(pid, SIGKILL);
+}
+
+}  // namespace
+
+TEST_CASE("a child forked without exec does not keep a dead rank's membership alive", "[liveness][mp][fork]") {
+  // The victim forks a child that sleeps 30 s without exec, so it holds copies of the victim's
+  // descriptors, then the victim is killed. Unless the store socket is closed in the child, the
+  // store sees nothing until the child ends, and the others wait far beyond the bound.
+  SECTION("rank 1: the others hear it lost its connection") {
+    Processes p;
+    start_direct(p, {"1", "fork-kill"});
+    const auto codes = p.wait(hang_bound_s);
+    kill_forked_child(forked_child(p.out(1)));
+    INFO("rank 0 stderr: " << p.err(0) << "\nrank 2 stderr: " << p.err(2));
+    REQUIRE(forked_child(p.out(1)) > 0);
+    for (std::size_t r : {0u, 2u}) {
+      REQUIRE(codes[r] == 2);
+      REQUIRE_THAT(p.err(r), contains("rank 1 lost its connection to the store without saying goodbye"));
+    }
+  }
+  SECTION("rank 0, which hosts the store: the others hear the store is gone") {
+    Processes p;
+    start_direct(p, {"0", "fork-kill"});
+    const auto codes = p.wait(hang_bound_s);
+    kill_forked_child(forked_child(p.out(0)));
+    INFO("rank 1 stderr: " << p.err(1) << "\nrank 2 stderr: " << p.err(2));
+    REQUIRE(forked_child(p.out(0)) > 0);
+    for (std::size_t r : {1u, 2u}) {
+      REQUIRE(codes[r] == 2);
+      REQUIRE_THAT(p.err(r), contains("rank 0, which hosts it, exited or crashed"));
+    }
+  }
 }

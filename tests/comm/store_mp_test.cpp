@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
 // Two jobs started at the same moment on this machine by a real launcher (Open MPI's mpirun,
-// MPICH's mpiexec, SLURM's srun), neither given a MASTER_PORT: each job's store must serve its own
+// MPICH's mpiexec, SLURM's srun, torchrun, accel launch), neither given a MASTER_PORT: each job's store must serve its own
 // ranks only, so each job gathers exactly its own results. A launcher that is not installed (or a
 // SLURM without a reachable controller) is reported with WARN("test skipped: ...") and its case
 // checks nothing; ctest lists such a case as skipped.
@@ -35,9 +35,26 @@ struct Job {
   int code = -1;
 };
 
+// What a launcher that prefixes every line of rank 0 with `prefix` (torchrun's "[default0]:")
+// shows of rank 0's output: those lines, without the prefix.
+std::string lines_with_prefix(const std::string& text, const std::string& prefix) {
+  if (prefix.empty()) return text;
+  std::string out;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const auto end = text.find('\n', at);
+    const std::string line = text.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    if (line.rfind(prefix, 0) == 0) out += line.substr(prefix.size()) + "\n";
+    at = end == std::string::npos ? text.size() : end + 1;
+  }
+  return out;
+}
+
 // Starts one job per label at once with `launcher` (argv before the program), waits for all, and
-// checks each finished with exit code 0 and printed exactly its own results.
-void run_concurrent_jobs(const std::vector<std::string>& launcher, const std::vector<std::string>& labels) {
+// checks each finished with exit code 0 and printed exactly its own results (the lines rank 0
+// printed, after `prefix` when the launcher prefixes them).
+void run_concurrent_jobs(const std::vector<std::string>& launcher, const std::vector<std::string>& labels,
+                         const std::string& prefix = "") {
   accel_test::ScratchDir dir("store_mp");
   std::vector<Job> jobs;
   for (const auto& label : labels) {
@@ -53,16 +70,16 @@ void run_concurrent_jobs(const std::vector<std::string>& launcher, const std::ve
   for (const auto& j : jobs) {
     INFO("job " << j.label << " (" << launcher.front() << ") stderr:\n" << accel_test::read_file(dir / (j.label + ".err")));
     CHECK(j.code == 0);
-    CHECK(accel_test::read_file(dir / (j.label + ".out")) == expected_output(j.label));
+    CHECK(lines_with_prefix(accel_test::read_file(dir / (j.label + ".out")), prefix) == expected_output(j.label));
   }
 }
 
-void run_concurrent_jobs(const accel_test::RealLauncher& launcher) {
+void run_concurrent_jobs(const accel_test::RealLauncher& launcher, const std::string& prefix = "") {
   if (!launcher.skip.empty()) {
     WARN("test skipped: " << launcher.skip);
     return;
   }
-  run_concurrent_jobs(launcher.argv, {"A", "B"});
+  run_concurrent_jobs(launcher.argv, {"A", "B"}, prefix);
 }
 
 }  // namespace
@@ -77,4 +94,12 @@ TEST_CASE("two jobs started at once by MPICH's mpiexec (Hydra) each gather only 
 
 TEST_CASE("two job steps started at once by SLURM's srun each gather only their own results", "[store][mp][launchers]") {
   run_concurrent_jobs(accel_test::slurm_launcher(2));
+}
+
+TEST_CASE("two jobs started at once by torchrun each gather only their own results", "[store][mp][launchers]") {
+  run_concurrent_jobs(accel_test::torchrun_launcher(2), "[default0]:");
+}
+
+TEST_CASE("two jobs started at once by accel launch each gather only their own results", "[store][mp]") {
+  run_concurrent_jobs({ACCEL_TEST_CLI, "launch", "--cpu", "--num_processes", "2"}, {"A", "B"});
 }

@@ -7,6 +7,8 @@
 #include <netinet/tcp.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -386,6 +388,97 @@ TEST_CASE("store: a client notices at once when the store goes away", "[store]")
   std::this_thread::sleep_for(50ms);
   server.reset();
   REQUIRE_THROWS_WITH(f.get(), accel_test::contains("lost the connection to the store at 127.0.0.1:"));
+}
+
+namespace {
+/// Forks a child that runs `body` and then sleeps `linger` (holding what it inherited) before it
+/// _exits with body's result; returns its pid.
+template <class Body>
+pid_t fork_child(Body body, std::chrono::milliseconds linger) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int code = body();
+    std::this_thread::sleep_for(linger);
+    std::_Exit(code);
+  }
+  REQUIRE(pid > 0);
+  return pid;
+}
+int wait_exit_code(pid_t pid) {
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+}  // namespace
+
+TEST_CASE("store: a child forked without exec cannot use its parent's store connection, and says so", "[store][fork]") {
+  Log log;
+  StoreServer server("127.0.0.1", 0, "tok", log.options());
+  StoreClient c("127.0.0.1", server.port(), "tok", 60s, 0, 1);
+  c.set("before", std::string_view("1"));
+  const pid_t child = fork_child(
+      [&] {
+        try {
+          c.set("from child", std::string_view("1"));
+          return 1;
+        } catch (const accel::comm_error& e) {
+          return std::string_view(e.what()).find("is a copy of rank 0 made by fork() without exec") != std::string_view::npos ? 0 : 2;
+        }
+      },
+      0ms);
+  REQUIRE(wait_exit_code(child) == 0);
+  // The child's exit did not touch the parent's connection.
+  REQUIRE(c.get_string("before") == "1");
+  c.set("after", std::string_view("1"));
+  REQUIRE(!log.has("rank 0"));  // the store saw no departure of rank 0
+}
+
+TEST_CASE("store: a child forked without exec keeps neither the server's sockets nor a rank's connection open", "[store][fork]") {
+  SECTION("the server's: its clients notice at once that the hosting process stopped serving") {
+    auto server = std::make_unique<StoreServer>("127.0.0.1", 0, "tok");
+    StoreClient c("127.0.0.1", server->port(), "tok", 60s);
+    auto f = std::async(std::launch::async, [&] { return c.get("never", 1s); });
+    std::this_thread::sleep_for(50ms);
+    const pid_t child = fork_child([] { return 0; }, 20s);
+    server.reset();
+    const auto sure = [&] {
+      ::kill(child, SIGKILL);
+      wait_exit_code(child);
+    };
+    try {
+      f.get();
+      sure();
+      FAIL("get returned a value");
+    } catch (const accel::timeout_error& e) {
+      sure();
+      FAIL("timed out instead of noticing the store had gone: " << e.what());
+    } catch (const accel::comm_error& e) {
+      sure();
+      REQUIRE_THAT(e.what(), accel_test::contains("lost the connection to the store at 127.0.0.1:"));
+    }
+  }
+  SECTION("a rank's: the store sees the rank leave when its own process closes the connection") {
+    Log log;
+    StoreServer server("127.0.0.1", 0, "tok", log.options());
+    StoreClient waiter("127.0.0.1", server.port(), "tok", 60s, 0, 2);
+    auto rank1 = std::make_unique<StoreClient>("127.0.0.1", server.port(), "tok", 60s, 1, 2);
+    const auto mine = bytes("0");
+    auto f = std::async(std::launch::async, [&] { return waiter.exchange("k", 0, 2, mine, "test exchange", 5s); });
+    std::this_thread::sleep_for(50ms);
+    const pid_t child = fork_child([] { return 0; }, 20s);
+    rank1.reset();  // closes its connection: the store must see it now, not when the child ends
+    bool failed_at_once = false;
+    try {
+      f.get();
+    } catch (const accel::timeout_error&) {
+    } catch (const accel::comm_error& e) {
+      failed_at_once = std::string_view(e.what()).find("rank 1") != std::string_view::npos;
+    }
+    ::kill(child, SIGKILL);
+    wait_exit_code(child);
+    REQUIRE(failed_at_once);
+  }
 }
 
 TEST_CASE("store: plan_job_store follows accel launch, torchrun and its agent store", "[store]") {

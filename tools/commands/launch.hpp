@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -134,6 +135,9 @@ checks before anything starts:
 supervision:
   - A process that exits non-zero or is killed by a signal fails the job: the others get SIGTERM,
     then SIGKILL after --grace seconds. accel launch prints which rank failed and how.
+  - The first process to fail is blamed, even when one that failed because of it ends first: the
+    store (one machine) tells which left the job first, and processes that already left it get up
+    to 2 s (at most --grace) to end on their own before SIGTERM. The others are named as consequences.
   - SIGINT, SIGTERM, SIGHUP, SIGQUIT sent to accel launch are forwarded to every process (each runs
     in its own process group, so its own children get it too); a second one kills them at once.
   - No process outlives accel launch, even when accel launch itself is killed with SIGKILL.
@@ -164,16 +168,30 @@ inline int run_launch(std::span<char*> args) {
   // On one machine the launcher hosts the job's store on loopback, so it outlives any rank (a dead
   // rank 0 is then reported to the others instead of taking the store with it). With several
   // machines ACCEL_STORE stays unset and rank 0 hosts it at MASTER_ADDR:MASTER_PORT.
-  std::unique_ptr<accel::StoreServer> store;
+  // The store also tells which ranks left it, in order: the supervisor blames the first of them
+  // that failed, not a rank that failed because of it and happened to end first.
+  struct Departures {
+    std::mutex mutex;
+    std::vector<accel::RankDeparture> seen;
+  } departures;
+  std::unique_ptr<accel::StoreServer> store;  // after `departures`: stopped before they go
   accel::launch::LaunchHooks hooks;
-  hooks.host_store = [&store](const accel::launch::LaunchPlan& plan) -> std::optional<std::string> {
+  hooks.host_store = [&store, &departures](const accel::launch::LaunchPlan& plan) -> std::optional<std::string> {
     if (plan.num_machines > 1) return std::nullopt;
     accel::StoreServerOptions o;
     o.world_size = plan.world_size;
     o.join_timeout = accel::join_timeout_from(accel::process_env());  // the children read the same variable
     o.log = [](const std::string& m) { std::fprintf(stderr, "accel launch: store: %s\n", m.c_str()); };
+    o.on_rank_gone = [&departures](const accel::RankDeparture& d) {
+      const std::lock_guard lock(departures.mutex);
+      departures.seen.push_back(d);
+    };
     store = std::make_unique<accel::StoreServer>("127.0.0.1", std::uint16_t{0}, plan.job_token, std::move(o));
     return store->address();
+  };
+  hooks.store_departures = [&departures] {
+    const std::lock_guard lock(departures.mutex);
+    return departures.seen;
   };
   return accel::launch::run(line.options, hooks);
 }

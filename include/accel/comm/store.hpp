@@ -39,6 +39,7 @@
 
 #include <accel/runtime/bytes.hpp>
 #include <accel/runtime/config.hpp>
+#include <accel/comm/detail/fork_guard.hpp>
 #include <accel/comm/detail/socket.hpp>
 #include <accel/comm/store_core.hpp>
 #include <accel/comm/wire.hpp>
@@ -72,6 +73,8 @@ struct StoreServerOptions {
   /// Every rank must connect within this long of the first connection, or the collectives that
   /// wait for it fail naming it (LaunchEnv::join_timeout, ACCEL_JOIN_TIMEOUT_S); 0: no deadline.
   std::chrono::milliseconds join_timeout{0};
+  /// Told, on the server's thread, of every rank that leaves (see RankGone), in the order seen.
+  std::function<void(const RankDeparture&)> on_rank_gone;
 };
 
 /// @brief The store server: listens on one address, serves any number of clients from one thread.
@@ -101,8 +104,9 @@ class StoreServer {
                                        .handshake_timeout = options_.handshake_timeout,
                                        .max_world_size = options_.max_world_size,
                                        .job_id = options_.job_id,
-                                       .join_timeout = options_.join_timeout}) {
-    listener_ = detail::listen_tcp(host_, std::span<const int>(ports));
+                                       .join_timeout = options_.join_timeout,
+                                       .on_rank_gone = options_.on_rank_gone}) {
+    listener_ = detail::ForkGuardedFd(detail::listen_tcp(host_, std::span<const int>(ports)));
     port_ = static_cast<std::uint16_t>(detail::socket_port(listener_.get()));
     int p[2];
     if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) detail::throw_error<comm_error>("store: pipe failed: ", detail::os_error_text(errno));
@@ -236,7 +240,7 @@ class StoreServer {
         detail::set_nodelay(fd);
         detail::set_liveness_probes(fd);
         const auto id = next_id_++;
-        fds_.emplace(id, detail::Fd(fd));
+        fds_.emplace(id, detail::ForkGuardedFd(detail::Fd(fd)));
         core_.open(id, detail::socket_address(fd, true), now);
         continue;
       }
@@ -344,10 +348,12 @@ class StoreServer {
   std::string host_;
   StoreServerOptions options_;
   detail::StoreCore core_;
-  detail::Fd listener_, wake_read_, wake_write_;
+  // Sockets are fork-guarded: a child forked by the hosting rank must not keep them open after it.
+  detail::ForkGuardedFd listener_;
+  detail::Fd wake_read_, wake_write_;
   detail::Fd reserve_;  ///< held open so that, out of descriptors, one can still be freed to turn a client away
   // Touched only by the server thread:
-  std::map<ConnId, detail::Fd> fds_;
+  std::map<ConnId, detail::ForkGuardedFd> fds_;
   ConnId next_id_ = 1;
   std::optional<Clock::time_point> listen_paused_until_;
   detail::LogThrottle fd_log_, drop_log_, accept_log_, poll_log_;
@@ -376,7 +382,7 @@ class StoreClient {
               std::optional<std::chrono::milliseconds> connect_timeout = std::nullopt)
       : host_(std::move(host)), port_(port), timeout_(timeout), rank_(rank) {
     const auto reach_by = Clock::now() + connect_timeout.value_or(timeout_);
-    fd_ = detail::connect_tcp(host_, port_, reach_by);
+    fd_ = detail::ForkGuardedFd(detail::connect_tcp(host_, port_, reach_by));
     const auto reply = round_trip(detail::encode_hello(job_token, rank, world_size, job_id), reach_by, "handshake");
     expect(reply, detail::Msg::ok, "handshake");
   }
@@ -396,11 +402,12 @@ class StoreClient {
       for (std::size_t i = 0; i < ports.size(); ++i) {
         port_ = ports[i];
         int err = 0;
-        fd_ = detail::try_connect_tcp(host_, port_, std::min(reach_by, Clock::now() + probe_answer_timeout), err);
-        if (!fd_) {
+        auto fd = detail::try_connect_tcp(host_, port_, std::min(reach_by, Clock::now() + probe_answer_timeout), err);
+        if (!fd) {
           seen[i] = detail::os_error_text(err);
           continue;
         }
+        fd_ = detail::ForkGuardedFd(std::move(fd));
         std::vector<std::byte> reply;
         try {
           reply = round_trip(hello, std::min(reach_by, Clock::now() + probe_answer_timeout), "handshake", max_hello_reply_bytes);
@@ -434,7 +441,7 @@ class StoreClient {
   /// @brief Says goodbye (so the server knows this rank exited rather than died) and closes.
   ~StoreClient() {
     std::lock_guard lock(mutex_);
-    if (!fd_) return;
+    if (!fd_ || ::getpid() != pid_) return;  // a forked child's copy: the rank's goodbye is not its to say
     int err = 0;
     const auto bye = detail::WireWriter(detail::Msg::bye).finish();
     detail::send_all(fd_.get(), bye, Clock::now() + std::chrono::milliseconds(200), err);
@@ -550,6 +557,10 @@ class StoreClient {
 
   std::vector<std::byte> round_trip(const std::vector<std::byte>& frame, Clock::time_point deadline, const std::string& what,
                                     std::size_t max_reply_bytes = std::numeric_limits<std::uint32_t>::max()) {
+    if (::getpid() != pid_)
+      detail::throw_error<comm_error>("this process (pid ", ::getpid(), ") is a copy of rank ", rank_, " made by fork() without exec; ",
+                                      "the job's store connection belongs to rank ", rank_, "'s own process (pid ", pid_,
+                                      ") alone: run collectives there, or exec a program that joins the job itself");
     if (!fd_) detail::throw_error<comm_error>("the connection to the store at ", address(), " is closed after an earlier failure");
     int err = 0;
     auto st = detail::send_all(fd_.get(), frame, deadline, err);
@@ -619,7 +630,8 @@ class StoreClient {
   std::chrono::milliseconds timeout_;
   int rank_;
   std::mutex mutex_;
-  detail::Fd fd_;
+  detail::ForkGuardedFd fd_;  ///< closed in children forked without exec: it is the rank's membership
+  pid_t pid_ = ::getpid();
   std::shared_ptr<void> owner_;
   std::string host_description_;
 };

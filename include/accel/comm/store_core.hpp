@@ -27,6 +27,21 @@
 #include <accel/runtime/text.hpp>
 
 ACCEL_NAMESPACE_BEGIN
+
+/// @brief How a rank left the job's store (StoreServerOptions::on_rank_gone).
+enum class RankGone {
+  said_goodbye,  ///< its last connection closed after a goodbye (its DistributedState was destroyed)
+  disconnected,  ///< its last connection closed without a goodbye (crashed, killed, or ended without destroying its state)
+  never_joined,  ///< it did not connect within the join timeout
+};
+
+/// @brief A rank the store saw leave: which, how, and when (on the steady clock).
+struct RankDeparture {
+  int rank = -1;
+  RankGone how = RankGone::disconnected;
+  std::chrono::steady_clock::time_point when{};
+};
+
 namespace detail {
 
 using StoreClock = std::chrono::steady_clock;
@@ -48,6 +63,9 @@ struct StoreCoreOptions {
   /// that did not are then declared never joined, which fails every exchange and wait that needs
   /// them (0: no join deadline, a missing rank is only reported when a wait times out).
   std::chrono::milliseconds join_timeout{0};
+  /// Told of every rank that leaves the store, in the order the store sees it, when it does (the
+  /// launcher that hosts the store uses it to blame the first failure, not its consequences).
+  std::function<void(const RankDeparture&)> on_rank_gone;
 };
 
 /// @brief Lets one log line through per period and counts the ones held back, so a flood of
@@ -113,7 +131,7 @@ class StoreCore {
   }
 
   /// @brief The connection closed (by the peer, by an error, or after a refusal was flushed).
-  void closed(ConnId id, [[maybe_unused]] StoreClock::time_point now) {
+  void closed(ConnId id, StoreClock::time_point now) {
     auto it = conns_.find(id);
     if (it == conns_.end()) return;
     const Conn c = std::move(it->second);
@@ -128,13 +146,14 @@ class StoreCore {
     if (--info.live > 0) return;
     if (c.said_bye) {
       if (info.status != RankStatus::died) info.status = RankStatus::left;
+      tell_gone(c.rank, RankGone::said_goodbye, now);
       on_rank_gone(c.rank, false);
     } else {
       info.status = RankStatus::died;
       log(concat("rank ", c.rank, " (", c.peer, ") ", gone_text(RankStatus::died)));
+      tell_gone(c.rank, RankGone::disconnected, now);
       on_rank_gone(c.rank, true);
     }
-
   }
 
   /// @brief Fails every wait whose deadline has passed and closes connections that did not say
@@ -490,7 +509,12 @@ class StoreCore {
     log(concat(missing.size() == 1 ? "rank " : "ranks ", text::join(missing), " never connected within ",
                text::format_ms(static_cast<std::uint64_t>(options_.join_timeout.count())),
                " (ACCEL_JOIN_TIMEOUT_S); failing the collectives that wait for ", missing.size() == 1 ? "it" : "them"));
+    for (int r : missing) tell_gone(r, RankGone::never_joined, now);
     for (int r : missing) on_rank_gone(r, true);
+  }
+
+  void tell_gone(int rank, RankGone how, StoreClock::time_point when) const {
+    if (options_.on_rank_gone) options_.on_rank_gone(RankDeparture{rank, how, when});
   }
 
   bool try_wake(const Waiter& w) {

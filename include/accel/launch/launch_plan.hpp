@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <accel/comm/store_core.hpp>
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/devices.hpp>
 #include <accel/runtime/error.hpp>
@@ -281,6 +282,11 @@ struct LaunchHooks {
   /// launcher's signals already blocked (threads it starts inherit that mask). What it starts must
   /// stay alive until `run` returns: keep the server in an object the callback's owner holds.
   std::function<std::optional<std::string>(const LaunchPlan&)> host_store;
+  /// @brief The ranks the store started by `host_store` saw leave so far, in the order it saw
+  /// them (StoreServerOptions::on_rank_gone). Called from the supervising thread while the store's
+  /// thread may add to it. With it, a rank that failed as a consequence of another's failure but
+  /// ended first is not blamed for it.
+  std::function<std::vector<RankDeparture>()> store_departures;
   /// @brief Where the launcher's own messages go (default: stderr).
   std::function<void(const std::string&)> message;
 };

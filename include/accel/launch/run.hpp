@@ -168,7 +168,7 @@ inline int run(const LaunchOptions& options, const LaunchHooks& hooks = {}) {
   // Whatever the ranks start and leave behind is reparented to us, not to init, so that the
   // supervisor can end it with the job.
   const accel::detail::proc::ChildSubreaper subreaper;
-  detail::Supervisor sup(signals, options.grace_s, options.tee, say);
+  detail::Supervisor sup(signals, options.grace_s, options.tee, say, hooks.store_departures);
   try {
     detail::start_children(job, options, signals, sup);
   } catch (...) {

@@ -28,6 +28,8 @@ class UniqueFd {
   ~UniqueFd() { reset(); }
   [[nodiscard]] int get() const noexcept { return fd_; }
   [[nodiscard]] explicit operator bool() const noexcept { return fd_ >= 0; }
+  /// @brief Gives the descriptor up without closing it.
+  [[nodiscard]] int release() noexcept { return std::exchange(fd_, -1); }
   void reset(int fd = -1) noexcept {
     if (fd_ >= 0) ::close(fd_);
     fd_ = fd;

@@ -14,21 +14,31 @@
 //   last    takes part in every collective, then leaves at once (the others must all succeed)
 //   shm-kill  every rank first gathers 64 KiB (through shared memory, so each has segments) and
 //           prints "pid <pid>"; then the victim raises SIGKILL and the others gather again
+//   leave7+L  destroys its DistributedState (goodbye), lingers L ms, then returns 7: a rank whose
+//           failure reaches the others before its exit status is ready to reap
+//   drop7+L   closes its sockets (the store connection, no goodbye), lingers L ms, then _Exits 7:
+//           a crash whose connection closes before the process has ended
+//   fork-kill forks a child that keeps running (no exec; it prints "child <pid>" and sleeps
+//           30 s), then raises SIGKILL: the child must not keep the victim's membership alive
 // The victim prints "left <unix ns>" on stdout just before it goes. The others gather (20 rounds
 // with "last"); on failure they print "failed <unix ns>" on stdout and "rank R: <error>" on stderr
 // and exit 2; on success rank 0 prints "ok".
 #include <accel/comm/collectives.hpp>
 
+#include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 long long unix_ns() {
@@ -38,11 +48,24 @@ void say_left() {
   std::printf("left %lld\n", unix_ns());
   std::fflush(stdout);
 }
+// Closes every socket this process holds, as the kernel does early in a process's exit.
+void close_sockets() {
+  std::vector<int> fds;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (const dirent* e = ::readdir(d)) {
+      struct stat st {};
+      const int fd = std::atoi(e->d_name);
+      if (e->d_name[0] != '.' && fd > 2 && ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) fds.push_back(fd);
+    }
+    ::closedir(d);
+  }
+  for (int fd : fds) ::close(fd);
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: early_exit VICTIM exit0|exit3|_exit3|kill|never|last|shm-kill [MS [JOIN_S]]\n");
+    std::fprintf(stderr, "usage: early_exit VICTIM exit0|exit3|_exit3|kill|never|last|shm-kill|leave7+L|drop7+L|fork-kill [MS [JOIN_S]]\n");
     return 64;
   }
   const int victim = std::atoi(argv[1]);
@@ -53,9 +76,12 @@ int main(int argc, char** argv) {
     say_left();
     return 0;
   }
+  const std::string base = how.substr(0, how.find('+'));
+  const int linger_ms = how.find('+') == std::string::npos ? 0 : std::atoi(how.c_str() + how.find('+') + 1);
   int rank = -1;
   try {
-    accel::DistributedState state;
+    auto owned = std::make_unique<accel::DistributedState>();
+    accel::DistributedState& state = *owned;
     rank = state.process_index();
     if (how == "shm-kill") {
       accel::gather_object(state, std::vector<std::uint8_t>(64 * 1024, static_cast<std::uint8_t>(rank)));
@@ -74,6 +100,26 @@ int main(int argc, char** argv) {
       if (how == "exit3") return 3;
       if (how == "_exit3") std::_Exit(3);
       if (how == "kill") ::raise(SIGKILL);
+      if (base == "leave7") {
+        owned.reset();
+        std::this_thread::sleep_for(std::chrono::milliseconds(linger_ms));
+        return 7;
+      }
+      if (base == "drop7") {
+        close_sockets();
+        std::this_thread::sleep_for(std::chrono::milliseconds(linger_ms));
+        std::_Exit(7);
+      }
+      if (how == "fork-kill") {
+        const pid_t child = ::fork();
+        if (child == 0) {
+          std::this_thread::sleep_for(std::chrono::seconds(30));
+          std::_Exit(0);
+        }
+        std::printf("child %d\n", static_cast<int>(child));
+        std::fflush(stdout);
+        ::raise(SIGKILL);
+      }
       std::fprintf(stderr, "unknown mode %s\n", how.c_str());
       return 64;
     }

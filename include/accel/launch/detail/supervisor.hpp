@@ -20,6 +20,7 @@
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/error.hpp>
 #include <accel/launch/detail/adoption.hpp>
+#include <accel/launch/detail/blame.hpp>
 #include <accel/launch/detail/process.hpp>
 #include <accel/launch/launch_plan.hpp>
 
@@ -108,6 +109,9 @@ struct Child {
   accel::detail::proc::UniqueFd pidfd;  ///< in the supervisor's exit watch; empty without pidfd support
   bool running = true;
   int status = 0;
+  bool signalled = false;                  ///< the launcher sent it a signal (its end is then not its own)
+  std::optional<SteadyTime> settle_until;  ///< left the store before another failed: stopped only at this time
+  SteadyTime reaped{};                     ///< when its exit status was collected
 };
 
 /// @brief The supervision loop over started children (one thread, poll over a signalfd, the
@@ -116,10 +120,11 @@ struct Child {
 class Supervisor {
  public:
   /// @throws launch_error when the exit watch (an epoll set) cannot be created
+  /// @param departures the ranks the job's store saw leave (LaunchHooks::store_departures), or empty
   Supervisor(accel::detail::proc::BlockedSignals& signals, double grace_s, bool tee,
-             std::function<void(const std::string&)> say)
+             std::function<void(const std::string&)> say, std::function<std::vector<RankDeparture>()> departures = {})
       : signals_(signals), grace_(std::chrono::milliseconds(static_cast<long long>(grace_s * 1000.0))), tee_(tee),
-        say_(std::move(say)), exits_(::epoll_create1(EPOLL_CLOEXEC)) {
+        say_(std::move(say)), departures_(std::move(departures)), exits_(::epoll_create1(EPOLL_CLOEXEC)) {
     // Children this process had before the job are none of the job's business.
     for (const auto& p : accel::detail::proc::children_of(self_)) foreign_.push_back(p.pid);
     if (!exits_)
@@ -167,6 +172,9 @@ class Supervisor {
       if (drain_until)
         wait_ms = std::min<long long>(wait_ms, std::chrono::duration_cast<std::chrono::milliseconds>(*drain_until - now).count() + 1);
       if (any_adopted) wait_ms = std::min<long long>(wait_ms, 20);  // an adopted process's own children show up unannounced
+      for (const auto& c : children)
+        if (c.running && c.settle_until)
+          wait_ms = std::min<long long>(wait_ms, std::chrono::duration_cast<std::chrono::milliseconds>(*c.settle_until - now).count() + 1);
       std::vector<pollfd> fds;
       fds.push_back({signals_.fd(), POLLIN, 0});
       fds.push_back({exits_.get(), POLLIN, 0});  // reap() reads it
@@ -183,6 +191,7 @@ class Supervisor {
         for (std::size_t i = 0; i < polled.size(); ++i)
           if (fds[i + 2].revents != 0) read_stream(*polled[i]);
       reap();  // reads the signals too
+      stop_settled();
       if (kill_at_ && !killed_ && clock::now() >= *kill_at_) {
         for (const auto& c : children)
           if (c.running)
@@ -196,13 +205,33 @@ class Supervisor {
     reap_adopted();
   }
 
-  /// @brief Says how the job ended and returns the status the launcher should exit with.
+  /// @brief Says how the job ended and returns the status the launcher should exit with: the
+  /// first rank to fail on its own is blamed (blame_first_failure), the others that failed on
+  /// their own after it are named as its consequences.
   int report() {
+    namespace proc = accel::detail::proc;
+    using accel::detail::concat;
     if (failed_) {
-      const Child& f = children[*failed_];
-      const int code = accel::detail::proc::exit_code_of(f.status);
-      say_(accel::detail::concat("job failed: rank ", f.rank, " ", accel::detail::proc::describe_wait_status(f.status),
-                                 "; exit status ", code));
+      const std::vector<RankDeparture> gone = departures_ ? departures_() : std::vector<RankDeparture>{};
+      std::vector<const Child*> ended;
+      for (const auto& c : children)
+        if (!c.running) ended.push_back(&c);
+      std::stable_sort(ended.begin(), ended.end(), [](const Child* a, const Child* b) { return a->reaped < b->reaped; });
+      std::vector<RankEnd> ends;
+      for (const Child* c : ended) {
+        const auto left = departure_of(gone, c->rank);
+        ends.push_back({c->rank, !proc::succeeded(c->status), !c->signalled, c->reaped,
+                        left ? std::optional<SteadyTime>(left->when) : std::nullopt});
+      }
+      const Blame blame = blame_first_failure(ends);
+      const Child& f = blame.culprit ? *ended[*blame.culprit] : children[*failed_];
+      const int code = proc::exit_code_of(f.status);
+      say_(concat("job failed: rank ", f.rank, " ", proc::describe_wait_status(f.status), "; exit status ", code));
+      for (std::size_t i : blame.consequences) {
+        const Child& c = *ended[i];
+        say_(concat("rank ", c.rank, " ", proc::describe_wait_status(c.status), " after rank ", f.rank, " ",
+                    departure_of(gone, f.rank) ? "left the job: a" : "ended: most likely a", " consequence of rank ", f.rank, "'s failure"));
+      }
       return code;
     }
     if (interrupt_) {
@@ -214,9 +243,25 @@ class Supervisor {
 
  private:
   double grace_seconds() const noexcept { return static_cast<double>(grace_.count()) / 1000.0; }
-  void kill_running(int sig) noexcept {
-    for (const auto& c : children)
-      if (c.running) ::kill(-c.pid, sig);
+  // Signals every running child's process group; `spare_settling` leaves out the ones given time
+  // to end on their own (Child::settle_until).
+  void kill_running(int sig, bool spare_settling = false) noexcept {
+    for (auto& c : children)
+      if (c.running && !(spare_settling && c.settle_until)) {
+        ::kill(-c.pid, sig);
+        c.signalled = true;
+        c.settle_until.reset();
+      }
+  }
+  // Stops the children whose time to end on their own is over.
+  void stop_settled() noexcept {
+    const auto now = std::chrono::steady_clock::now();
+    for (auto& c : children)
+      if (c.running && c.settle_until && now >= *c.settle_until) {
+        ::kill(-c.pid, SIGTERM);
+        c.signalled = true;
+        c.settle_until.reset();
+      }
   }
   int count_running() const noexcept {
     return static_cast<int>(std::count_if(children.begin(), children.end(), [](const Child& c) { return c.running; }));
@@ -373,24 +418,47 @@ class Supervisor {
   // Reaps `c` if it ended: records its status, says how it ended, and when it is the job's first
   // failure stops the others. Returns whether it had ended.
   bool collect(Child& c) {
+    using accel::detail::concat;
     int status = 0;
     if (::waitpid(c.pid, &status, WNOHANG) != c.pid) return false;
     c.running = false;
     c.status = status;
     c.pidfd.reset();
+    c.reaped = std::chrono::steady_clock::now();
+    c.settle_until.reset();
     const std::string how = accel::detail::proc::describe_wait_status(status);
     if (stopping_) {
-      if (!accel::detail::proc::succeeded(status)) say_(accel::detail::concat("rank ", c.rank, " (pid ", c.pid, ") stopped: ", how));
+      if (accel::detail::proc::succeeded(status)) return true;
+      if (c.signalled) say_(concat("rank ", c.rank, " (pid ", c.pid, ") stopped: ", how));
+      else say_(concat("rank ", c.rank, " (local rank ", c.local_rank, ", pid ", c.pid, ") ", how));  // its own end
       return true;
     }
     if (accel::detail::proc::succeeded(status)) return true;
     failed_ = static_cast<std::size_t>(&c - children.data());
-    const int others = count_running();
-    say_(accel::detail::concat("rank ", c.rank, " (local rank ", c.local_rank, ", pid ", c.pid, ") ", how,
-                               others > 0 ? accel::detail::concat("; stopping the other ", others, others == 1 ? " process" : " processes",
-                                                                  " (SIGTERM, ", stop_plan(), ")")
-                                          : std::string{}));
-    kill_running(SIGTERM);
+    // The ranks the store saw leave before this one failed may be the cause, still on their way
+    // out: they get a moment to end on their own, so that their own exit status is known.
+    std::vector<int> settling;
+    if (departures_) {
+      const std::vector<RankDeparture> gone = departures_();
+      const auto settle = std::min<std::chrono::milliseconds>(departed_settle, grace_);
+      for (auto& other : children)
+        if (other.running && departure_of(gone, other.rank)) {
+          other.settle_until = c.reaped + settle;
+          settling.push_back(other.rank);
+        }
+    }
+    const int others = count_running() - static_cast<int>(settling.size());
+    std::string plan;
+    if (others > 0) plan += concat("; stopping the other ", others, others == 1 ? " process" : " processes", " (SIGTERM, ", stop_plan(), ")");
+    if (!settling.empty()) {
+      const bool one = settling.size() == 1;
+      plan += concat("; ", one ? "rank " : "ranks ", accel::text::join(settling), one ? " has" : " have",
+                     " already left the job's store and may have failed first: waiting up to ",
+                     static_cast<double>(std::min<std::chrono::milliseconds>(departed_settle, grace_).count()) / 1000.0, " s for ",
+                     one ? "it" : "them", " to end before SIGTERM");
+    }
+    say_(concat("rank ", c.rank, " (local rank ", c.local_rank, ", pid ", c.pid, ") ", how, plan));
+    kill_running(SIGTERM, true);
     begin_stop();
     return true;
   }
@@ -438,6 +506,7 @@ class Supervisor {
   std::chrono::milliseconds grace_;
   bool tee_;
   std::function<void(const std::string&)> say_;
+  std::function<std::vector<RankDeparture>()> departures_;
   bool stopping_ = false;
   bool killed_ = false;
   bool console_dead_[2] = {false, false};
