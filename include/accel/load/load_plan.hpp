@@ -88,6 +88,9 @@ struct LoadOptions {
   /// can fill one while the other is in use). Fewer are made, with a warning, when the device has no
   /// room for all; plan with PlanOptions::gpu_reserve_layers = fetch_slots to leave that room.
   int fetch_slots = 2;
+  /// Threads that read (and convert) the tensors held in host memory, each taking 8 MiB at a time;
+  /// 0: one per core, at most 8. Progress callbacks still run on the calling thread.
+  unsigned host_threads = 0;
   /// Draw a progress bar on stderr (only when it is a terminal).
   bool progress = true;
   /// Called after each chunk with (bytes done, bytes total).
