@@ -137,6 +137,11 @@ TEST_CASE("the one-call load refuses bad strategies, budgets and blocks by name 
     REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), options({}, "auto", "0=1MiB")),
                         accel_test::contains("max_memory gives GPU 0 a budget (") && accel_test::contains("but no GPU is visible"));
   }
+  SECTION("one GPU") {
+    auto one = accel::host_simulated_devices({1 << 20});
+    REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), options(one, "auto", "1=1MiB,cpu=1MiB")),
+                        accel_test::contains("but only GPU 0 is visible; budget only GPUs that exist"));
+  }
   SECTION("budgets too small with disk forbidden") {
     REQUIRE_THROWS_AS(accel::load_checkpoint_and_dispatch(dir.path(), options(devices, "sequential", "0=100,1=100,cpu=100,disk=0")),
                       accel::planning_error);
@@ -149,4 +154,15 @@ TEST_CASE("the one-call load refuses bad strategies, budgets and blocks by name 
                             accel_test::contains("did you mean 'LlamaDecoderLayer'?"));
   }
   CHECK(gpu0.allocations() == 0);
+}
+
+TEST_CASE("the one-call form reads as the README writes it (designated initializers)", "[auto_dispatch]") {
+  accel_test::TempDir dir;
+  write_llama(dir.path(), true);
+  auto model = accel::load_checkpoint_and_dispatch(dir.path(), accel::AutoDispatchOptions{
+      .device_map = "balanced",
+      .max_memory = accel::parse_max_memory("0=1MiB,1=1MiB,cpu=1MiB"),
+      .load = {.dtype = DType::BF16, .devices = accel::host_simulated_devices({1 << 20, 1 << 20}), .progress = false}});
+  CHECK(model.at("model.layers.3.mlp.up_proj.weight").dtype == DType::BF16);
+  CHECK(placements(model) == std::set<Placement>{Placement::gpu(0), Placement::gpu(1)});
 }

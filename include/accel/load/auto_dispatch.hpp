@@ -83,12 +83,12 @@ inline MaxMemory measured_budgets(const std::vector<DeviceMemoryPtr>& devices) {
 inline void require_budgeted_gpus(const MaxMemory& budgets, const std::vector<DeviceMemoryPtr>& devices) {
   for (const auto& [gpu, bytes] : budgets.gpus)
     if (gpu < 0 || static_cast<std::size_t>(gpu) >= devices.size())
-      throw_error<unavailable_error>("max_memory gives GPU ", gpu, " a budget (", text::format_bytes(bytes), ") but ",
-                                     devices.empty() ? std::string("no GPU is visible")
-                                                     : concat("only ", text::plural(static_cast<long long>(devices.size()), "GPU"),
-                                                              " (0-", devices.size() - 1, ") ", devices.size() == 1 ? "is" : "are",
-                                                              " visible"),
-                                     "; budget only GPUs that exist, or use cpu/disk");
+      throw_error<unavailable_error>(
+          "max_memory gives GPU ", gpu, " a budget (", text::format_bytes(bytes), ") but ",
+          devices.empty()       ? std::string("no GPU is visible")
+          : devices.size() == 1 ? std::string("only GPU 0 is visible")
+                                : concat("only ", devices.size(), " GPUs (0-", devices.size() - 1, ") are visible"),
+          "; budget only GPUs that exist, or use cpu/disk");
 }
 
 // Names the tree ties to a tensor the checkpoint holds, which the checkpoint itself lacks
