@@ -494,8 +494,12 @@ TEST_CASE("a shard truncated while it is being loaded is a checkpoint error nami
   SECTION("cpu, converted") {
     map = R"({"m": "cpu"})";
     opts.dtype = DType::F16;
+    opts.host_threads = 1;  // so the first report (m.a read) comes before m.b is read
   }
-  SECTION("cpu, raw") { map = R"({"m": "cpu"})"; }
+  SECTION("cpu, raw") {
+    map = R"({"m": "cpu"})";
+    opts.host_threads = 1;
+  }
   SECTION("disk, converted into the offload folder") {
     map = R"({"m": "disk"})";
     opts.dtype = DType::BF16;
@@ -509,6 +513,49 @@ TEST_CASE("a shard truncated while it is being loaded is a checkpoint error nami
   REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), accel::DeviceMap::from_json(map), opts),
                       accel_test::contains((dir / "model.safetensors").string() + "' shrank while it was being read: it was " +
                                            std::to_string(full) + " bytes when its header was checked and is now 200 bytes"));
+}
+
+TEST_CASE("a shard truncated before the parallel host copy is one checkpoint error from the copy threads, never a SIGBUS",
+          "[dispatch][truncation]") {
+  accel_test::TempDir dir;
+  std::vector<TensorSpec> specs{{"a.w", DType::F32, {4096}, {}}};
+  for (int i = 0; i < 8; ++i) specs.push_back({"b." + std::to_string(i), DType::F32, {4096}, {}});
+  accel_test::write_safetensors(dir / "model.safetensors", specs);
+  auto opts = small_staging(sim(1 << 20, 1 << 20));
+  opts.host_threads = 4;
+  opts.dtype = GENERATE(std::optional<DType>{}, std::optional<DType>{DType::BF16});
+  // The first report is a.w's staged GPU read, flushed just before the host copy starts.
+  opts.on_progress = [&, truncated = false](std::uint64_t, std::uint64_t) mutable {
+    if (!truncated) fs::resize_file(dir / "model.safetensors", 200);
+    truncated = true;
+  };
+  REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), accel::DeviceMap::from_json(R"({"a": 0, "b": "cpu"})"), opts),
+                      accel_test::contains("model.safetensors' shrank while it was being read") &&
+                          accel_test::contains("is now 200 bytes"));
+}
+
+TEST_CASE("cpu tensors spanning several copy pieces land byte for byte on any number of copy threads", "[dispatch][threads]") {
+  accel_test::TempDir dir;
+  // Each large tensor spans two 8 MiB pieces with an odd tail; the small one sits between them.
+  const std::vector<TensorSpec> specs{{"m.h", DType::F16, {(4 << 20) + 524288 + 3}, {}},
+                                      {"m.small", DType::BF16, {5}, {}},
+                                      {"m.f", DType::F32, {(2 << 20) + 3}, {}}};
+  accel_test::write_safetensors(dir / "model.safetensors", specs);
+  const unsigned threads = GENERATE(1u, 2u, 3u);
+  const bool to_f32 = GENERATE(false, true);
+  auto opts = small_staging({});
+  opts.host_threads = threads;
+  if (to_f32) opts.dtype = DType::F32;
+  INFO("threads " << threads << (to_f32 ? ", converted to F32" : ", raw"));
+  auto m = accel::load_checkpoint_and_dispatch(dir.path(), accel::DeviceMap::from_json(R"({"": "cpu"})"), opts);
+  for (const auto& t : specs) {
+    const auto& h = m.at(t.name);
+    REQUIRE(h.storage == Storage::host_pageable);
+    REQUIRE(read_back(h, {}) == converted(t, to_f32 ? DType::F32 : t.dtype));
+  }
+  std::uint64_t stored = 0;
+  for (const auto& t : specs) stored += accel_test::spec_bytes(t);
+  REQUIRE(m.report().bytes_copied == stored);
 }
 
 TEST_CASE("a device map whose keys cover one tensor twice, on different devices, is refused naming both keys",

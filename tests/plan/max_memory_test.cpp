@@ -98,6 +98,26 @@ TEST_CASE("hostile max_memory text gives a short error, never a crash", "[memory
   REQUIRE_THROWS_WITH(accel::parse_max_memory(std::string(10'000, 'x') + "=1"), contains("characters)"));
 }
 
+TEST_CASE("a huge max_memory key or entry is quoted as a bounded excerpt in every message", "[memory]") {
+  const std::string huge(1'000'000, 'k');
+  auto message_of = [](const std::string& text) {
+    try {
+      (void)accel::parse_max_memory(text);
+    } catch (const accel::config_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  for (const auto& text : {"{\"" + huge + "\": 1.5}",            // a float value under a huge key
+                           "0=1GiB," + huge,                     // an entry without '='
+                           "{\"cpu\": 1, \"" + huge + "\": [1]}"}) { // a non-number value under a huge key
+    const auto message = message_of(text);
+    INFO(message.substr(0, 300));
+    CHECK(message.size() < 600);
+    CHECK_THAT(message, accel_test::contains("... (1000000 characters)"));
+  }
+}
+
 TEST_CASE("default budgets hold back the stated reserve per GPU and of RAM", "[memory]") {
   std::vector<accel::DeviceBudgetInfo> gpus{{0, 80ull << 30, 79ull << 30}, {1, 8ull << 30, 512ull << 20}};
   auto m = accel::default_max_memory(gpus, 100ull << 30);

@@ -9,8 +9,9 @@
 /// executor (detail/load_executor.hpp) then carries the plan out: it maps the shards, makes every
 /// allocation (one arena per device-map block, the fetch buffers), and per tensor in file order
 /// reads, converts and places it. GPU tensors go through a ring of pinned staging buffers with
-/// asynchronous copies, so the next disk read overlaps the current copy. A failure anywhere frees
-/// everything allocated so far.
+/// asynchronous copies, so the next disk read overlaps the current copy; CPU tensors are read
+/// straight into their block's memory by several threads (LoadOptions::host_threads). A failure
+/// anywhere frees everything allocated so far.
 #pragma once
 
 #include <chrono>

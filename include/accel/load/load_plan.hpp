@@ -63,23 +63,23 @@ enum class Storage : std::uint8_t {
 /// @brief Options of load_checkpoint_and_dispatch.
 struct LoadOptions {
   /// Load dtype for floating tensors (F32/F16/BF16 only); integers and bools never change.
-  std::optional<DType> dtype;
+  std::optional<DType> dtype{};
   /// Patterns of tensors loaded as float32, matched as transformers matches keep-in-fp32 modules
   /// (keep_in_fp32_matches: anywhere in the name; the planner uses the same rule).
-  std::vector<std::string> keep_in_fp32;
+  std::vector<std::string> keep_in_fp32{};
   /// The model's tensor names (e.g. from a ModuleTree); when given, checkpoint tensors outside it
   /// are unexpected and listed names absent from the checkpoint are missing.
-  std::vector<std::string> expected_tensors;
+  std::vector<std::string> expected_tensors{};
   /// Tied names: {alias, source}; the alias resolves to the source's storage and is never missing.
-  std::vector<std::pair<std::string, std::string>> tied;
+  std::vector<std::pair<std::string, std::string>> tied{};
   /// Missing or unexpected tensors are an error (otherwise reported and skipped).
   bool strict = false;
   /// How `cpu` tensors are held.
   CpuMemory cpu_memory = CpuMemory::pageable;
   /// Folder for disk-placed tensors whose dtype changes (others are views into the shards).
-  std::filesystem::path offload_folder;
+  std::filesystem::path offload_folder{};
   /// The GPUs (index i = GPU i); nullopt: every visible CUDA GPU. Tests pass host-simulated ones.
-  std::optional<std::vector<DeviceMemoryPtr>> devices;
+  std::optional<std::vector<DeviceMemoryPtr>> devices{};
   /// Size of each pinned staging buffer.
   std::uint64_t staging_bytes = std::uint64_t{32} << 20;
   /// Number of staging buffers per GPU (2 = double buffering).
@@ -88,10 +88,13 @@ struct LoadOptions {
   /// can fill one while the other is in use). Fewer are made, with a warning, when the device has no
   /// room for all; plan with PlanOptions::gpu_reserve_layers = fetch_slots to leave that room.
   int fetch_slots = 2;
+  /// Threads that read (and convert) the tensors held in host memory, each taking 8 MiB at a time;
+  /// 0: one per core, at most 8. Progress callbacks still run on the calling thread.
+  unsigned host_threads = 0;
   /// Draw a progress bar on stderr (only when it is a terminal).
   bool progress = true;
   /// Called after each chunk with (bytes done, bytes total).
-  std::function<void(std::uint64_t, std::uint64_t)> on_progress;
+  std::function<void(std::uint64_t, std::uint64_t)> on_progress{};
 };
 
 /// @brief The plan for one checkpoint tensor.

@@ -165,7 +165,7 @@ inline void set_budget(MaxMemory& m, std::string_view key_raw, std::uint64_t byt
       if (v.is_string()) bytes = parse_byte_size(v.get<std::string>());
       else if (v.is_number_unsigned()) bytes = v.get<std::uint64_t>();
       else  // floats too: 1.5 bytes means nothing, and 1e30 or 2^64 does not fit in a byte count
-        detail::throw_error<config_error>("max_memory value for '", k, "' is ", json_excerpt(v),
+        detail::throw_error<config_error>("max_memory value for '", text::excerpt(k), "' is ", json_excerpt(v),
                                           "; use a whole byte count below 2^64 or a size string like \"20GiB\"");
       detail::set_budget(m, k, bytes, text);
     }
@@ -177,7 +177,8 @@ inline void set_budget(MaxMemory& m, std::string_view key_raw, std::uint64_t byt
       if (!item.empty()) {
         auto eq = item.find('=');
         if (eq == std::string_view::npos)
-          detail::throw_error<config_error>("max_memory entry '", item, "' has no '='; write KEY=SIZE such as 0=20GiB or cpu=64GiB");
+          detail::throw_error<config_error>("max_memory entry '", text::excerpt(item),
+                                            "' has no '='; write KEY=SIZE such as 0=20GiB or cpu=64GiB");
         detail::set_budget(m, item.substr(0, eq), parse_byte_size(item.substr(eq + 1)), text);
       }
       if (comma == std::string_view::npos) break;

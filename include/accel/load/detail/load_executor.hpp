@@ -32,6 +32,7 @@
 #include <accel/load/progress.hpp>
 #include <accel/load/detail/mapped_file.hpp>
 #include <accel/load/detail/offload_writer.hpp>
+#include <accel/load/detail/parallel_for.hpp>
 #include <accel/load/detail/staging.hpp>
 
 ACCEL_NAMESPACE_BEGIN
@@ -153,7 +154,8 @@ class LoadExecutor {
     if (!state_->slots.empty()) (void)stager(*plan_.execution_gpu);  // fetch() copies through it
   }
 
-  // Read → convert → place, in file order. Consecutive raw tensors bound for one GPU share a read.
+  // Read → convert → place, in file order. Consecutive raw tensors bound for one GPU share a read;
+  // consecutive host tensors are read (and converted) by several threads at once.
   void copy_tensors() {
     std::uint64_t to_copy = 0;
     for (const auto& t : plan_.tensors)
@@ -161,9 +163,48 @@ class LoadExecutor {
     bar_.emplace(to_copy, options_.progress);
     to_copy_ = to_copy;
     prepare_offload_folder();
-    for (const auto& t : plan_.tensors) copy_tensor(t);
+    for (const auto& t : plan_.tensors) {
+      if (t.bytes && (t.storage == Storage::host_pageable || t.storage == Storage::host_pinned)) {
+        queue_host_copy(t);
+        continue;
+      }
+      flush_host_copies();
+      copy_tensor(t);
+    }
+    flush_host_copies();
     flush_run();
     for (auto& [gpu, st] : state_->stagers) st->drain();
+  }
+
+  // A host tensor's file bytes in pieces of at most 8 MiB, the unit a copy thread takes at a time.
+  void queue_host_copy(const PlannedTensor& t) {
+    const std::uint64_t piece = std::max<std::uint64_t>(host_piece_bytes / element_size_bytes(t.stored_dtype), 1);
+    for_each_chunk(t.numel(), piece, [&](std::uint64_t at, std::uint64_t n) { host_pieces_.push_back({&t, at, n}); });
+  }
+
+  // Reads the queued pieces straight into their tensors' host memory with pread on several
+  // threads, converting on the way when the dtype changes: a fresh page's first-touch fault and
+  // zeroing then run on every thread instead of one, which is what bounds a load into new memory.
+  void flush_host_copies() {
+    if (host_pieces_.empty()) return;
+    flush_run();
+    const unsigned threads = copy_threads(options_.host_threads, host_pieces_.size());
+    if (host_scratch_.size() < threads) host_scratch_.resize(threads);
+    parallel_for(
+        host_pieces_.size(), threads,
+        [&](std::size_t i, unsigned worker) {
+          const auto& [t, first, count] = host_pieces_[i];
+          const MappedFile& file = source(*t);
+          const std::uint64_t in_size = element_size_bytes(t->stored_dtype), out_size = element_size_bytes(t->dtype);
+          const std::uint64_t offset = t->file_offset + first * in_size, bytes = count * in_size;
+          file.advise_sequential(offset, bytes);
+          std::byte* out = destination(*t) + first * out_size;
+          if (t->converts()) read_converted(file, offset, t->stored_dtype, t->dtype, count, out, host_scratch_[worker]);
+          else file.read_exact({out, static_cast<std::size_t>(bytes)}, offset);
+          return bytes;
+        },
+        [&](std::uint64_t n) { progressed(n); });
+    host_pieces_.clear();
   }
 
   void copy_tensor(const PlannedTensor& t) {
@@ -177,10 +218,7 @@ class LoadExecutor {
     switch (t.storage) {
       case Storage::device: convert_to_device(t); break;
       case Storage::host_pinned:
-      case Storage::host_pageable:
-        if (t.converts()) convert_to_host(t);
-        else read_to_host(t);
-        break;
+      case Storage::host_pageable: break;  // copy_tensors queues these for flush_host_copies
       case Storage::offload_file: write_to_offload_folder(t); break;
       case Storage::mmap_view: break;  // a view of the shard: the readahead above is all it needs
     }
@@ -227,15 +265,6 @@ class LoadExecutor {
     for_each_chunk(t.numel(), chunk, [&](std::uint64_t at, std::uint64_t n) {
       read_converted(source(t), t.file_offset + at * in_size, t.stored_dtype, t.dtype, n, out + at * out_size, scratch_);
       progressed(n * in_size);
-    });
-  }
-
-  void convert_to_host(const PlannedTensor& t) { convert_from_file(t, destination(t)); }
-
-  void read_to_host(const PlannedTensor& t) {
-    for_each_chunk(t.bytes, std::uint64_t{64} << 20, [&](std::uint64_t at, std::uint64_t n) {
-      source(t).read_exact({destination(t) + at, static_cast<std::size_t>(n)}, t.file_offset + at);
-      progressed(n);
     });
   }
 
@@ -337,6 +366,13 @@ class LoadExecutor {
   };
   Progress progress() { return {this}; }
 
+  // Part of a host tensor waiting for flush_host_copies: `count` elements from element `first`.
+  struct HostPiece {
+    const PlannedTensor* tensor;
+    std::uint64_t first, count;
+  };
+  static constexpr std::uint64_t host_piece_bytes = std::uint64_t{8} << 20;
+
   // Raw GPU tensors adjacent in one shard, waiting to be read together.
   struct Run {
     int gpu = -1;
@@ -357,6 +393,8 @@ class LoadExecutor {
   std::map<std::size_t, OffloadRequest> offload_requests_;  // by index into plan_.tensors
   std::vector<std::uint64_t> header_hashes_;
   std::vector<std::byte> scratch_;                         // file bytes read for a conversion
+  std::vector<HostPiece> host_pieces_;
+  std::vector<std::vector<std::byte>> host_scratch_;       // per copy thread, for conversions
   Run run_;
 };
 

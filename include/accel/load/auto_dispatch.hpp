@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file auto_dispatch.hpp
+/// @brief The one-call form, as transformers' `from_pretrained(path, device_map="auto", ...)`:
+///        plan a device map for a checkpoint with a strategy ("auto", "balanced",
+///        "balanced_low_0", "sequential") and budgets, then load it
+///        (`load_checkpoint_and_dispatch(path, AutoDispatchOptions)`).
+///
+/// The plan is made exactly as `accel plan --checkpoint PATH` makes it: the model as transformers
+/// builds it from the headers, config.json and the architecture catalog (construction order,
+/// no-split classes, ties, computed buffers), transformers' placement rules, the config's dtype
+/// when none is given; the load is then the explicit-map form with that map.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/runtime/text.hpp>
+#include <accel/model/checkpoint_tree.hpp>
+#include <accel/model/module_tree.hpp>
+#include <accel/plan/max_memory.hpp>
+#include <accel/plan/plan_options.hpp>
+#include <accel/plan/planner.hpp>
+#include <accel/load/device_memory.hpp>
+#include <accel/load/dispatch.hpp>
+#include <accel/load/dispatched_model.hpp>
+#include <accel/load/load_plan.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief Options of the one-call load: how to plan the device map, and how to load.
+struct AutoDispatchOptions {
+  /// "auto", "balanced", "balanced_low_0" or "sequential" (accelerate's strategies).
+  std::string device_map = "auto";
+  /// Budgets per GPU, cpu and disk (parse_max_memory("0=20GiB,cpu=64GiB") or set directly). Unset:
+  /// measured as `accel plan` measures them: each GPU of `load.devices` its free memory less
+  /// max(1 GiB, 10 % of its total), the cpu 90 % of the available RAM, disk unbounded.
+  std::optional<MaxMemory> max_memory{};
+  /// Blocks never split across devices: class names, module names or globs, each of which must
+  /// match. Empty: the architecture catalog's no-split classes when config.json names a known
+  /// architecture, else every numbered child (`layers.0`, `layers.1`, ...) is a block.
+  std::vector<std::string> no_split{};
+  /// The model's config.json when it does not sit next to the checkpoint.
+  std::optional<std::filesystem::path> config_file{};
+  /// How to load. `load.dtype` unset: with a config.json the config's dtype (transformers'
+  /// `dtype="auto"`), without one every tensor keeps its stored dtype. `load.keep_in_fp32` gets the
+  /// catalog's keep-in-fp32 modules for that dtype added. `load.devices` are the GPUs planned for
+  /// (unset: every visible CUDA GPU).
+  LoadOptions load{};
+};
+
+/// @brief A plan for the one-call load: the device map and the options the load runs with.
+struct AutoDispatchPlan {
+  PlanResult plan;          ///< the device map with its per-device accounting (as `accel plan` prints it)
+  LoadOptions load;         ///< the load options with the dtype, keep-in-fp32 list, ties and devices decided
+  std::string architecture; ///< which catalog entry shaped the model, or why none did
+};
+
+namespace detail {
+
+// Budgets measured from the devices the load will use and the machine's available RAM.
+inline MaxMemory measured_budgets(const std::vector<DeviceMemoryPtr>& devices) {
+  std::vector<DeviceBudgetInfo> gpus;
+  for (const auto& d : devices) {
+    const auto info = d->memory_info();
+    gpus.push_back({d->index(), info.total_bytes, info.free_bytes});
+  }
+  const auto ram = read_available_ram();
+  if (!ram && gpus.empty())
+    throw_error<unavailable_error>("cannot measure the available RAM and no GPU is visible; give "
+                                   "AutoDispatchOptions::max_memory (e.g. parse_max_memory(\"cpu=64GiB\"))");
+  return default_max_memory(gpus, ram.value_or(0));
+}
+
+// Every GPU a budget names must be one of the devices the load places on.
+inline void require_budgeted_gpus(const MaxMemory& budgets, const std::vector<DeviceMemoryPtr>& devices) {
+  for (const auto& [gpu, bytes] : budgets.gpus)
+    if (gpu < 0 || static_cast<std::size_t>(gpu) >= devices.size())
+      throw_error<unavailable_error>(
+          "max_memory gives GPU ", gpu, " a budget (", text::format_bytes(bytes), ") but ",
+          devices.empty()       ? std::string("no GPU is visible")
+          : devices.size() == 1 ? std::string("only GPU 0 is visible")
+                                : concat("only ", devices.size(), " GPUs (0-", devices.size() - 1, ") are visible"),
+          "; budget only GPUs that exist, or use cpu/disk");
+}
+
+// Names the tree ties to a tensor the checkpoint holds, which the checkpoint itself lacks
+// (a tied LM head): {alias, source} for LoadOptions::tied.
+inline std::vector<std::pair<std::string, std::string>> tied_aliases(const ModuleTree& tree, const Checkpoint& checkpoint) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& group : index_tree(tree).tied_groups) {
+    const std::string* source = nullptr;
+    for (auto id : group)
+      if (checkpoint.find(tree.tensors()[id].name)) {
+        source = &tree.tensors()[id].name;
+        break;
+      }
+    if (!source) continue;
+    for (auto id : group)
+      if (const auto& name = tree.tensors()[id].name; !checkpoint.find(name)) out.emplace_back(name, *source);
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// @brief Plans the one-call load of a resolved checkpoint without reading any weight: the model
+///        from headers + config.json + catalog, the budgets, then the strategy's device map.
+/// @throws accel::usage_error for an unknown strategy or a no-split spec matching nothing;
+///         accel::unavailable_error for a budget naming an absent GPU; accel::planning_error when
+///         the model fits nowhere; accel::checkpoint_error for an unreadable config.json
+[[nodiscard]] inline AutoDispatchPlan plan_auto_dispatch(const Checkpoint& checkpoint, const AutoDispatchOptions& options) {
+  const DeviceMapMode mode = parse_device_map_mode(options.device_map);
+  AutoDispatchPlan out;
+  out.load = options.load;
+  out.load.devices = options.load.devices ? *options.load.devices : cuda_device_memories();
+  const auto& devices = *out.load.devices;
+
+  CheckpointTreeOptions tree_options;
+  tree_options.config_file = options.config_file;
+  tree_options.load_dtype = options.load.dtype;
+  auto model = model_from_checkpoint(checkpoint, tree_options);
+  out.architecture = model.architecture_note;
+
+  PlanOptions plan;
+  const bool defaulted = !options.max_memory;
+  plan.max_memory = defaulted ? detail::measured_budgets(devices) : *options.max_memory;
+  detail::require_budgeted_gpus(plan.max_memory, devices);
+  plan.dtype = options.load.dtype;
+  if (!plan.dtype && model.config) plan.dtype = model.auto_dtype;
+  plan.keep_in_fp32 = options.load.keep_in_fp32;
+  for (auto& k : model.keep_in_fp32(plan.dtype))
+    if (std::find(plan.keep_in_fp32.begin(), plan.keep_in_fp32.end(), k) == plan.keep_in_fp32.end())
+      plan.keep_in_fp32.push_back(std::move(k));
+  if (!options.no_split.empty()) {
+    check_no_split_specs(model.tree, options.no_split);
+    plan.no_split = options.no_split;
+    plan.auto_no_split = false;
+  } else if (model.architecture) {
+    plan.no_split = model.no_split_classes();
+    plan.auto_no_split = false;
+  }
+  plan.rules = PlanRules::transformers;
+  plan.gpu_reserve_layers = static_cast<std::uint32_t>(std::max(options.load.fetch_slots, 1));  // room for every fetch buffer
+  out.plan = plan_device_map(model.tree, mode, plan, defaulted);
+
+  out.load.dtype = plan.dtype;
+  out.load.keep_in_fp32 = plan.keep_in_fp32;
+  for (auto& tie : detail::tied_aliases(model.tree, checkpoint))
+    if (std::none_of(out.load.tied.begin(), out.load.tied.end(), [&](const auto& t) { return t.first == tie.first; }))
+      out.load.tied.push_back(std::move(tie));
+  return out;
+}
+
+/// @brief Plans a device map for a checkpoint and loads it, in one call (see AutoDispatchOptions).
+/// @param checkpoint a `.safetensors` file, a `*.safetensors.index.json`, or a folder holding them
+///        (config.json is looked for next to it)
+/// @throws as plan_auto_dispatch, then as the explicit-map load_checkpoint_and_dispatch
+/// @note blocking; LoadReport::seconds covers planning and loading
+/// @code
+/// auto model = accel::load_checkpoint_and_dispatch("ckpt/", accel::AutoDispatchOptions{
+///     .device_map = "balanced", .max_memory = accel::parse_max_memory("0=20GiB,1=20GiB,cpu=64GiB"),
+///     .load = {.dtype = accel::DType::BF16, .offload_folder = "offload/"}});
+/// @endcode
+[[nodiscard]] inline DispatchedModel load_checkpoint_and_dispatch(const std::filesystem::path& checkpoint,
+                                                                 const AutoDispatchOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const Checkpoint resolved = resolve_checkpoint(checkpoint);
+  auto planned = plan_auto_dispatch(resolved, options);
+  return detail::plan_and_load(resolved, planned.plan.device_map, planned.load, start);
+}
+
+ACCEL_NAMESPACE_END

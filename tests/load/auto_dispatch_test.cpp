@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// The one-call load (plan a device map with a strategy, then load) against host-simulated GPUs.
+#include <accel/load/auto_dispatch.hpp>
+
+#include <fstream>
+#include <set>
+
+#include "support/catch.hpp"
+#include "support/safetensors_writer.hpp"
+
+namespace fs = std::filesystem;
+using accel::DType;
+using accel::Placement;
+using accel_test::TensorSpec;
+
+namespace {
+
+constexpr int layers = 4;
+
+// A Llama-shaped float32 checkpoint whose LM head is tied to the embedding (left out of the file).
+std::vector<TensorSpec> llama_tensors() {
+  std::vector<TensorSpec> out{{"model.embed_tokens.weight", DType::F32, {32, 16}, {}}};
+  for (int i = 0; i < layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    out.push_back({p + "self_attn.q_proj.weight", DType::F32, {16, 16}, {}});
+    out.push_back({p + "mlp.up_proj.weight", DType::F32, {32, 16}, {}});
+  }
+  out.push_back({"model.norm.weight", DType::F32, {16}, {}});
+  return out;
+}
+
+void write_llama(const fs::path& dir, bool with_config) {
+  accel_test::write_safetensors(dir / "model.safetensors", llama_tensors());
+  if (!with_config) return;
+  std::ofstream(dir / "config.json") << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16,
+    "num_attention_heads": 2, "num_hidden_layers": 4, "tie_word_embeddings": true, "torch_dtype": "float16"})";
+}
+
+accel::AutoDispatchOptions options(std::vector<accel::DeviceMemoryPtr> devices, std::string mode, std::string budgets) {
+  accel::AutoDispatchOptions o;
+  o.device_map = std::move(mode);
+  if (!budgets.empty()) o.max_memory = accel::parse_max_memory(budgets);
+  o.load.devices = std::move(devices);
+  o.load.staging_bytes = 4096;
+  o.load.progress = false;
+  return o;
+}
+
+std::set<Placement> placements(const accel::DispatchedModel& m) {
+  std::set<Placement> out;
+  for (const auto& t : m.tensors()) out.insert(t.placement);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("one call plans with the catalog and config.json, then loads by that map", "[auto_dispatch]") {
+  accel_test::TempDir dir;
+  write_llama(dir.path(), true);
+  auto devices = accel::host_simulated_devices({1 << 20, 1 << 20});
+  const auto opts = options(devices, "sequential", "0=4KiB,1=4KiB,cpu=1MiB");
+  const auto planned = accel::plan_auto_dispatch(accel::resolve_checkpoint(dir.path()), opts);
+  CHECK(planned.architecture.starts_with("LlamaForCausalLM"));
+  CHECK(planned.load.dtype == DType::F16);  // the config's dtype, as from_pretrained(dtype="auto")
+
+  auto m = accel::load_checkpoint_and_dispatch(dir.path(), opts);
+  // Loaded by the planned map: every tensor where the map's key puts it, converted to float16.
+  for (const auto& t : m.tensors()) {
+    INFO(t.name);
+    CHECK(t.dtype == DType::F16);
+    CHECK(planned.plan.device_map.placement_of(t.name) == t.placement);
+  }
+  // Each decoder layer (the catalog's no-split class) stays on one device; budgets spill to cpu.
+  for (int i = 0; i < layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    CHECK(m.at(p + "self_attn.q_proj.weight").placement == m.at(p + "mlp.up_proj.weight").placement);
+  }
+  CHECK(placements(m) == std::set<Placement>{Placement::gpu(0), Placement::gpu(1), Placement::cpu()});
+  // The tied LM head resolves to the embedding, as the model transformers builds has it.
+  CHECK(&m.at("lm_head.weight") == &m.at("model.embed_tokens.weight"));
+}
+
+TEST_CASE("balanced spreads the layers over every mocked GPU; sequential fills GPU 0 first", "[auto_dispatch]") {
+  accel_test::TempDir dir;
+  write_llama(dir.path(), true);
+  auto devices = accel::host_simulated_devices({1 << 20, 1 << 20});
+  auto balanced = accel::load_checkpoint_and_dispatch(dir.path(), options(devices, "balanced", "0=1MiB,1=1MiB"));
+  CHECK(placements(balanced) == std::set<Placement>{Placement::gpu(0), Placement::gpu(1)});
+  auto fresh = accel::host_simulated_devices({1 << 20, 1 << 20});
+  auto sequential = accel::load_checkpoint_and_dispatch(dir.path(), options(fresh, "sequential", "0=1MiB,1=1MiB"));
+  CHECK(placements(sequential) == std::set<Placement>{Placement::gpu(0)});
+}
+
+TEST_CASE("without max_memory the budgets are measured from the devices given", "[auto_dispatch]") {
+  accel_test::TempDir dir;
+  write_llama(dir.path(), true);
+  // 2 GiB each: free less max(1 GiB, 10 % of total) leaves 1 GiB per GPU, room for the whole model.
+  auto devices = accel::host_simulated_devices({2ull << 30, 2ull << 30});
+  auto m = accel::load_checkpoint_and_dispatch(dir.path(), options(devices, "sequential", ""));
+  CHECK(placements(m) == std::set<Placement>{Placement::gpu(0)});
+  // A 1 GiB GPU keeps nothing after the reserve: the model goes to the cpu budget (available RAM).
+  auto small = accel::host_simulated_devices({1ull << 30});
+  auto c = accel::load_checkpoint_and_dispatch(dir.path(), options(small, "auto", ""));
+  CHECK(placements(c) == std::set<Placement>{Placement::cpu()});
+}
+
+TEST_CASE("without config.json tensors keep their dtype and numbered children are the blocks", "[auto_dispatch]") {
+  accel_test::TempDir dir;
+  write_llama(dir.path(), false);
+  auto devices = accel::host_simulated_devices({1 << 20});
+  auto m = accel::load_checkpoint_and_dispatch(dir.path(), options(devices, "sequential", "0=12KiB,cpu=1MiB"));
+  for (const auto& t : m.tensors()) CHECK(t.dtype == DType::F32);
+  for (int i = 0; i < layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    CHECK(m.at(p + "self_attn.q_proj.weight").placement == m.at(p + "mlp.up_proj.weight").placement);
+  }
+  CHECK(placements(m) == std::set<Placement>{Placement::gpu(0), Placement::cpu()});
+}
+
+TEST_CASE("the one-call load refuses bad strategies, budgets and blocks by name before allocating", "[auto_dispatch]") {
+  accel_test::TempDir dir;
+  write_llama(dir.path(), true);
+  auto devices = accel::host_simulated_devices({1 << 20, 1 << 20});
+  auto& gpu0 = static_cast<accel::HostSimulatedDevice&>(*devices[0]);
+  SECTION("unknown strategy") {
+    REQUIRE_THROWS_AS(accel::load_checkpoint_and_dispatch(dir.path(), options(devices, "fastest", "0=1MiB")), accel::usage_error);
+    REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), options(devices, "fastest", "0=1MiB")),
+                        accel_test::contains("unknown device map mode 'fastest'; use auto, balanced, balanced_low_0 or sequential"));
+  }
+  SECTION("a budget for a GPU that is not there") {
+    REQUIRE_THROWS_AS(accel::load_checkpoint_and_dispatch(dir.path(), options(devices, "auto", "2=1MiB,cpu=1MiB")),
+                      accel::unavailable_error);
+    REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), options(devices, "auto", "2=1MiB,cpu=1MiB")),
+                        accel_test::contains("max_memory gives GPU 2 a budget (") &&
+                            accel_test::contains("but only 2 GPUs (0-1) are visible; budget only GPUs that exist"));
+    REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), options({}, "auto", "0=1MiB")),
+                        accel_test::contains("max_memory gives GPU 0 a budget (") && accel_test::contains("but no GPU is visible"));
+  }
+  SECTION("one GPU") {
+    auto one = accel::host_simulated_devices({1 << 20});
+    REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), options(one, "auto", "1=1MiB,cpu=1MiB")),
+                        accel_test::contains("but only GPU 0 is visible; budget only GPUs that exist"));
+  }
+  SECTION("budgets too small with disk forbidden") {
+    REQUIRE_THROWS_AS(accel::load_checkpoint_and_dispatch(dir.path(), options(devices, "sequential", "0=100,1=100,cpu=100,disk=0")),
+                      accel::planning_error);
+  }
+  SECTION("a no-split spec that matches nothing") {
+    auto o = options(devices, "auto", "0=1MiB,1=1MiB");
+    o.no_split = {"LlamaDecoderLayr"};
+    REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), o),
+                        accel_test::contains("no-split 'LlamaDecoderLayr' matches no module") &&
+                            accel_test::contains("did you mean 'LlamaDecoderLayer'?"));
+  }
+  CHECK(gpu0.allocations() == 0);
+}
+
+TEST_CASE("the one-call form reads as the README writes it (designated initializers)", "[auto_dispatch]") {
+  accel_test::TempDir dir;
+  write_llama(dir.path(), true);
+  auto model = accel::load_checkpoint_and_dispatch(dir.path(), accel::AutoDispatchOptions{
+      .device_map = "balanced",
+      .max_memory = accel::parse_max_memory("0=1MiB,1=1MiB,cpu=1MiB"),
+      .load = {.dtype = DType::BF16, .devices = accel::host_simulated_devices({1 << 20, 1 << 20}), .progress = false}});
+  CHECK(model.at("model.layers.3.mlp.up_proj.weight").dtype == DType::BF16);
+  CHECK(placements(model) == std::set<Placement>{Placement::gpu(0), Placement::gpu(1)});
+}
