@@ -284,7 +284,6 @@ TEST_CASE("simulated nccl: a re-created communicator never picks up an earlier i
   REQUIRE(ids[2] == ids[3]);
   REQUIRE(ids[1] != ids[2]);
 }
-#endif
 
 TEST_CASE("simulated nccl: work nobody waits for is watched; a peer's failure or the timeout aborts the communicator", "[nccl]") {
   using namespace std::chrono_literals;
@@ -332,3 +331,4 @@ TEST_CASE("simulated nccl: work nobody waits for is watched; a peer's failure or
   }
   fake::event_state = cudaSuccess, fake::async_state = ncclSuccess;
 }
+#endif
