@@ -23,10 +23,12 @@
 /// (detail/shm_collectives.hpp); across machines the data rides in store rounds instead.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <new>
 #include <span>
@@ -124,19 +126,16 @@ class CpuCommunicator final : public Communicator {
     } else {
       slots_.reset();
     }
-    for (std::size_t i = 0; i < round_bytes.size(); ++i)
-      if (round_bytes[i] != round_bytes.front())
-        detail::throw_error<usage_error>(
-            "CpuCommOptions::store_round_bytes differs across ranks: ",
-            detail::ranks_by(round_bytes.size(), [&](std::size_t r) { return std::to_string(round_bytes[r]); }, "pass"),
-            "; pass the same value on every rank");
+    // An option every rank must pass alike: usage_error naming what each rank passed.
+    const auto same_everywhere = [](const std::vector<std::uint64_t>& values, const char* option) {
+      if (std::adjacent_find(values.begin(), values.end(), std::not_equal_to<>()) == values.end()) return;
+      detail::throw_error<usage_error>("CpuCommOptions::", option, " differs across ranks: ",
+                                       detail::ranks_by(values.size(), [&](std::size_t r) { return std::to_string(values[r]); }, "pass"),
+                                       "; pass the same value on every rank");
+    };
+    same_everywhere(round_bytes, "store_round_bytes");
     if (same_machine_ && options_.use_shm) {
-      for (std::size_t i = 0; i < chunks.size(); ++i)
-        if (chunks[i] != chunks.front())
-          detail::throw_error<usage_error>(
-              "CpuCommOptions::buffer_chunk_bytes differs across ranks: ",
-              detail::ranks_by(chunks.size(), [&](std::size_t r) { return std::to_string(chunks[r]); }, "pass"),
-              "; pass the same value on every rank");
+      same_everywhere(chunks, "buffer_chunk_bytes");
       if (rank == 0) detail::remove_stale_shm_segments();  // what killed processes left (every rank is on this machine)
       segments_.emplace_back(shm_prefix + ".a");
       segments_.emplace_back(shm_prefix + ".b");
