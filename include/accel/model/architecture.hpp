@@ -625,8 +625,7 @@ struct BufferSpec {
 /// @brief Gives every module of `tree` whose path the catalog knows its class (modules that
 ///        already have one keep it).
 /// @return how many modules got a class
-[[nodiscard]] inline std::size_t annotate_module_classes(ModuleTree& tree, const Architecture& arch) {
-  const TemplateIndex index(arch);
+[[nodiscard]] inline std::size_t annotate_module_classes(ModuleTree& tree, const TemplateIndex& index) {
   std::size_t n = 0;
   for (std::size_t id = 0; id < tree.modules().size(); ++id) {
     const auto& m = tree.modules()[id];
@@ -643,6 +642,10 @@ struct BufferSpec {
     }
   }
   return n;
+}
+/// @brief annotate_module_classes for one entry.
+[[nodiscard]] inline std::size_t annotate_module_classes(ModuleTree& tree, const Architecture& arch) {
+  return annotate_module_classes(tree, TemplateIndex(arch));
 }
 
 /// @brief Adds the non-persistent buffers `tree` lacks (see non_persistent_buffers).

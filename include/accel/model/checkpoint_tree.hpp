@@ -324,7 +324,7 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
     for (auto c = kids.rbegin(); c != kids.rend(); ++c) stack.emplace_back(c->second, join(prefix, nodes[c->second].local));
   }
   if (arch) {
-    (void)annotate_module_classes(tree, *arch);
+    (void)annotate_module_classes(tree, *index);
     for (const auto& group : ties) {
       // Tie what is identical; a checkpoint holding two differing members keeps them apart.
       std::vector<std::string> same;
