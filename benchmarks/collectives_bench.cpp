@@ -4,7 +4,7 @@
 // real processes on the CPU backend.
 //
 //   collectives_bench [--procs 2,4] [--quick]
-//       [--case raw_bytes|struct_list|struct_fields|records_fields|records_fields_fresh|records_cbor|barrier|all_reduce] [--size BYTES]
+//       [--case raw_bytes|raw_bytes_into|struct_list|struct_fields|records_fields|records_fields_fresh|records_cbor|barrier|all_reduce] [--size BYTES]
 //
 // --case and --size (each repeatable) run only those cases and payload sizes (for profiling one).
 // --quick runs a tenth of the iterations.
@@ -153,6 +153,16 @@ int worker(bool quick, const Filter& only) {
   };
   for (std::size_t bytes : {std::size_t{100}, std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
     run_case("raw_bytes", bytes, false, [&] { return std::vector<std::uint8_t>(bytes, static_cast<std::uint8_t>(rank)); });
+    if (only.wants("raw_bytes_into", bytes)) {  // the same through gather_object_into, reusing its result
+      const std::vector<std::uint8_t> value(bytes, static_cast<std::uint8_t>(rank));
+      std::vector<std::vector<std::uint8_t>> all;
+      const int iters = iterations(bytes, false, quick);
+      const Stats t = time_us(state, iters, [&] {
+        accel::gather_object_into(state, value, all);
+        if (all.size() != static_cast<std::size_t>(n) || all.back().size() != bytes || all.back().back() != n - 1) std::abort();
+      });
+      report("raw_bytes_into", bytes, iters, t, static_cast<double>(bytes) * n / t.mean);
+    }
     run_case("struct_list", bytes, true, [&] { return make_items(bytes, rank); });
     run_case("struct_fields", bytes, false, [&] { return make_items<FieldsItem>(bytes, rank); });
   }

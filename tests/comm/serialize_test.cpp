@@ -5,11 +5,15 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/cbor_items.hpp"
 
 namespace demo {
 struct Result {
@@ -140,4 +144,138 @@ TEST_CASE("serialize: a to_json that throws becomes a serialization_error naming
                       accel_test::contains("[accel.serialization] cannot encode a demo::Picky on rank 5: negative values cannot be sent"));
   REQUIRE(round_trip(demo::Picky{3}).v == 3);
   REQUIRE(accel::to_bytes(demo::Picky{3})[0] == std::byte{5});
+}
+
+namespace {
+// A random JSON value: every CBOR major type nlohmann writes, objects whose keys come and go.
+nlohmann::json random_json(std::mt19937& rng, int depth) {
+  std::uniform_int_distribution<int> kind(0, depth > 3 ? 6 : 9);
+  const char* keys[] = {"a", "b", "id", "text", "tokens", "zz"};
+  switch (kind(rng)) {
+    case 0: return nullptr;
+    case 1: return rng() % 2 == 0;
+    case 2: return static_cast<std::int64_t>(rng()) - (std::int64_t{1} << 31);
+    case 3: return static_cast<std::uint64_t>(rng()) << 32;
+    case 4: return static_cast<double>(rng()) / 7.0;
+    case 5: return std::string(rng() % 40, static_cast<char>('a' + rng() % 26));
+    case 6: return nlohmann::json::binary({1, 2, static_cast<std::uint8_t>(rng())});  // with a subtype nlohmann writes a tag it refuses to read
+    case 7: case 8: {
+      auto o = nlohmann::json::object();
+      for (const char* k : keys)
+        if (rng() % 2) o[k] = random_json(rng, depth + 1);
+      return o;
+    }
+    default: {
+      auto a = nlohmann::json::array();
+      for (std::size_t i = rng() % 5; i > 0; --i) a.push_back(random_json(rng, depth + 1));
+      return a;
+    }
+  }
+}
+}  // namespace
+
+TEST_CASE("serialize: vectors through CBOR are written and read one item at a time, byte-identical to nlohmann's whole-value CBOR", "[serialize]") {
+  std::mt19937 rng(11);
+  for (std::size_t n : {0, 1, 23, 24, 255, 256, 300, 65535, 65536, 70000}) {
+    std::vector<demo::Result> items(n);
+    for (std::size_t i = 0; i < n; ++i) items[i] = {static_cast<int>(i), std::string(i % 37, 'x'), {0.5 * static_cast<double>(i)}, {}};
+    std::vector<std::uint8_t> whole{5};
+    nlohmann::json::to_cbor(nlohmann::json(items), whole);
+    const auto ours = accel::to_bytes(items);
+    REQUIRE(ours.size() == whole.size());
+    REQUIRE(std::memcmp(ours.data(), whole.data(), whole.size()) == 0);
+    REQUIRE(round_trip(items) == items);
+  }
+  // Items of changing shapes decode into the value nlohmann's own parser builds, item by item,
+  // also into a vector that holds other values already (fewer, more, other shapes).
+  std::vector<nlohmann::json> reused;
+  for (int round = 0; round < 300; ++round) {
+    std::vector<nlohmann::json> items(rng() % 12);
+    for (auto& j : items) j = random_json(rng, 0);
+    const auto bytes = accel::to_bytes(items);
+    std::vector<std::uint8_t> whole{5};
+    nlohmann::json::to_cbor(nlohmann::json(items), whole);
+    REQUIRE(std::vector<std::uint8_t>(reinterpret_cast<const std::uint8_t*>(bytes.data()),
+                                      reinterpret_cast<const std::uint8_t*>(bytes.data()) + bytes.size()) == whole);
+    const auto reference = nlohmann::json::from_cbor(reinterpret_cast<const std::uint8_t*>(bytes.data()) + 1,
+                                                     reinterpret_cast<const std::uint8_t*>(bytes.data()) + bytes.size());
+    REQUIRE(nlohmann::json(accel::from_bytes<std::vector<nlohmann::json>>(bytes)) == reference);
+    accel::from_bytes_into(bytes, reused);
+    REQUIRE(nlohmann::json(reused) == reference);
+  }
+  REQUIRE(round_trip(std::vector<bool>{true, false, true}) == std::vector<bool>{true, false, true});
+  // The writer's corner cases, byte for byte: float widths, NaN and infinities, integer limits,
+  // binary subtypes (tags), long strings and arrays.
+  const auto corners = nlohmann::json::array(
+      {0.5, 0.1, 1e300, -1e-300, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+       -std::numeric_limits<double>::infinity(), 3.4028234663852886e38, std::numeric_limits<std::int64_t>::min(),
+       std::numeric_limits<std::uint64_t>::max(), -24, -25, -256, -257, 65535, 65536, 4294967295ull, 4294967296ull,
+       nlohmann::json::binary({1, 2}, 7), nlohmann::json::binary({3}, 300), nlohmann::json::binary({}, 70000),
+       std::string(70000, 'q'), nlohmann::json::array(), nlohmann::json::object(), nlohmann::json(std::vector<int>(300, 1))});
+  for (const auto& j : corners) {
+    std::vector<std::byte> ours;
+    accel::detail::put_cbor(ours, j);
+    const auto theirs = nlohmann::json::to_cbor(j);
+    INFO(j.dump());
+    REQUIRE(ours.size() == theirs.size());
+    REQUIRE(std::memcmp(ours.data(), theirs.data(), theirs.size()) == 0);
+  }
+  // An indefinite-length array (not what nlohmann writes, but valid CBOR) reads as nlohmann reads it.
+  const std::vector<std::byte> indefinite{std::byte{5}, std::byte{0x9f}, std::byte{0x01}, std::byte{0x9f}, std::byte{0x02},
+                                          std::byte{0xff}, std::byte{0xff}};
+  REQUIRE(nlohmann::json(accel::from_bytes<std::vector<nlohmann::json>>(indefinite)) == nlohmann::json::parse("[1, [2]]"));
+}
+
+TEST_CASE("serialize: hostile CBOR for a vector is an error naming the rank, never a crash", "[serialize]") {
+  using Items = std::vector<demo::Result>;
+  // 100k nested arrays inside the vector: refused at the depth limit, before the reader recurses.
+  std::vector<std::byte> deep{std::byte{5}, std::byte{0x81}};
+  deep.insert(deep.end(), 100000, std::byte{0x81});
+  deep.push_back(std::byte{0x01});
+  REQUIRE_THROWS_WITH(accel::from_bytes<Items>(deep, 3), accel_test::contains("value from rank 3 is not a valid") &&
+                                                              accel_test::contains("nested more than 512 deep"));
+  // Not an array at the top.
+  REQUIRE_THROWS_WITH(accel::from_bytes<Items>(accel::to_bytes(demo::Result{}), 1), accel_test::contains("a single value, not an array, where a vector's items belong"));
+  // Items that are not Results, trailing bytes, and every prefix.
+  REQUIRE_THROWS_WITH(accel::from_bytes<Items>(accel::to_bytes(std::vector<int>{1, 2}), 2), accel_test::contains("has format 3"));
+  REQUIRE_THROWS_WITH(accel::from_bytes<Items>(accel::to_bytes(std::vector<nlohmann::json>{1}), 2),
+                      accel_test::contains("value from rank 2 is not a valid std::vector<demo::Result") && accel_test::contains("type_error"));
+  auto bytes = accel::to_bytes(Items{{1, "a", {2.0}, {{"k", 3}}}, {2, "b", {}, {}}});
+  auto longer = bytes;
+  longer.push_back(std::byte{0x01});
+  REQUIRE_THROWS_WITH(accel::from_bytes<Items>(longer, 0), accel_test::contains("1 bytes after the end of the array"));
+  Items into{{9, "old", {}, {}}};
+  for (std::size_t n = 1; n < bytes.size(); ++n) {
+    REQUIRE_THROWS_AS(accel::from_bytes<Items>(std::span<const std::byte>(bytes.data(), n), 0), accel::serialization_error);
+    REQUIRE_THROWS_AS(accel::from_bytes_into(std::span<const std::byte>(bytes.data(), n), into, 0), accel::serialization_error);
+  }
+  accel::from_bytes_into(bytes, into, 0);
+  REQUIRE(into == accel::from_bytes<Items>(bytes));
+}
+
+TEST_CASE("serialize: accel's CBOR item reader reads what nlohmann reads on mutated and truncated encodings", "[serialize]") {
+  std::mt19937 rng(5);
+  std::map<std::string, int> verdicts;
+  for (int round = 0; round < 4000; ++round) {
+    std::vector<nlohmann::json> items(1 + rng() % 4);
+    for (auto& j : items) j = random_json(rng, 0);
+    std::vector<std::uint8_t> bytes;
+    nlohmann::json::to_cbor(nlohmann::json(items), bytes);
+    for (int k = 1 + static_cast<int>(rng() % 3); k > 0; --k) {
+      const std::size_t at = 1 + rng() % (bytes.size() - 1 + 1);
+      switch (rng() % 4) {
+        case 0: if (at < bytes.size()) bytes[at] = static_cast<std::uint8_t>(rng()); break;
+        case 1: bytes.resize(std::min(bytes.size(), at)); break;
+        case 2: bytes.insert(bytes.begin() + static_cast<std::ptrdiff_t>(std::min(at, bytes.size())), static_cast<std::uint8_t>(rng())); break;
+        default: if (at < bytes.size()) bytes[at] ^= static_cast<std::uint8_t>(1u << (rng() % 8)); break;
+      }
+    }
+    const std::string v = accel_test::cbor_items_verdict(bytes.data(), bytes.data() + bytes.size());
+    INFO(nlohmann::json::binary(bytes).dump() << " -> " << v);
+    REQUIRE((v == "agrees" || v == "both refuse" || v == "documented difference" || v == "not an array"));
+    ++verdicts[v];
+  }
+  // The mutations reach both outcomes often.
+  REQUIRE(verdicts["agrees"] > 400);
+  REQUIRE(verdicts["both refuse"] > 400);
 }

@@ -39,6 +39,7 @@
 #include <accel/runtime/error.hpp>
 #include <accel/runtime/text.hpp>
 #include <accel/comm/fields.hpp>
+#include <accel/comm/detail/cbor_items.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 
@@ -251,13 +252,15 @@ std::span<const std::byte> encode_payload(std::vector<std::byte>& head, const T&
     return {};
   } else {
     try {
-      const nlohmann::json j = value;
-      std::vector<std::uint8_t> cbor;
-      cbor.push_back(static_cast<std::uint8_t>(f));
-      nlohmann::json::to_cbor(j, cbor);
       const std::size_t at = head.size();
-      head.resize(at + cbor.size());
-      std::memcpy(head.data() + at, cbor.data(), cbor.size());
+      head.push_back(static_cast<std::byte>(f));
+      try {
+        if constexpr (detail::binary::is_vector<T>::value) detail::put_cbor_items(head, value);  // no JSON value for the whole vector
+        else detail::put_cbor(head, nlohmann::json(value));
+      } catch (...) {
+        head.resize(at);
+        throw;
+      }
       return {};
     } catch (const std::exception& e) {
       detail::throw_error<serialization_error>("cannot encode a ", detail::type_name<T>(), rank >= 0 ? detail::concat(" on rank ", rank) : "",
@@ -301,14 +304,48 @@ const std::string& check_format(std::span<const std::byte> bytes, int source_ran
   return type;
 }
 
-// A T from CBOR (the bytes after the format byte).
+// Runs `decode`, naming the source rank and T in a serialization_error when it throws (nlohmann's
+// parse and type errors, or a user's from_json).
+template <class T, class F>
+decltype(auto) naming_cbor_errors(int source_rank, F&& decode) {
+  try {
+    return decode();
+  } catch (const std::exception& e) {
+    throw_error<serialization_error>("value", from_rank(source_rank), " is not a valid ", type_name<T>(), ": ", e.what());
+  }
+}
+
+// A T from CBOR (the bytes after the format byte) into `out`: a vector one item at a time
+// (cbor_items.hpp), anything else through one JSON value.
+template <class T>
+void decode_cbor_into(std::span<const std::byte> rest, T& out, int source_rank) {
+  const auto* p = reinterpret_cast<const std::uint8_t*>(rest.data());
+  naming_cbor_errors<T>(source_rank, [&] {
+    if constexpr (binary::is_vector<T>::value) {
+      using V = typename T::value_type;
+      std::size_t n = 0;
+      read_cbor_items(p, p + rest.size(), [&](const nlohmann::json& item) {
+        if (n < out.size()) out[n] = item.template get<V>();
+        else out.push_back(item.template get<V>());
+        ++n;
+      });
+      out.erase(out.begin() + static_cast<std::ptrdiff_t>(n), out.end());
+    } else {
+      out = nlohmann::json::from_cbor(p, p + rest.size()).template get<T>();
+    }
+  });
+}
+
+// A T from CBOR; T need not be default-constructible unless it is a vector.
 template <class T>
 T decode_cbor(std::span<const std::byte> rest, int source_rank) {
-  try {
+  if constexpr (binary::is_vector<T>::value) {
+    T out;
+    decode_cbor_into(rest, out, source_rank);
+    return out;
+  } else {
     const auto* p = reinterpret_cast<const std::uint8_t*>(rest.data());
-    return nlohmann::json::from_cbor(p, p + rest.size()).template get<T>();
-  } catch (const std::exception& e) {  // nlohmann's parse/type errors, or a user from_json that throws
-    throw_error<serialization_error>("value", from_rank(source_rank), " is not a valid ", type_name<T>(), ": ", e.what());
+    return naming_cbor_errors<T>(source_rank, [&] { return nlohmann::json::from_cbor(p, p + rest.size()).template get<T>(); });
   }
 }
 
@@ -380,7 +417,7 @@ void from_bytes_into(std::span<const std::byte> bytes, T& out, int source_rank =
     detail::binary::get(src, out);
     src.end();
   } else {
-    out = detail::decode_cbor<T>(bytes.subspan(1), source_rank);
+    detail::decode_cbor_into(bytes.subspan(1), out, source_rank);
   }
 }
 

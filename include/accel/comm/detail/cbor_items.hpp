@@ -1,0 +1,323 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file cbor_items.hpp
+/// @brief CBOR for vectors of nlohmann-convertible items, one item at a time.
+///
+/// The bytes are exactly what `nlohmann::json::to_cbor(json(vector))` writes (an array header,
+/// then each item's CBOR), but no JSON value for the whole vector is ever built:
+/// - encoding converts one item at a time into a small JSON value and appends its CBOR;
+/// - decoding reads the CBOR itself into one JSON value that is reused from item to item (same
+///   keys, same string capacity: no allocation once the shape repeats), and hands each finished
+///   item to a callback (`from_json` into the destination).
+/// Nesting deeper than `cbor_max_depth` is an error, not a deeper recursion.
+#pragma once
+
+#include <cstddef>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/error.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+namespace detail {
+
+/// @brief Containers nested deeper than this in a CBOR payload are refused (nlohmann's reader
+/// recurses once per level).
+inline constexpr std::size_t cbor_max_depth = 512;
+
+/// @brief Appends a CBOR initial byte of major type `major` with argument `n`, in the shortest
+/// form (the argument in the byte itself below 24, else in 1, 2, 4 or 8 big-endian bytes).
+inline void put_cbor_head(std::vector<std::byte>& out, std::uint8_t major, std::uint64_t n) {
+  const auto tag = static_cast<std::uint8_t>(major << 5);
+  if (n < 24) {
+    out.push_back(static_cast<std::byte>(tag | n));
+    return;
+  }
+  const int bytes = n <= 0xff ? 1 : n <= 0xffff ? 2 : n <= 0xffffffff ? 4 : 8;
+  out.push_back(static_cast<std::byte>(tag | (bytes == 1 ? 24 : bytes == 2 ? 25 : bytes == 4 ? 26 : 27)));
+  for (int i = bytes - 1; i >= 0; --i) out.push_back(static_cast<std::byte>(n >> (8 * i)));
+}
+
+/// @brief Appends the CBOR of `j`, byte for byte what `nlohmann::json::to_cbor` writes: integers
+/// and lengths in their shortest form, floats as single precision when that is exact (NaN and
+/// infinities as half precision), binary subtypes as tags, object keys in the object's order.
+inline void put_cbor(std::vector<std::byte>& out, const nlohmann::json& j) {
+  using V = nlohmann::json::value_t;
+  auto raw = [&](const void* p, std::size_t n) {
+    const auto* b = static_cast<const std::byte*>(p);
+    out.insert(out.end(), b, b + n);
+  };
+  auto big_endian = [&](auto v) {
+    std::byte b[sizeof v];
+    std::memcpy(b, &v, sizeof v);
+    for (std::size_t i = sizeof v; i > 0; --i) out.push_back(b[i - 1]);
+  };
+  switch (j.type()) {
+    case V::null: out.push_back(std::byte{0xf6}); return;
+    case V::boolean: out.push_back(j.get<bool>() ? std::byte{0xf5} : std::byte{0xf4}); return;
+    case V::number_unsigned: put_cbor_head(out, 0, j.get<std::uint64_t>()); return;
+    case V::number_integer: {
+      const auto v = j.get<std::int64_t>();
+      if (v >= 0) put_cbor_head(out, 0, static_cast<std::uint64_t>(v));
+      else put_cbor_head(out, 1, static_cast<std::uint64_t>(-1 - v));
+      return;
+    }
+    case V::number_float: {
+      const double d = j.get<double>();
+      if (std::isnan(d)) {
+        raw("\xf9\x7e\x00", 3);
+      } else if (std::isinf(d)) {
+        raw(d > 0 ? "\xf9\x7c\x00" : "\xf9\xfc\x00", 3);
+      } else if (d >= static_cast<double>(std::numeric_limits<float>::lowest()) && d <= static_cast<double>(std::numeric_limits<float>::max()) &&
+                 static_cast<double>(static_cast<float>(d)) == d) {
+        out.push_back(std::byte{0xfa});
+        big_endian(static_cast<float>(d));
+      } else {
+        out.push_back(std::byte{0xfb});
+        big_endian(d);
+      }
+      return;
+    }
+    case V::string: {
+      const auto& str = j.get_ref<const std::string&>();
+      put_cbor_head(out, 3, str.size());
+      raw(str.data(), str.size());
+      return;
+    }
+    case V::binary: {
+      const auto& bin = j.get_binary();
+      if (bin.has_subtype() && bin.subtype() < 24) out.insert(out.end(), {std::byte{0xd8}, static_cast<std::byte>(bin.subtype())});  // never immediate
+      else if (bin.has_subtype()) put_cbor_head(out, 6, bin.subtype());
+      put_cbor_head(out, 2, bin.size());
+      raw(bin.data(), bin.size());
+      return;
+    }
+    case V::array:
+      put_cbor_head(out, 4, j.size());
+      for (const auto& item : j) put_cbor(out, item);
+      return;
+    case V::object:
+      put_cbor_head(out, 5, j.size());
+      for (const auto& [key, item] : j.items()) {
+        put_cbor_head(out, 3, key.size());
+        raw(key.data(), key.size());
+        put_cbor(out, item);
+      }
+      return;
+    case V::discarded: return;
+  }
+}
+
+/// @brief Appends the CBOR of `items` as one array, converting one item at a time.
+template <class Vector>
+void put_cbor_items(std::vector<std::byte>& out, const Vector& items) {
+  put_cbor_head(out, 4, items.size());
+  for (const auto& item : items) put_cbor(out, nlohmann::json(item));
+}
+
+/// @brief Reads a CBOR array (what put_cbor_items writes, or any CBOR array nlohmann reads without
+/// tags) and hands each item to `done(const nlohmann::json&)` as one JSON value reused from item to
+/// item: what matches the last item (an object's keys in order, an array's slots, a string's
+/// capacity) is kept and overwritten, what does not is dropped, so the value handed over is always
+/// exactly the item, equal to what `nlohmann::json::from_cbor` builds for it. Strings are copied
+/// straight from the input. Every length is checked against the bytes left; containers nested
+/// deeper than `cbor_max_depth` are an error; errors are std::runtime_error naming the byte offset.
+template <class Done>
+class CborItemReader {
+ public:
+  using json = nlohmann::json;
+
+  CborItemReader(const std::uint8_t* first, const std::uint8_t* last, Done done)
+      : at_(first), first_(first), last_(last), done_(std::forward<Done>(done)) {}
+
+  /// @brief Reads the whole input; returns the number of items.
+  std::size_t run() {
+    const std::uint8_t head = byte();
+    if (head >> 5 != 4) fail("a single value, not an array, where a vector's items belong");
+    std::size_t n = 0;
+    for_each_in(head, [&] {
+      value(item_, 1);
+      done_(static_cast<const json&>(item_));
+      ++n;
+    });
+    if (at_ != last_) fail(concat(last_ - at_, " bytes after the end of the array"));
+    return n;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw_error<std::runtime_error>("CBOR: ", what, " (at byte ", at_ - first_, ")");
+  }
+  static std::string hex(std::uint8_t b) {
+    constexpr char digits[] = "0123456789abcdef";
+    return {digits[b >> 4], digits[b & 15]};
+  }
+  std::uint8_t byte() {
+    if (at_ == last_) fail("input ends in the middle of a value");
+    return *at_++;
+  }
+  const std::uint8_t* take(std::uint64_t n) {
+    if (n > static_cast<std::uint64_t>(last_ - at_)) fail(concat("a length of ", n, " where ", last_ - at_, " bytes are left"));
+    const std::uint8_t* p = at_;
+    at_ += n;
+    return p;
+  }
+  // The argument of an initial byte: its low five bits, or the 1, 2, 4 or 8 big-endian bytes after it.
+  std::uint64_t argument(std::uint8_t head) {
+    const std::uint8_t info = head & 31;
+    if (info < 24) return info;
+    if (info > 27) fail(concat("initial byte 0x", hex(head), " has no definite argument"));
+    const int bytes = 1 << (info - 24);
+    const std::uint8_t* p = take(static_cast<std::uint64_t>(bytes));
+    std::uint64_t v = 0;
+    for (int i = 0; i < bytes; ++i) v = v << 8 | p[i];
+    return v;
+  }
+  // Calls `each()` once per item of the array or map (pairs) that `head` opens.
+  template <class Each>
+  void for_each_in(std::uint8_t head, Each&& each) {
+    if ((head & 31) == 31) {
+      while (true) {
+        if (at_ == last_) fail("input ends inside an indefinite-length container");
+        if (*at_ == 0xff) break;
+        each();
+      }
+      ++at_;
+    } else {
+      for (std::uint64_t n = argument(head); n > 0; --n) each();
+    }
+  }
+  // A text or byte string's bytes (definite, or indefinite as definite chunks of the same major type).
+  std::string_view chunks(std::uint8_t head) {
+    const int major = head >> 5;
+    if ((head & 31) != 31) {
+      const std::uint64_t n = argument(head);
+      return {reinterpret_cast<const char*>(take(n)), static_cast<std::size_t>(n)};
+    }
+    scratch_.clear();
+    while (true) {
+      const std::uint8_t h = byte();
+      if (h == 0xff) break;
+      if (h >> 5 != major || (h & 31) == 31) fail("an indefinite-length string holds a chunk of another type");
+      const std::uint64_t n = argument(h);
+      scratch_.append(reinterpret_cast<const char*>(take(n)), static_cast<std::size_t>(n));
+    }
+    return scratch_;
+  }
+  static double half_float(unsigned half) {  // as nlohmann reads IEEE half precision
+    const int exp = static_cast<int>((half >> 10) & 0x1f);
+    const unsigned mant = half & 0x3ff;
+    const double v = exp == 0    ? std::ldexp(mant, -24)
+                     : exp == 31 ? (mant == 0 ? std::numeric_limits<double>::infinity() : std::numeric_limits<double>::quiet_NaN())
+                                 : std::ldexp(mant + 1024, exp - 25);
+    return (half & 0x8000) ? -v : v;
+  }
+
+  void value(json& slot, std::size_t depth) {
+    const std::uint8_t head = byte();
+    switch (head >> 5) {
+      case 0: slot = static_cast<json::number_unsigned_t>(argument(head)); return;
+      case 1: slot = static_cast<json::number_integer_t>(-1) - static_cast<json::number_integer_t>(argument(head)); return;
+      case 2: {
+        const std::string_view b = chunks(head);
+        slot = json::binary(std::vector<std::uint8_t>(b.begin(), b.end()));
+        return;
+      }
+      case 3: {
+        const std::string_view s = chunks(head);
+        if (slot.is_string()) slot.template get_ref<std::string&>().assign(s);
+        else slot = std::string(s);
+        return;
+      }
+      case 4: {
+        if (depth >= cbor_max_depth) fail(concat("containers nested more than ", cbor_max_depth, " deep"));
+        if (!slot.is_array()) slot = json::array();
+        auto& arr = slot.template get_ref<json::array_t&>();
+        std::size_t used = 0;
+        for_each_in(head, [&] {
+          if (used == arr.size()) arr.emplace_back();
+          value(arr[used++], depth + 1);
+        });
+        arr.resize(used);
+        return;
+      }
+      case 5: {
+        if (depth >= cbor_max_depth) fail(concat("containers nested more than ", cbor_max_depth, " deep"));
+        if (!slot.is_object()) slot = json::object();
+        auto& obj = slot.template get_ref<json::object_t&>();
+        auto next = obj.begin();  // keys arrive sorted, as the last item's: reuse while they match
+        for_each_in(head, [&] {
+          const std::uint8_t k = byte();
+          if (k >> 5 != 3) fail("a map key that is not a text string");
+          const std::string_view key = chunks(k);
+          json* target;
+          if (next != obj.end() && next->first == key) {
+            target = &next->second;
+            ++next;
+          } else {  // another shape: the rest of the old object goes; keys insert or overwrite
+            obj.erase(next, obj.end());
+            next = obj.end();
+            target = &obj[std::string(key)];
+          }
+          value(*target, depth + 1);
+        });
+        obj.erase(next, obj.end());
+        return;
+      }
+      case 6: fail("CBOR tags are not supported");
+      default: break;
+    }
+    switch (head) {
+      case 0xf4: slot = false; return;
+      case 0xf5: slot = true; return;
+      case 0xf6: slot = nullptr; return;
+      case 0xf9: {
+        const std::uint8_t* p = take(2);
+        slot = half_float(static_cast<unsigned>(p[0]) << 8 | p[1]);
+        return;
+      }
+      case 0xfa: {
+        const auto bits = static_cast<std::uint32_t>(argument(head));
+        float f;
+        std::memcpy(&f, &bits, 4);
+        slot = static_cast<double>(f);
+        return;
+      }
+      case 0xfb: {
+        const std::uint64_t bits = argument(head);
+        double d;
+        std::memcpy(&d, &bits, 8);
+        slot = d;
+        return;
+      }
+      default: fail(concat("initial byte 0x", hex(head), " is not a value nlohmann/json reads"));
+    }
+  }
+
+  const std::uint8_t* at_;
+  const std::uint8_t* first_;
+  const std::uint8_t* last_;
+  Done done_;
+  json item_;
+  std::string scratch_;
+};
+
+/// @brief Reads a CBOR array's items into `done(const nlohmann::json&)` (see CborItemReader);
+/// returns how many there were. Throws what the reader or `done` throws.
+template <class Done>
+std::size_t read_cbor_items(const std::uint8_t* first, const std::uint8_t* last, Done&& done) {
+  return CborItemReader<Done&>(first, last, done).run();
+}
+
+}  // namespace detail
+ACCEL_NAMESPACE_END
