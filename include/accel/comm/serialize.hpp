@@ -39,7 +39,7 @@
 #include <accel/runtime/error.hpp>
 #include <accel/runtime/text.hpp>
 #include <accel/comm/fields.hpp>
-#include <accel/comm/detail/cbor_items.hpp>
+#include <accel/comm/detail/cbor.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 
@@ -315,8 +315,8 @@ decltype(auto) naming_cbor_errors(int source_rank, F&& decode) {
   }
 }
 
-// A T from CBOR (the bytes after the format byte) into `out`: a vector one item at a time
-// (cbor_items.hpp), anything else through one JSON value.
+// A T from CBOR (the bytes after the format byte) into `out`: a vector one item at a time,
+// anything else through one JSON value (both read by detail/cbor.hpp).
 template <class T>
 void decode_cbor_into(std::span<const std::byte> rest, T& out, int source_rank) {
   const auto* p = reinterpret_cast<const std::uint8_t*>(rest.data());
@@ -331,7 +331,7 @@ void decode_cbor_into(std::span<const std::byte> rest, T& out, int source_rank) 
       });
       out.erase(out.begin() + static_cast<std::ptrdiff_t>(n), out.end());
     } else {
-      out = nlohmann::json::from_cbor(p, p + rest.size()).template get<T>();
+      out = read_cbor(p, p + rest.size()).template get<T>();
     }
   });
 }
@@ -345,7 +345,7 @@ T decode_cbor(std::span<const std::byte> rest, int source_rank) {
     return out;
   } else {
     const auto* p = reinterpret_cast<const std::uint8_t*>(rest.data());
-    return naming_cbor_errors<T>(source_rank, [&] { return nlohmann::json::from_cbor(p, p + rest.size()).template get<T>(); });
+    return naming_cbor_errors<T>(source_rank, [&] { return read_cbor(p, p + rest.size()).template get<T>(); });
   }
 }
 

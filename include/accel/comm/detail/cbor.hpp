@@ -1,15 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
-/// @file cbor_items.hpp
-/// @brief CBOR for vectors of nlohmann-convertible items, one item at a time.
+/// @file cbor.hpp
+/// @brief accel's own CBOR writer and reader for payloads converted by nlohmann/json.
 ///
-/// The bytes are exactly what `nlohmann::json::to_cbor(json(vector))` writes (an array header,
-/// then each item's CBOR), but no JSON value for the whole vector is ever built:
-/// - encoding converts one item at a time into a small JSON value and appends its CBOR;
-/// - decoding reads the CBOR itself into one JSON value that is reused from item to item (same
-///   keys, same string capacity: no allocation once the shape repeats), and hands each finished
-///   item to a callback (`from_json` into the destination).
-/// Nesting deeper than `cbor_max_depth` is an error, not a deeper recursion.
+/// The bytes are exactly what `nlohmann::json::to_cbor` writes, and the reader reads what
+/// `nlohmann::json::from_cbor` reads (without tags), but faster and with less memory:
+/// - a vector is written one item at a time (a small JSON value per item, never one for the whole
+///   vector), appending straight into the payload;
+/// - a vector is read into one JSON value that is reused from item to item (same keys, same string
+///   capacity: no allocation once the shape repeats), each finished item handed to a callback
+///   (`from_json` into the destination);
+/// - containers nested deeper than `cbor_max_depth` are an error, not a deeper recursion.
 #pragma once
 
 #include <cstddef>
@@ -125,36 +126,47 @@ void put_cbor_items(std::vector<std::byte>& out, const Vector& items) {
   for (const auto& item : items) put_cbor(out, nlohmann::json(item));
 }
 
-/// @brief Reads a CBOR array (what put_cbor_items writes, or any CBOR array nlohmann reads without
-/// tags) and hands each item to `done(const nlohmann::json&)` as one JSON value reused from item to
-/// item: what matches the last item (an object's keys in order, an array's slots, a string's
-/// capacity) is kept and overwritten, what does not is dropped, so the value handed over is always
-/// exactly the item, equal to what `nlohmann::json::from_cbor` builds for it. Strings are copied
-/// straight from the input. Every length is checked against the bytes left; containers nested
-/// deeper than `cbor_max_depth` are an error; errors are std::runtime_error naming the byte offset.
-template <class Done>
-class CborItemReader {
+/// @brief Reads CBOR as nlohmann::json::from_cbor does (no tags), into JSON values: a whole value,
+/// or an array's items one at a time, handed to `done(const nlohmann::json&)` as one value reused
+/// from item to item. What matches the last item (an object's keys in order, an array's slots, a
+/// string's capacity) is kept and overwritten, what does not is dropped, so the value handed over
+/// is always exactly the item, equal to what from_cbor builds for it. Strings are copied straight
+/// from the input. Every length is checked against the bytes left; containers nested deeper than
+/// `cbor_max_depth` are an error; errors are std::runtime_error naming the byte offset.
+class CborReader {
  public:
   using json = nlohmann::json;
 
-  CborItemReader(const std::uint8_t* first, const std::uint8_t* last, Done done)
-      : at_(first), first_(first), last_(last), done_(std::forward<Done>(done)) {}
+  CborReader(const std::uint8_t* first, const std::uint8_t* last) : at_(first), first_(first), last_(last) {}
 
-  /// @brief Reads the whole input; returns the number of items.
-  std::size_t run() {
+  /// @brief The whole input as one value.
+  json whole() {
+    json out;
+    value(out, 0);
+    expect_end();
+    return out;
+  }
+
+  /// @brief The whole input as an array, item by item; returns the number of items.
+  template <class Done>
+  std::size_t items(Done&& done) {
     const std::uint8_t head = byte();
     if (head >> 5 != 4) fail("a single value, not an array, where a vector's items belong");
+    json item;
     std::size_t n = 0;
     for_each_in(head, [&] {
-      value(item_, 1);
-      done_(static_cast<const json&>(item_));
+      value(item, 1);
+      done(static_cast<const json&>(item));
       ++n;
     });
-    if (at_ != last_) fail(concat(last_ - at_, " bytes after the end of the array"));
+    expect_end();
     return n;
   }
 
  private:
+  void expect_end() const {
+    if (at_ != last_) fail(concat(last_ - at_, last_ - at_ == 1 ? " byte" : " bytes", " after the end of the value"));
+  }
   [[noreturn]] void fail(const std::string& what) const {
     throw_error<std::runtime_error>("CBOR: ", what, " (at byte ", at_ - first_, ")");
   }
@@ -167,7 +179,7 @@ class CborItemReader {
     return *at_++;
   }
   const std::uint8_t* take(std::uint64_t n) {
-    if (n > static_cast<std::uint64_t>(last_ - at_)) fail(concat("a length of ", n, " where ", last_ - at_, " bytes are left"));
+    if (n > static_cast<std::uint64_t>(last_ - at_)) fail(concat("a length of ", n, " bytes, but ", last_ - at_, " are left"));
     const std::uint8_t* p = at_;
     at_ += n;
     return p;
@@ -307,17 +319,18 @@ class CborItemReader {
   const std::uint8_t* at_;
   const std::uint8_t* first_;
   const std::uint8_t* last_;
-  Done done_;
-  json item_;
   std::string scratch_;
 };
 
-/// @brief Reads a CBOR array's items into `done(const nlohmann::json&)` (see CborItemReader);
-/// returns how many there were. Throws what the reader or `done` throws.
+/// @brief Reads a CBOR array's items into `done(const nlohmann::json&)` (see CborReader); returns
+/// how many there were. Throws what the reader or `done` throws.
 template <class Done>
 std::size_t read_cbor_items(const std::uint8_t* first, const std::uint8_t* last, Done&& done) {
-  return CborItemReader<Done&>(first, last, done).run();
+  return CborReader(first, last).items(std::forward<Done>(done));
 }
+
+/// @brief Reads one CBOR value (see CborReader).
+inline nlohmann::json read_cbor(const std::uint8_t* first, const std::uint8_t* last) { return CborReader(first, last).whole(); }
 
 }  // namespace detail
 ACCEL_NAMESPACE_END
