@@ -147,6 +147,7 @@ struct TreeEntry {
   std::size_t shard = 0;
   bool buffer = false;
   bool persistent = true;
+  std::optional<std::size_t> catalog_position;  ///< its position in its catalog template, once looked up (SIZE_MAX: none)
 };
 
 inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
@@ -201,12 +202,14 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
   for (const auto& name : ckpt.tensor_names) {
     const auto& loc = ckpt.locations.at(name);
     const auto& e = ckpt.entry(loc);
-    detail::TreeEntry t{name, e.dtype, e.shape, loc.shard, false, true};
+    detail::TreeEntry t{name, e.dtype, e.shape, loc.shard, false, true, {}};
     if (arch) {
       const auto dot = name.rfind('.');
       const std::string_view path = dot == std::string::npos ? std::string_view{} : std::string_view(name).substr(0, dot);
       const std::string_view local = dot == std::string::npos ? std::string_view(name) : std::string_view(name).substr(dot + 1);
-      if (auto slot = detail::catalog_tensor_slot(*index, path, local)) t.buffer = slot->first == 1;
+      const auto slot = detail::catalog_tensor_slot(*index, path, local);
+      if (slot) t.buffer = slot->first == 1;
+      t.catalog_position = slot ? slot->second : SIZE_MAX;
     }
     entries.push_back(std::move(t));
   }
@@ -223,13 +226,13 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
       if (source == group.end()) continue;
       const auto src = entries[present.at(*source)];
       for (const auto& n : group)
-        if (!present.count(n)) entries.push_back({n, src.dtype, src.shape, src.shard, false, true});
+        if (!present.count(n)) entries.push_back({n, src.dtype, src.shape, src.shard, false, true, {}});
       ties.push_back(std::move(group));
     }
     const DType model_dtype = opts.load_dtype.value_or(out.auto_dtype.value_or(DType::F32));
     for (auto& b : non_persistent_buffers(*arch, *out.config, model_dtype)) {
       if (present.count(b.name)) continue;
-      entries.push_back({std::move(b.name), b.dtype, std::move(b.shape), SIZE_MAX, true, false});
+      entries.push_back({std::move(b.name), b.dtype, std::move(b.shape), SIZE_MAX, true, false, {}});
       ++out.buffers_added;
     }
   }
@@ -285,10 +288,12 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
     if (id != 0) tree.add_module(prefix);
     // Known tensors in the catalog's registration order, the others after them.
     auto tensor_key = [&](std::size_t t) {
-      std::size_t pos = SIZE_MAX;
-      if (arch)
-        if (auto slot = detail::catalog_tensor_slot(*index, prefix, local_of(t))) pos = slot->second;
-      return pos;
+      auto& pos = entries[t].catalog_position;  // checkpoint tensors were looked up above; copies and buffers are here
+      if (!pos) {
+        const auto slot = arch ? detail::catalog_tensor_slot(*index, prefix, local_of(t)) : std::nullopt;
+        pos = slot ? slot->second : SIZE_MAX;
+      }
+      return *pos;
     };
     std::vector<std::pair<std::size_t, std::size_t>> keyed;
     for (auto t : node.tensors) keyed.emplace_back(tensor_key(t), t);

@@ -98,6 +98,33 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+/// @brief Stores `step` in `word`, then wakes its sleepers, a system call made only when some peer
+/// q (of `world`, not `rank`) says it sleeps (`sleeping_of(q)`, an atomic word).
+template <class SleepingOf>
+void post_step(std::atomic<std::uint32_t>& word, std::uint32_t step, int world, int rank, SleepingOf&& sleeping_of) noexcept {
+  word.store(step, std::memory_order_seq_cst);
+  for (int q = 0; q < world; ++q)
+    if (q != rank && sleeping_of(q).load(std::memory_order_seq_cst) != 0) {
+      futex_wake(word);
+      return;
+    }
+}
+
+/// @brief The last stage of every wait, once spinning and yielding are over: says so in
+/// `sleeping` (so posters wake it), re-reads `word`, sleeps on it for at most 20 ms, and between
+/// sleeps calls `check()`, which throws when a peer is gone or the deadline passed.
+template <class Check>
+void sleep_until_reached(const std::atomic<std::uint32_t>& word, std::uint32_t step, std::atomic<std::uint32_t>& sleeping, Check&& check) {
+  for (;;) {
+    sleeping.store(1, std::memory_order_seq_cst);
+    const std::uint32_t seen = word.load(std::memory_order_seq_cst);
+    if (!reached(seen, step)) futex_sleep(word, seen, std::chrono::milliseconds(20));
+    sleeping.store(0, std::memory_order_relaxed);
+    if (reached(word.load(std::memory_order_acquire), step)) return;
+    check();
+  }
+}
+
 /// @brief True when process `pid` (of this PID namespace) has ended: it no longer exists, or it is
 /// a zombie its parent has not reaped yet (a supervisor that waits for its children in order
 /// reaps a dead rank only after the ones before it have exited).
@@ -200,13 +227,7 @@ class ShmBufferEngine {
   using Which = ShmCounter ShmControl::*;
 
   void post(Which which, std::uint32_t step) noexcept {
-    auto& word = (own_control().*which).v;
-    word.store(step, std::memory_order_seq_cst);
-    for (int r = 0; r < world_; ++r)
-      if (r != rank_ && control(r).sleeping.v.load(std::memory_order_seq_cst) != 0) {
-        futex_wake(word);
-        return;
-      }
+    post_step((own_control().*which).v, step, world_, rank_, [&](int q) -> auto& { return control(q).sleeping.v; });
   }
 
   // Waits until rank r's counter `which` reached `step`.
@@ -221,16 +242,8 @@ class ShmBufferEngine {
       ::sched_yield();
       if (reached(word.load(std::memory_order_acquire), step)) return;
     }
-    auto& sleeping = own_control().sleeping.v;
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    for (;;) {
-      sleeping.store(1, std::memory_order_seq_cst);
-      const std::uint32_t seen = word.load(std::memory_order_seq_cst);
-      if (!reached(seen, step)) futex_sleep(word, seen, std::chrono::milliseconds(20));
-      sleeping.store(0, std::memory_order_relaxed);
-      if (reached(word.load(std::memory_order_acquire), step)) return;
-      check_peer(r, what, deadline);
-    }
+    sleep_until_reached(word, step, own_control().sleeping.v, [&] { check_peer(r, what, deadline); });
   }
 
   // A dead peer is named first (whoever waits on whom), then one that gave up (the one awaited first).

@@ -290,13 +290,7 @@ class ShmSlotExchange {
 
   // Publishes step s; a system call only when some peer sleeps.
   void post(std::uint32_t s) noexcept {
-    auto& word = own_control().posted.v;
-    word.store(s, std::memory_order_seq_cst);
-    for (int r = 0; r < world_; ++r)
-      if (r != rank_ && control(r).sleeping.v.load(std::memory_order_seq_cst) != 0) {
-        futex_wake(word);
-        return;
-      }
+    post_step(own_control().posted.v, s, world_, rank_, [&](int q) -> auto& { return control(q).sleeping.v; });
   }
 
   // Waits until rank r posted step s: spin, yield, then sleep in short futex waits, checking peers.
@@ -319,16 +313,8 @@ class ShmSlotExchange {
         if (reached(word.load(std::memory_order_acquire), s)) return;
       } while (std::chrono::steady_clock::now() < until);
     }
-    auto& sleeping = own_control().sleeping.v;
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    for (;;) {
-      sleeping.store(1, std::memory_order_seq_cst);
-      const std::uint32_t seen = word.load(std::memory_order_seq_cst);
-      if (!reached(seen, s)) futex_sleep(word, seen, std::chrono::milliseconds(20));
-      sleeping.store(0, std::memory_order_relaxed);
-      if (reached(word.load(std::memory_order_acquire), s)) return;
-      check_peers(s, label, deadline);
-    }
+    sleep_until_reached(word, s, own_control().sleeping.v, [&] { check_peers(s, label, deadline); });
   }
 
   // Only a peer that has not posted step s can hold this round up; a gone one is named first,
