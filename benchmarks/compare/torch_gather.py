@@ -144,7 +144,7 @@ def main():
         args += ["--case", c]
     for n in a.size:
         args += ["--size", str(n)]
-    torch_cases = ["records" if c.startswith("records") else c for c in a.case]
+    torch_cases = ["records" if c.startswith("records") else "raw_bytes" if c.startswith("raw_bytes") else c for c in a.case]
     ours = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     print(ours, end="")
     accel = {}
@@ -166,9 +166,11 @@ def main():
     for key in sorted(accel, key=lambda k: (k[1], k[0], k[2])):
         # accel's struct_fields (the same items declared with ACCEL_DEFINE_FIELDS) against the same
         # list of dicts that torch's struct_list sends.
-        # The records_* cases (payload: records per process) against torch's same tuples.
+        # The records_* cases (payload: records per process) against torch's same tuples, and
+        # raw_bytes_into (gather_object_into) against torch's raw_bytes.
         peer = ("struct_list",) + key[1:] if key[0] == "struct_fields" else (
-            ("records",) + key[1:] if key[0].startswith("records") else key)
+            ("records",) + key[1:] if key[0].startswith("records") else
+            ("raw_bytes",) + key[1:] if key[0].startswith("raw_bytes") else key)
         if peer in torch_rows:
             ours_t, theirs = accel[key], torch_rows[peer]
             cells = []

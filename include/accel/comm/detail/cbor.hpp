@@ -45,8 +45,10 @@ inline void put_cbor_head(std::vector<std::byte>& out, std::uint8_t major, std::
     return;
   }
   const int bytes = n <= 0xff ? 1 : n <= 0xffff ? 2 : n <= 0xffffffff ? 4 : 8;
-  out.push_back(static_cast<std::byte>(tag | (bytes == 1 ? 24 : bytes == 2 ? 25 : bytes == 4 ? 26 : 27)));
-  for (int i = bytes - 1; i >= 0; --i) out.push_back(static_cast<std::byte>(n >> (8 * i)));
+  std::byte head[9];
+  head[0] = static_cast<std::byte>(tag | (bytes == 1 ? 24 : bytes == 2 ? 25 : bytes == 4 ? 26 : 27));
+  for (int i = 0; i < bytes; ++i) head[bytes - i] = static_cast<std::byte>(n >> (8 * i));
+  out.insert(out.end(), head, head + 1 + bytes);
 }
 
 /// @brief Appends the CBOR of `j`, byte for byte what `nlohmann::json::to_cbor` writes: integers
