@@ -90,7 +90,7 @@ std::vector<I> make_items(std::size_t bytes, int rank) {
 }
 
 int iterations(std::size_t bytes, bool structs, bool quick) {
-  int n = bytes <= 1024 ? 400 : bytes <= 65536 ? 100 : bytes <= (1u << 20) ? 20 : 5;
+  int n = bytes <= 1024 ? 400 : bytes <= (1u << 20) ? 100 : 5;
   if (structs) n = bytes <= 1024 ? 200 : bytes <= 65536 ? 30 : bytes <= (1u << 20) ? 3 : 1;
   return quick ? std::max(1, n / 10) : n;
 }

@@ -39,7 +39,7 @@ def iterations(nbytes, structs, quick):
     if structs:
         n = 200 if nbytes <= 1024 else 30 if nbytes <= 65536 else 3 if nbytes <= (1 << 20) else 1
     else:
-        n = 400 if nbytes <= 1024 else 100 if nbytes <= 65536 else 20 if nbytes <= (1 << 20) else 5
+        n = 400 if nbytes <= 1024 else 100 if nbytes <= (1 << 20) else 5
     return max(1, n // 10) if quick else n
 
 
