@@ -60,34 +60,34 @@ inline void put_cbor(std::vector<std::byte>& out, const nlohmann::json& j) {
     const auto* b = static_cast<const std::byte*>(p);
     out.insert(out.end(), b, b + n);
   };
-  auto big_endian = [&](auto v) {
-    std::byte b[sizeof v];
+  auto big_endian = [&](std::byte prefix, auto v) {
+    std::byte b[sizeof v], be[1 + sizeof v];
     std::memcpy(b, &v, sizeof v);
-    for (std::size_t i = sizeof v; i > 0; --i) out.push_back(b[i - 1]);
+    be[0] = prefix;
+    for (std::size_t i = 0; i < sizeof v; ++i) be[1 + i] = b[sizeof v - 1 - i];
+    out.insert(out.end(), be, be + 1 + sizeof v);
   };
   switch (j.type()) {
     case V::null: out.push_back(std::byte{0xf6}); return;
-    case V::boolean: out.push_back(j.get<bool>() ? std::byte{0xf5} : std::byte{0xf4}); return;
-    case V::number_unsigned: put_cbor_head(out, 0, j.get<std::uint64_t>()); return;
+    case V::boolean: out.push_back(*j.get_ptr<const nlohmann::json::boolean_t*>() ? std::byte{0xf5} : std::byte{0xf4}); return;
+    case V::number_unsigned: put_cbor_head(out, 0, *j.get_ptr<const nlohmann::json::number_unsigned_t*>()); return;
     case V::number_integer: {
-      const auto v = j.get<std::int64_t>();
+      const std::int64_t v = *j.get_ptr<const nlohmann::json::number_integer_t*>();
       if (v >= 0) put_cbor_head(out, 0, static_cast<std::uint64_t>(v));
       else put_cbor_head(out, 1, static_cast<std::uint64_t>(-1 - v));
       return;
     }
     case V::number_float: {
-      const double d = j.get<double>();
+      const double d = *j.get_ptr<const nlohmann::json::number_float_t*>();
       if (std::isnan(d)) {
         raw("\xf9\x7e\x00", 3);
       } else if (std::isinf(d)) {
         raw(d > 0 ? "\xf9\x7c\x00" : "\xf9\xfc\x00", 3);
       } else if (d >= static_cast<double>(std::numeric_limits<float>::lowest()) && d <= static_cast<double>(std::numeric_limits<float>::max()) &&
                  static_cast<double>(static_cast<float>(d)) == d) {
-        out.push_back(std::byte{0xfa});
-        big_endian(static_cast<float>(d));
+        big_endian(std::byte{0xfa}, static_cast<float>(d));
       } else {
-        out.push_back(std::byte{0xfb});
-        big_endian(d);
+        big_endian(std::byte{0xfb}, d);
       }
       return;
     }
@@ -105,18 +105,22 @@ inline void put_cbor(std::vector<std::byte>& out, const nlohmann::json& j) {
       raw(bin.data(), bin.size());
       return;
     }
-    case V::array:
-      put_cbor_head(out, 4, j.size());
-      for (const auto& item : j) put_cbor(out, item);
+    case V::array: {
+      const auto& arr = j.get_ref<const nlohmann::json::array_t&>();
+      put_cbor_head(out, 4, arr.size());
+      for (const auto& item : arr) put_cbor(out, item);
       return;
-    case V::object:
-      put_cbor_head(out, 5, j.size());
-      for (const auto& [key, item] : j.items()) {
+    }
+    case V::object: {
+      const auto& obj = j.get_ref<const nlohmann::json::object_t&>();
+      put_cbor_head(out, 5, obj.size());
+      for (const auto& [key, item] : obj) {
         put_cbor_head(out, 3, key.size());
         raw(key.data(), key.size());
         put_cbor(out, item);
       }
       return;
+    }
     case V::discarded: return;
   }
 }
