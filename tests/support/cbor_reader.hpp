@@ -8,7 +8,7 @@
 // Checked by a unit test over mutated encodings and by the store_frame fuzz harness.
 #pragma once
 
-#include <accel/comm/detail/cbor.hpp>
+#include <accel/comm/serialize.hpp>  // its reader and writer live in comm/detail/cbor.hpp
 
 #include <cstdint>
 #include <exception>
