@@ -13,6 +13,7 @@
 /// - containers nested deeper than `cbor_max_depth` are an error, not a deeper recursion.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cmath>
 #include <cstdint>
@@ -36,100 +37,117 @@ namespace detail {
 /// recurses once per level).
 inline constexpr std::size_t cbor_max_depth = 512;
 
-/// @brief Appends a CBOR initial byte of major type `major` with argument `n`, in the shortest
-/// form (the argument in the byte itself below 24, else in 1, 2, 4 or 8 big-endian bytes).
-inline void put_cbor_head(std::vector<std::byte>& out, std::uint8_t major, std::uint64_t n) {
-  const auto tag = static_cast<std::uint8_t>(major << 5);
-  if (n < 24) {
-    out.push_back(static_cast<std::byte>(tag | n));
-    return;
-  }
-  const int bytes = n <= 0xff ? 1 : n <= 0xffff ? 2 : n <= 0xffffffff ? 4 : 8;
-  std::byte head[9];
-  head[0] = static_cast<std::byte>(tag | (bytes == 1 ? 24 : bytes == 2 ? 25 : bytes == 4 ? 26 : 27));
-  for (int i = 0; i < bytes; ++i) head[bytes - i] = static_cast<std::byte>(n >> (8 * i));
-  out.insert(out.end(), head, head + 1 + bytes);
-}
+/// @brief Writes CBOR at the end of a byte vector, byte for byte what `nlohmann::json::to_cbor`
+/// writes: integers and lengths in their shortest form, floats as single precision when that is
+/// exact (NaN and infinities as half precision), binary subtypes as tags (never immediate), object
+/// keys in the object's order. Room is made in doubling steps and the vector is cut back to what
+/// was written when the writer goes away, so an append is one bounds check and a copy.
+class CborWriter {
+ public:
+  explicit CborWriter(std::vector<std::byte>& out) : out_(out), used_(out.size()) {}
+  ~CborWriter() { out_.resize(used_); }
+  CborWriter(const CborWriter&) = delete;
+  CborWriter& operator=(const CborWriter&) = delete;
 
-/// @brief Appends the CBOR of `j`, byte for byte what `nlohmann::json::to_cbor` writes: integers
-/// and lengths in their shortest form, floats as single precision when that is exact (NaN and
-/// infinities as half precision), binary subtypes as tags, object keys in the object's order.
-inline void put_cbor(std::vector<std::byte>& out, const nlohmann::json& j) {
-  using V = nlohmann::json::value_t;
-  auto raw = [&](const void* p, std::size_t n) {
-    const auto* b = static_cast<const std::byte*>(p);
-    out.insert(out.end(), b, b + n);
-  };
-  auto big_endian = [&](std::byte prefix, auto v) {
-    std::byte b[sizeof v], be[1 + sizeof v];
+  /// @brief An initial byte of major type `major` with argument `n`.
+  void head(std::uint8_t major, std::uint64_t n) {
+    const auto tag = static_cast<std::uint8_t>(major << 5);
+    if (n < 24) return byte(static_cast<std::uint8_t>(tag | n));
+    const int bytes = n <= 0xff ? 1 : n <= 0xffff ? 2 : n <= 0xffffffff ? 4 : 8;
+    std::uint8_t h[9];
+    h[0] = static_cast<std::uint8_t>(tag | (bytes == 1 ? 24 : bytes == 2 ? 25 : bytes == 4 ? 26 : 27));
+    for (int i = 0; i < bytes; ++i) h[bytes - i] = static_cast<std::uint8_t>(n >> (8 * i));
+    raw(h, static_cast<std::size_t>(1 + bytes));
+  }
+
+  /// @brief The CBOR of `j`.
+  void value(const nlohmann::json& j) {
+    using json = nlohmann::json;
+    using V = json::value_t;
+    switch (j.type()) {
+      case V::null: return byte(0xf6);
+      case V::boolean: return byte(*j.get_ptr<const json::boolean_t*>() ? 0xf5 : 0xf4);
+      case V::number_unsigned: return head(0, *j.get_ptr<const json::number_unsigned_t*>());
+      case V::number_integer: {
+        const std::int64_t v = *j.get_ptr<const json::number_integer_t*>();
+        return v >= 0 ? head(0, static_cast<std::uint64_t>(v)) : head(1, static_cast<std::uint64_t>(-1 - v));
+      }
+      case V::number_float: {
+        const double d = *j.get_ptr<const json::number_float_t*>();
+        if (std::isnan(d)) return raw("\xf9\x7e\x00", 3);
+        if (std::isinf(d)) return raw(d > 0 ? "\xf9\x7c\x00" : "\xf9\xfc\x00", 3);
+        if (d >= static_cast<double>(std::numeric_limits<float>::lowest()) && d <= static_cast<double>(std::numeric_limits<float>::max()) &&
+            static_cast<double>(static_cast<float>(d)) == d)
+          return big_endian(0xfa, static_cast<float>(d));
+        return big_endian(0xfb, d);
+      }
+      case V::string: {
+        const auto& str = j.get_ref<const std::string&>();
+        head(3, str.size());
+        return raw(str.data(), str.size());
+      }
+      case V::binary: {
+        const auto& bin = j.get_binary();
+        if (bin.has_subtype() && bin.subtype() < 24) byte(0xd8), byte(static_cast<std::uint8_t>(bin.subtype()));
+        else if (bin.has_subtype()) head(6, bin.subtype());
+        head(2, bin.size());
+        return raw(bin.data(), bin.size());
+      }
+      case V::array: {
+        const auto& arr = j.get_ref<const json::array_t&>();
+        head(4, arr.size());
+        for (const auto& item : arr) value(item);
+        return;
+      }
+      case V::object: {
+        const auto& obj = j.get_ref<const json::object_t&>();
+        head(5, obj.size());
+        for (const auto& [key, item] : obj) {
+          head(3, key.size());
+          raw(key.data(), key.size());
+          value(item);
+        }
+        return;
+      }
+      case V::discarded: return;
+    }
+  }
+
+ private:
+  std::byte* room(std::size_t n) {
+    if (out_.size() - used_ < n) out_.resize(std::max(out_.size() * 2, used_ + n + 256));
+    return out_.data() + used_;
+  }
+  void byte(std::uint8_t b) {
+    *room(1) = static_cast<std::byte>(b);
+    ++used_;
+  }
+  void raw(const void* p, std::size_t n) {
+    if (n) std::memcpy(room(n), p, n);
+    used_ += n;
+  }
+  template <class F>
+  void big_endian(std::uint8_t prefix, F v) {
+    std::uint8_t b[sizeof v], be[1 + sizeof v];
     std::memcpy(b, &v, sizeof v);
     be[0] = prefix;
     for (std::size_t i = 0; i < sizeof v; ++i) be[1 + i] = b[sizeof v - 1 - i];
-    out.insert(out.end(), be, be + 1 + sizeof v);
-  };
-  switch (j.type()) {
-    case V::null: out.push_back(std::byte{0xf6}); return;
-    case V::boolean: out.push_back(*j.get_ptr<const nlohmann::json::boolean_t*>() ? std::byte{0xf5} : std::byte{0xf4}); return;
-    case V::number_unsigned: put_cbor_head(out, 0, *j.get_ptr<const nlohmann::json::number_unsigned_t*>()); return;
-    case V::number_integer: {
-      const std::int64_t v = *j.get_ptr<const nlohmann::json::number_integer_t*>();
-      if (v >= 0) put_cbor_head(out, 0, static_cast<std::uint64_t>(v));
-      else put_cbor_head(out, 1, static_cast<std::uint64_t>(-1 - v));
-      return;
-    }
-    case V::number_float: {
-      const double d = *j.get_ptr<const nlohmann::json::number_float_t*>();
-      if (std::isnan(d)) {
-        raw("\xf9\x7e\x00", 3);
-      } else if (std::isinf(d)) {
-        raw(d > 0 ? "\xf9\x7c\x00" : "\xf9\xfc\x00", 3);
-      } else if (d >= static_cast<double>(std::numeric_limits<float>::lowest()) && d <= static_cast<double>(std::numeric_limits<float>::max()) &&
-                 static_cast<double>(static_cast<float>(d)) == d) {
-        big_endian(std::byte{0xfa}, static_cast<float>(d));
-      } else {
-        big_endian(std::byte{0xfb}, d);
-      }
-      return;
-    }
-    case V::string: {
-      const auto& str = j.get_ref<const std::string&>();
-      put_cbor_head(out, 3, str.size());
-      raw(str.data(), str.size());
-      return;
-    }
-    case V::binary: {
-      const auto& bin = j.get_binary();
-      if (bin.has_subtype() && bin.subtype() < 24) out.insert(out.end(), {std::byte{0xd8}, static_cast<std::byte>(bin.subtype())});  // never immediate
-      else if (bin.has_subtype()) put_cbor_head(out, 6, bin.subtype());
-      put_cbor_head(out, 2, bin.size());
-      raw(bin.data(), bin.size());
-      return;
-    }
-    case V::array: {
-      const auto& arr = j.get_ref<const nlohmann::json::array_t&>();
-      put_cbor_head(out, 4, arr.size());
-      for (const auto& item : arr) put_cbor(out, item);
-      return;
-    }
-    case V::object: {
-      const auto& obj = j.get_ref<const nlohmann::json::object_t&>();
-      put_cbor_head(out, 5, obj.size());
-      for (const auto& [key, item] : obj) {
-        put_cbor_head(out, 3, key.size());
-        raw(key.data(), key.size());
-        put_cbor(out, item);
-      }
-      return;
-    }
-    case V::discarded: return;
+    raw(be, sizeof be);
   }
-}
+
+  std::vector<std::byte>& out_;
+  std::size_t used_;
+};
+
+/// @brief Appends the CBOR of `j` (see CborWriter).
+inline void put_cbor(std::vector<std::byte>& out, const nlohmann::json& j) { CborWriter(out).value(j); }
 
 /// @brief Appends the CBOR of `items` as one array, converting one item at a time.
 template <class Vector>
 void put_cbor_items(std::vector<std::byte>& out, const Vector& items) {
-  put_cbor_head(out, 4, items.size());
-  for (const auto& item : items) put_cbor(out, nlohmann::json(item));
+  CborWriter w(out);
+  w.head(4, items.size());
+  for (const auto& item : items) w.value(nlohmann::json(item));
 }
 
 /// @brief Reads CBOR as nlohmann::json::from_cbor does (no tags), into JSON values: a whole value,
