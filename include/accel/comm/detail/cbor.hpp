@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -259,11 +260,23 @@ class CborReader {
     return (half & 0x8000) ? -v : v;
   }
 
+  // A scalar into a slot: in place when the slot already holds exactly that type (get_ptr alone
+  // would hand an unsigned slot's storage to a signed value: is_number_integer covers both).
+  template <class T>
+  static void scalar(json& slot, T v) {
+    constexpr json::value_t type = std::is_same_v<T, json::boolean_t>           ? json::value_t::boolean
+                                   : std::is_same_v<T, json::number_integer_t>  ? json::value_t::number_integer
+                                   : std::is_same_v<T, json::number_unsigned_t> ? json::value_t::number_unsigned
+                                                                                : json::value_t::number_float;
+    if (slot.type() == type) *slot.template get_ptr<T*>() = v;
+    else slot = v;
+  }
+
   void value(json& slot, std::size_t depth) {
     const std::uint8_t head = byte();
     switch (head >> 5) {
-      case 0: slot = static_cast<json::number_unsigned_t>(argument(head)); return;
-      case 1: slot = static_cast<json::number_integer_t>(-1) - static_cast<json::number_integer_t>(argument(head)); return;
+      case 0: return scalar<json::number_unsigned_t>(slot, argument(head));
+      case 1: return scalar<json::number_integer_t>(slot, static_cast<json::number_integer_t>(-1) - static_cast<json::number_integer_t>(argument(head)));
       case 2: {
         const std::string_view b = chunks(head);
         slot = json::binary(std::vector<std::uint8_t>(b.begin(), b.end()));
@@ -314,27 +327,24 @@ class CborReader {
       default: break;
     }
     switch (head) {
-      case 0xf4: slot = false; return;
-      case 0xf5: slot = true; return;
+      case 0xf4: return scalar<json::boolean_t>(slot, false);
+      case 0xf5: return scalar<json::boolean_t>(slot, true);
       case 0xf6: slot = nullptr; return;
       case 0xf9: {
         const std::uint8_t* p = take(2);
-        slot = half_float(static_cast<unsigned>(p[0]) << 8 | p[1]);
-        return;
+        return scalar<json::number_float_t>(slot, half_float(static_cast<unsigned>(p[0]) << 8 | p[1]));
       }
       case 0xfa: {
         const auto bits = static_cast<std::uint32_t>(argument(head));
         float f;
         std::memcpy(&f, &bits, 4);
-        slot = static_cast<double>(f);
-        return;
+        return scalar<json::number_float_t>(slot, static_cast<double>(f));
       }
       case 0xfb: {
         const std::uint64_t bits = argument(head);
         double d;
         std::memcpy(&d, &bits, 8);
-        slot = d;
-        return;
+        return scalar<json::number_float_t>(slot, d);
       }
       default: fail(concat("initial byte 0x", hex(head), " is not a value nlohmann/json reads"));
     }
