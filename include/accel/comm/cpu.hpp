@@ -242,11 +242,9 @@ class CpuCommunicator final : public Communicator {
     }
     // Payloads in pieces: the other rounds, into one buffer for all of them.
     std::vector<std::uint64_t> piece_sizes(parts.size(), 0);
-    for (std::size_t i = 0; i < parts.size(); ++i)
-      if (parts[i].pieces) piece_sizes[i] = parts[i].size;
     std::vector<std::span<const std::byte>> first_pieces(parts.size());
     for (std::size_t i = 0; i < parts.size(); ++i)
-      if (parts[i].pieces) first_pieces[i] = parts[i].inline_data;
+      if (parts[i].pieces) piece_sizes[i] = parts[i].size, first_pieces[i] = parts[i].inline_data;
     const std::shared_ptr<std::byte[]> pieced =
         detail::continuation_rounds(piece_sizes, piece) == 0
             ? nullptr
