@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <accel/load/auto_dispatch.hpp>
 #include <accel/load/dispatch.hpp>
 #include <accel/load/offload.hpp>
 #include <accel/plan/device_map.hpp>
@@ -173,16 +174,7 @@ inline int run_load(std::span<char*> argv) {
   if (mode) {
     accel::PlanOptions plan;
     const bool defaulted = !a.has("max-memory");
-    if (defaulted) {
-      std::vector<accel::DeviceBudgetInfo> gpus;
-      for (const auto& d : *opts.devices) {
-        const auto info = d->memory_info();
-        gpus.push_back({d->index(), info.total_bytes, info.free_bytes});
-      }
-      plan.max_memory = accel::default_max_memory(gpus, accel::read_available_ram().value_or(0));
-    } else {
-      plan.max_memory = accel::parse_max_memory(*a.value("max-memory"));
-    }
+    plan.max_memory = defaulted ? accel::measured_max_memory(*opts.devices) : accel::parse_max_memory(*a.value("max-memory"));
     const auto blocks = choose_blocks(a, model, true, "load");
     plan.no_split = blocks.specs;
     plan.auto_no_split = blocks.automatic;

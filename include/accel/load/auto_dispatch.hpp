@@ -63,10 +63,10 @@ struct AutoDispatchPlan {
   std::string architecture; ///< which catalog entry shaped the model, or why none did
 };
 
-namespace detail {
-
-// Budgets measured from the devices the load will use and the machine's available RAM.
-inline MaxMemory measured_budgets(const std::vector<DeviceMemoryPtr>& devices) {
+/// @brief Budgets measured as `accel plan` measures them, from the GPUs a load will use and the
+/// machine's available RAM (default_max_memory of their free memory).
+/// @throws unavailable_error when the RAM cannot be measured and there is no GPU
+[[nodiscard]] inline MaxMemory measured_max_memory(const std::vector<DeviceMemoryPtr>& devices) {
   std::vector<DeviceBudgetInfo> gpus;
   for (const auto& d : devices) {
     const auto info = d->memory_info();
@@ -74,10 +74,12 @@ inline MaxMemory measured_budgets(const std::vector<DeviceMemoryPtr>& devices) {
   }
   const auto ram = read_available_ram();
   if (!ram && gpus.empty())
-    throw_error<unavailable_error>("cannot measure the available RAM and no GPU is visible; give "
+    detail::throw_error<unavailable_error>("cannot measure the available RAM and no GPU is visible; give "
                                    "AutoDispatchOptions::max_memory (e.g. parse_max_memory(\"cpu=64GiB\"))");
   return default_max_memory(gpus, ram.value_or(0));
 }
+
+namespace detail {
 
 // Every GPU a budget names must be one of the devices the load places on.
 inline void require_budgeted_gpus(const MaxMemory& budgets, const std::vector<DeviceMemoryPtr>& devices) {
@@ -131,7 +133,7 @@ inline std::vector<std::pair<std::string, std::string>> tied_aliases(const Modul
 
   PlanOptions plan;
   const bool defaulted = !options.max_memory;
-  plan.max_memory = defaulted ? detail::measured_budgets(devices) : *options.max_memory;
+  plan.max_memory = defaulted ? measured_max_memory(devices) : *options.max_memory;
   detail::require_budgeted_gpus(plan.max_memory, devices);
   plan.dtype = options.load.dtype;
   if (!plan.dtype && model.config) plan.dtype = model.auto_dtype;
