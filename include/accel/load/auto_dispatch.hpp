@@ -74,8 +74,9 @@ struct AutoDispatchPlan {
   }
   const auto ram = read_available_ram();
   if (!ram && gpus.empty())
-    detail::throw_error<unavailable_error>("cannot measure the available RAM and no GPU is visible; give "
-                                   "AutoDispatchOptions::max_memory (e.g. parse_max_memory(\"cpu=64GiB\"))");
+    detail::throw_error<unavailable_error>("cannot measure the available RAM and no GPU is visible; give the budgets "
+                                           "(AutoDispatchOptions::max_memory, e.g. parse_max_memory(\"cpu=64GiB\"), or "
+                                           "accel load --max-memory cpu=64GiB)");
   return default_max_memory(gpus, ram.value_or(0));
 }
 
