@@ -95,7 +95,7 @@ TEST_CASE("cpu backend: many back-to-back large rounds never read a segment bein
   o.shm_threshold = 1;
   const auto errors = job.run_cpu(3, o, [](accel::CpuCommunicator& comm) {
     for (int round = 0; round < 40; ++round) {
-      std::vector<int> mine(50'000 + static_cast<std::size_t>(round), round * 10 + comm.rank());
+      std::vector<int> mine(70'000 + static_cast<std::size_t>(round), round * 10 + comm.rank());  // past a slot: segments
       const auto all = accel::gather_object(comm, mine);
       for (int i = 0; i < 3; ++i) {
         ACCEL_TEST_ENSURE(all[static_cast<std::size_t>(i)].front() == round * 10 + i);
@@ -109,7 +109,7 @@ TEST_CASE("cpu backend: many back-to-back large rounds never read a segment bein
 TEST_CASE("cpu backend: broadcast, barrier and the shard gather work over the store", "[cpu]") {
   Job job;
   const auto errors = job.run_cpu(4, {}, [](accel::CpuCommunicator& comm) {
-    ACCEL_TEST_ENSURE(accel::broadcast_object(comm, std::string(200'000, static_cast<char>('a' + comm.rank())), 2) == std::string(200'000, 'c'));
+    ACCEL_TEST_ENSURE(accel::broadcast_object(comm, std::string(300'000, static_cast<char>('a' + comm.rank())), 2) == std::string(300'000, 'c'));
     accel::wait_for_everyone(comm);
     std::vector<int> input(10);
     for (int i = 0; i < 10; ++i) input[static_cast<std::size_t>(i)] = i * i;

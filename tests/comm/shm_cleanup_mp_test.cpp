@@ -97,7 +97,7 @@ TEST_CASE("accel launch removes the shared-memory segments of ranks killed befor
       out >> pid;
       ranks.push_back(pid);
     }
-  REQUIRE(ranks.size() == 3);  // every rank wrote its 64 KiB through its segment before rank 1 died
+  REQUIRE(ranks.size() == 3);  // every rank wrote its 512 KiB through its segment before rank 1 died
   for (pid_t pid : ranks) {
     INFO("rank pid " << pid);
     CHECK(segments_of(pid).empty());

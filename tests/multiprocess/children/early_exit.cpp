@@ -12,7 +12,8 @@
 //   kill    raises SIGKILL
 //   never   (no wait) exits 0 before creating its DistributedState: it never joins
 //   last    takes part in every collective, then leaves at once (the others must all succeed)
-//   shm-kill  every rank first gathers 64 KiB (through shared memory, so each has segments) and
+//   shm-kill  every rank first gathers 512 KiB (more than a shared-memory slot holds, so each has
+//           payload segments besides its slots) and
 //           prints "pid <pid>"; then the victim raises SIGKILL and the others gather again
 //   leave7+L  destroys its DistributedState (goodbye), lingers L ms, then returns 7: a rank whose
 //           failure reaches the others before its exit status is ready to reap
@@ -84,7 +85,7 @@ int main(int argc, char** argv) {
     accel::DistributedState& state = *owned;
     rank = state.process_index();
     if (how == "shm-kill") {
-      accel::gather_object(state, std::vector<std::uint8_t>(64 * 1024, static_cast<std::uint8_t>(rank)));
+      accel::gather_object(state, std::vector<std::uint8_t>(512 * 1024, static_cast<std::uint8_t>(rank)));
       std::printf("pid %d\n", static_cast<int>(::getpid()));
       std::fflush(stdout);
       if (rank == victim) {
