@@ -189,7 +189,7 @@ int worker(bool quick, const Filter& only) {
     }
     if (only.wants("records_cbor", count)) {
       const auto value = make_records<CborRecord>(count, rank);
-      const int cbor_iters = quick ? 2 : count <= 1000 ? 50 : 5;
+      const int cbor_iters = quick ? 2 : count <= 1000 ? 200 : 5;
       const Stats t = time_us(state, cbor_iters, [&] {
         auto all = accel::gather_object(state, value);
         if (all.size() != static_cast<std::size_t>(n) || all.back().size() != count) std::abort();

@@ -143,12 +143,33 @@ class CborWriter {
 /// @brief Appends the CBOR of `j` (see CborWriter).
 inline void put_cbor(std::vector<std::byte>& out, const nlohmann::json& j) { CborWriter(out).value(j); }
 
+/// @brief Empties the containers in `j` from the innermost out (to `levels` deep; what lies deeper
+/// is left to nlohmann), so that destroying it frees each node and nothing else: nlohmann destroys
+/// a container by first moving its children into a heap-allocated stack (it avoids recursion that
+/// way), which for the small value of one item is an allocation or two more than the item's own.
+inline void empty_json_containers(nlohmann::json& j, int levels = 16) {
+  if (levels == 0) return;
+  if (j.is_array()) {
+    auto& arr = j.get_ref<nlohmann::json::array_t&>();
+    for (auto& item : arr) empty_json_containers(item, levels - 1);
+    arr.clear();
+  } else if (j.is_object()) {
+    auto& obj = j.get_ref<nlohmann::json::object_t&>();
+    for (auto& [key, item] : obj) empty_json_containers(item, levels - 1);
+    obj.clear();
+  }
+}
+
 /// @brief Appends the CBOR of `items` as one array, converting one item at a time.
 template <class Vector>
 void put_cbor_items(std::vector<std::byte>& out, const Vector& items) {
   CborWriter w(out);
   w.head(4, items.size());
-  for (const auto& item : items) w.value(nlohmann::json(item));
+  for (const auto& item : items) {
+    nlohmann::json j(item);
+    w.value(j);
+    empty_json_containers(j);
+  }
 }
 
 /// @brief Reads CBOR as nlohmann::json::from_cbor does (no tags), into JSON values: a whole value,
