@@ -5,8 +5,11 @@
 #include <accel/comm/collectives.hpp>
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <future>
 #include <map>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -50,6 +53,18 @@ ACCEL_DEFINE_FIELDS(Scored, prompt, text, logprobs)
 }  // namespace demo
 template <>
 struct accel::force_json_serialization<demo::Fragile> : std::true_type {};
+
+// This test program's operator new: a thread may ask that allocations above a size fail, to reach
+// the out-of-memory paths without exhausting the machine. It allocates with malloc, as the
+// standard library's own does, so the standard library's operator delete (free) still matches.
+namespace {
+thread_local std::size_t fail_allocations_above = SIZE_MAX;
+}  // namespace
+void* operator new(std::size_t n) {
+  if (n > fail_allocations_above) throw std::bad_alloc();
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
 
 TEST_CASE("gather_object returns every rank's value in rank order", "[collectives]") {
   for (int n : accel_test::world_sizes) {
@@ -173,6 +188,39 @@ TEST_CASE("a rank whose value fails to serialize makes every rank throw, naming 
       ACCEL_TEST_ENSURE(message(errors[static_cast<std::size_t>(r)]) ==
               "[accel.comm] rank 2 failed before gather_object #1 and joined it with a failure marker, so no result can be "
               "returned (rank 2: [accel.serialization] cannot encode a demo::Fragile on rank 2: value 2 refuses to serialize)");
+    }
+  }
+}
+
+TEST_CASE("a rank that runs out of memory encoding its value fails every rank with an error naming it, the collective and the size",
+          "[collectives]") {
+  // Rank 1's 2 MiB string cannot be encoded where allocations above 1 MiB fail: in broadcast_object
+  // (rank 1 the root), gather_object, and the shard gather.
+  const std::vector<std::string> big{std::string(2u << 20, 'x')};
+  for (const char* op : {"broadcast_object", "gather_object", "shard gather"}) {
+    INFO(op);
+    const std::string what = std::strcmp(op, "broadcast_object") == 0 ? "broadcast_object" : "gather_object";
+    const auto errors = run_world(3, [&](Communicator& comm) {
+      const std::vector<std::string> mine = comm.rank() == 1 ? big : std::vector<std::string>{"small"};
+      if (comm.rank() == 1) fail_allocations_above = 1u << 20;
+      struct Reset {
+        ~Reset() { fail_allocations_above = SIZE_MAX; }
+      } reset;
+      if (what == "broadcast_object") accel::broadcast_object(comm, mine, 1);
+      else if (std::strcmp(op, "gather_object") == 0) accel::gather_object(comm, mine);
+      else {
+        const std::vector<int> input{0, 1, 2};
+        accel::gather_object(comm, mine, accel::split_between_processes(input, static_cast<std::size_t>(comm.rank()), 3).shard());
+      }
+    });
+    REQUIRE_THROWS_AS(std::rethrow_exception(errors[1]), accel::serialization_error);
+    CHECK_THAT(message(errors[1]), accel_test::contains("rank 1 ran out of memory encoding its std::vector<"));
+    CHECK_THAT(message(errors[1]), accel_test::contains(" for " + what + " ("));
+    CHECK_THAT(message(errors[1]), accel_test::contains(" encoded so far); send less per call"));
+    for (int r : {0, 2}) {
+      REQUIRE_THROWS_AS(std::rethrow_exception(errors[static_cast<std::size_t>(r)]), accel::comm_error);
+      CHECK_THAT(message(errors[static_cast<std::size_t>(r)]), accel_test::contains("rank 1 failed before " + what));
+      CHECK_THAT(message(errors[static_cast<std::size_t>(r)]), accel_test::contains("rank 1 ran out of memory encoding its"));
     }
   }
 }

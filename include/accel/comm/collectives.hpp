@@ -220,25 +220,34 @@ void print(const DistributedState& state, Args&&... args) {
 
 namespace detail {
 
-// Encodes `value` into the communicator's send buffer (its bytes viewed where they are, for plain
-// data) and gathers every rank's encoding. Memory exhausted while encoding travels as this rank's
-// failure, with the size it was encoding, instead of a bare std::bad_alloc.
-template <class T>
-Blobs gather_encoded(Communicator& comm, const T& value) {
+// Encodes this rank's part of collective `op` into the communicator's send buffer: `write(head)`
+// appends to the buffer and returns the body (plain data viewed where it lies). What it throws is
+// kept in `failure`, to travel as this rank's failure; memory exhausted there becomes a
+// serialization_error with the size encoded so far instead of a bare std::bad_alloc.
+template <class T, class Write>
+Payload encode_part(Communicator& comm, std::string_view op, std::exception_ptr& failure, Write&& write) {
   std::vector<std::byte>& head = comm.send_buffer();
   head.clear();
   std::span<const std::byte> body;
-  std::exception_ptr failure;
   try {
-    body = encode_payload(head, value, comm.rank());
+    body = write(head);
   } catch (const std::bad_alloc&) {
-    failure = std::make_exception_ptr(serialization_error(concat("rank ", comm.rank(), " ran out of memory encoding its ", type_name<T>(),
-                                                                 " for gather_object (", text::format_bytes(head.capacity()),
-                                                                 " encoded so far); gather less per call")));
+    failure = std::make_exception_ptr(serialization_error(concat("rank ", comm.rank(), " ran out of memory encoding its ", type_name<T>(), " for ",
+                                                                 op, " (", text::format_bytes(head.capacity()),
+                                                                 " encoded so far); send less per call")));
   } catch (...) {
     failure = std::current_exception();
   }
-  return comm.all_gather("gather_object", Payload(head, body), failure);
+  return Payload(head, body);
+}
+
+// Encodes `value` and gathers every rank's encoding.
+template <class T>
+Blobs gather_encoded(Communicator& comm, const T& value) {
+  std::exception_ptr failure;
+  const Payload mine =
+      encode_part<T>(comm, "gather_object", failure, [&](std::vector<std::byte>& head) { return encode_payload(head, value, comm.rank()); });
+  return comm.all_gather("gather_object", mine, failure);
 }
 
 // Runs the decoding step `fn` of rank `from`'s `bytes`-byte value; memory exhausted there becomes
@@ -336,11 +345,8 @@ inline constexpr std::size_t shard_prefix_bytes = 32;
 /// @note collective
 template <class T>
 std::vector<T> gather_object(Communicator& comm, const std::vector<T>& results, const Shard& shard) {
-  std::vector<std::byte>& head = comm.send_buffer();
-  head.clear();
-  std::span<const std::byte> body;
   std::exception_ptr failure;
-  try {
+  const Payload mine = detail::encode_part<std::vector<T>>(comm, "gather_object", failure, [&](std::vector<std::byte>& head) {
     if (results.size() != shard.padded_count && results.size() != shard.real_count)
       detail::throw_error<usage_error>("gather_object: rank ", comm.rank(), " passed ", results.size(), " results for a shard of ",
                                        shard.real_count, " items (", shard.padded_count, " with padding); pass one result per item");
@@ -348,11 +354,9 @@ std::vector<T> gather_object(Communicator& comm, const std::vector<T>& results, 
     append_le<std::uint64_t>(head, shard.first_index);
     append_le<std::uint64_t>(head, shard.real_count);
     head.resize(detail::shard_prefix_bytes, std::byte{0});
-    body = encode_payload(head, results, comm.rank());
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  const Blobs all = comm.all_gather("gather_object", Payload(head, body), failure);
+    return encode_payload(head, results, comm.rank());
+  });
+  const Blobs all = comm.all_gather("gather_object", mine, failure);
   struct Part {
     std::uint64_t total, first, real;
     std::size_t rank;
@@ -403,18 +407,11 @@ std::vector<T> gather_object(DistributedState& state, const std::vector<T>& resu
 /// @note collective
 template <class T>
 T broadcast_object(Communicator& comm, const T& value, int root = 0) {
-  std::vector<std::byte>& head = comm.send_buffer();
-  head.clear();
-  std::span<const std::byte> body;
   std::exception_ptr failure;
-  if (comm.rank() == root) {
-    try {
-      body = encode_payload(head, value, root);
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  }
-  const auto got = comm.broadcast("broadcast_object", Payload(head, body), root, failure);
+  Payload mine;
+  if (comm.rank() == root)
+    mine = detail::encode_part<T>(comm, "broadcast_object", failure, [&](std::vector<std::byte>& head) { return encode_payload(head, value, root); });
+  const auto got = comm.broadcast("broadcast_object", mine, root, failure);
   std::optional<T> out;
   detail::out_of_memory_as_error(comm, got.size(), root, [&] { out.emplace(from_bytes<T>(got, root)); });
   return std::move(*out);
