@@ -54,17 +54,24 @@ ACCEL_DEFINE_FIELDS(Scored, prompt, text, logprobs)
 template <>
 struct accel::force_json_serialization<demo::Fragile> : std::true_type {};
 
-// This test program's operator new: a thread may ask that allocations above a size fail, to reach
-// the out-of-memory paths without exhausting the machine. It allocates with malloc, as the
-// standard library's own does, so the standard library's operator delete (free) still matches.
+// This test program's operator new and delete (the plain and nothrow forms, which share delete): a
+// thread may ask that allocations above a size fail, to reach the out-of-memory paths without
+// exhausting the machine. (Not inlined: GCC would otherwise see free() meet operator new and warn of
+// a mismatch.)
 namespace {
 thread_local std::size_t fail_allocations_above = SIZE_MAX;
 }  // namespace
-void* operator new(std::size_t n) {
+[[gnu::noinline]] void* operator new(std::size_t n) {
   if (n > fail_allocations_above) throw std::bad_alloc();
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
   throw std::bad_alloc();
 }
+[[gnu::noinline]] void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  return n > fail_allocations_above ? nullptr : std::malloc(n == 0 ? 1 : n);
+}
+[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 TEST_CASE("gather_object returns every rank's value in rank order", "[collectives]") {
   for (int n : accel_test::world_sizes) {
