@@ -127,6 +127,17 @@ TEST_CASE("shm slots: what fits a slot, and when a communicator may use them", "
   STATIC_REQUIRE_FALSE(d::fits_slot(~std::size_t{0}, 1, d::slot_bytes_for(1024)));  // no overflow on hostile sizes
   STATIC_REQUIRE_FALSE(d::fits_slot(1, ~std::size_t{0}, d::slot_bytes_for(1024)));
 
+  // Slot payloads: as requested up to 5 ranks; beyond, each round's copies of the peers' entries
+  // stay near 1 MiB, but slots never shrink under 64 KiB (nor grow past the request).
+  constexpr std::size_t kib = 1024;
+  STATIC_REQUIRE(d::slot_payload_limit(256 * kib, 2) == 256 * kib);
+  STATIC_REQUIRE(d::slot_payload_limit(256 * kib, 5) == 256 * kib);
+  STATIC_REQUIRE(d::slot_payload_limit(256 * kib, 8) == 1024 * kib / 7);
+  STATIC_REQUIRE(d::slot_payload_limit(256 * kib, 17) == 64 * kib);
+  STATIC_REQUIRE(d::slot_payload_limit(256 * kib, 1000) == 64 * kib);
+  STATIC_REQUIRE(d::slot_payload_limit(4 * kib, 64) == 4 * kib);
+  STATIC_REQUIRE(d::slot_payload_limit(8 << 20, 2) == 8 << 20);
+
   const std::vector<std::string> segs = {"/a", "/b"};
   CHECK(d::slots_usable(true, true, segs, {7, 7}, 7));
   CHECK_FALSE(d::slots_usable(false, true, segs, {7, 7}, 7));     // another machine

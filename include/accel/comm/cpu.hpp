@@ -60,7 +60,8 @@ struct CpuCommOptions {
   /// (0: never). Each rank holds two slots; their pages are touched only as far as payloads reach.
   /// Up to here a slot round (a copy in, one copy out per peer) beats a store round trip plus
   /// segment views (measured: a 64 KiB gather between 2 processes 18-20 us through slots, 62-75 us
-  /// through the store; at 1 MiB the two are level).
+  /// through the store; at 1 MiB the two are level). Jobs of more than 5 ranks use less, since
+  /// every rank copies out every peer's entry: 1 MiB / (ranks - 1), at least 64 KiB.
   std::size_t slot_payload_bytes = 256 * 1024;
   /// Payloads through the store (across machines, without shared memory, or too large for it):
   /// the most bytes one round carries for all ranks together; a payload larger than its share
@@ -99,7 +100,8 @@ class CpuCommunicator final : public Communicator {
     w.u64(detail::pid_namespace_id()).u64(options_.buffer_chunk_bytes).u64(options_.store_round_bytes);
     // Small rounds: each rank's slot segment exists before the setup round, so peers can map it after.
     if (options_.use_shm && options_.slot_payload_bytes > 0 && size > 1) {
-      slots_ = std::make_unique<detail::ShmSlotExchange>(shm_prefix + ".s", options_.slot_payload_bytes, timeout());
+      slots_ = std::make_unique<detail::ShmSlotExchange>(shm_prefix + ".s", detail::slot_payload_limit(options_.slot_payload_bytes, size),
+                                                          timeout());
       if (!slots_->create()) slots_.reset();  // no shared memory here: the store carries every round
     }
     w.str(slots_ ? slots_->segment() : std::string());
