@@ -108,6 +108,19 @@ def worker(rank, world, port, quick, cases, sizes, queue):
     dist.destroy_process_group()
 
 
+def torch_peer(case):
+    """The torch case an accel case is compared with: struct_fields (the same items declared with
+    ACCEL_DEFINE_FIELDS) against the list of dicts torch's struct_list sends, the records_* cases
+    (payload: records per process) against torch's same tuples, raw_bytes_into (gather_object_into)
+    against torch's raw_bytes; the others against the torch case of their name."""
+    if case == "struct_fields":
+        return "struct_list"
+    for family in ("records", "raw_bytes"):
+        if case.startswith(family):
+            return family
+    return case
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -144,7 +157,7 @@ def main():
         args += ["--case", c]
     for n in a.size:
         args += ["--size", str(n)]
-    torch_cases = ["records" if c.startswith("records") else "raw_bytes" if c.startswith("raw_bytes") else c for c in a.case]
+    torch_cases = [torch_peer(c) for c in a.case]
     ours = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     print(ours, end="")
     accel = {}
@@ -164,13 +177,7 @@ def main():
         "case", "procs", "payload", "accel mean", "torch mean", "ratio", "accel med", "torch med", "ratio",
         "accel p90", "torch p90", "ratio"))
     for key in sorted(accel, key=lambda k: (k[1], k[0], k[2])):
-        # accel's struct_fields (the same items declared with ACCEL_DEFINE_FIELDS) against the same
-        # list of dicts that torch's struct_list sends.
-        # The records_* cases (payload: records per process) against torch's same tuples, and
-        # raw_bytes_into (gather_object_into) against torch's raw_bytes.
-        peer = ("struct_list",) + key[1:] if key[0] == "struct_fields" else (
-            ("records",) + key[1:] if key[0].startswith("records") else
-            ("raw_bytes",) + key[1:] if key[0].startswith("raw_bytes") else key)
+        peer = (torch_peer(key[0]),) + key[1:]
         if peer in torch_rows:
             ours_t, theirs = accel[key], torch_rows[peer]
             cells = []
