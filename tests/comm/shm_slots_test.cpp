@@ -127,8 +127,9 @@ TEST_CASE("shm slots: what fits a slot, and when a communicator may use them", "
   STATIC_REQUIRE_FALSE(d::fits_slot(~std::size_t{0}, 1, d::slot_bytes_for(1024)));  // no overflow on hostile sizes
   STATIC_REQUIRE_FALSE(d::fits_slot(1, ~std::size_t{0}, d::slot_bytes_for(1024)));
 
-  // Slot payloads: as requested up to 5 ranks; beyond, each round's copies of the peers' entries
-  // stay near 1 MiB, but slots never shrink under 64 KiB (nor grow past the request).
+  // Slot payloads: with one peer as requested; with more, each round's copies of the peers' entries
+  // stay within 1 MiB (so the default 256 KiB holds up to 5 ranks), but slots never shrink under
+  // 64 KiB (nor grow past the request).
   constexpr std::size_t kib = 1024;
   STATIC_REQUIRE(d::slot_payload_limit(256 * kib, 2) == 256 * kib);
   STATIC_REQUIRE(d::slot_payload_limit(256 * kib, 5) == 256 * kib);

@@ -60,8 +60,9 @@ struct CpuCommOptions {
   /// (0: never). Each rank holds two slots; their pages are touched only as far as payloads reach.
   /// Up to here a slot round (a copy in, one copy out per peer) beats a store round trip plus
   /// segment views (measured: a 64 KiB gather between 2 processes 18-20 us through slots, 62-75 us
-  /// through the store; at 1 MiB the two are level). Jobs of more than 5 ranks use less, since
-  /// every rank copies out every peer's entry: 1 MiB / (ranks - 1), at least 64 KiB.
+  /// through the store; at 1 MiB the two are level). Jobs of more than 2 ranks use at most
+  /// 1 MiB / (ranks - 1), and at least 64 KiB, since every rank copies out every peer's entry (so
+  /// the default is lowered from 6 ranks on).
   std::size_t slot_payload_bytes = 256 * 1024;
   /// Payloads through the store (across machines, without shared memory, or too large for it):
   /// the most bytes one round carries for all ranks together; a payload larger than its share

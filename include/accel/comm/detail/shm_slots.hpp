@@ -134,10 +134,11 @@ inline constexpr std::size_t slot_header_room = 4096;
   return header <= slot_header_room && payload <= payload_bytes;
 }
 
-/// @brief The payload bytes of a rank's slots in a `world`-rank job (pure): `requested`, less in
-/// jobs of more than 5 ranks, where each rank's round copies every peer's entry out of its slot:
+/// @brief The payload bytes of a rank's slots in a `world`-rank job (pure). With one peer,
+/// `requested`; with more, each rank's round copies every peer's entry out of its slot, so at most
 /// the share of 1 MiB of such copies per peer, but never under 64 KiB (the store path, with its
-/// round trip and in-place views, takes what is larger).
+/// round trip and in-place views, takes what is larger). The default 256 KiB is lowered from 6
+/// ranks on.
 [[nodiscard]] constexpr std::size_t slot_payload_limit(std::size_t requested, int world) noexcept {
   constexpr std::size_t round_copy = std::size_t{1} << 20, floor = std::size_t{64} << 10;
   if (world <= 2) return requested;
