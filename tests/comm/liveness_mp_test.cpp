@@ -75,7 +75,7 @@ void check_real_launcher(const accel_test::RealLauncher& launcher,
   for (const auto& s : scenarios) {
     if (!only.empty() && std::find(only.begin(), only.end(), s.how) == only.end()) continue;
     accel_test::ScratchDir dir("liveness");
-    auto argv = launcher.argv;
+    auto argv = launcher.job();
     argv.insert(argv.end(), {child, "1", s.how, "300", "2"});
     const auto job = accel_test::run_job(argv, dir, std::chrono::seconds(hang_bound_s));
     const std::string said = job.err + job.out;  // Hydra and torchrun report on stdout
@@ -88,7 +88,7 @@ void check_real_launcher(const accel_test::RealLauncher& launcher,
     REQUIRE((said.find(s.message) != std::string::npos || launcher_said_it));
   }
   accel_test::ScratchDir dir("liveness");
-  auto argv = launcher.argv;
+  auto argv = launcher.job();
   argv.insert(argv.end(), {child, "1", "last", "500"});
   const auto job = accel_test::run_job(argv, dir, std::chrono::seconds(hang_bound_s));
   INFO(launcher.name << " clean job; output:\n" << job.err << job.out);

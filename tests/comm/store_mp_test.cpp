@@ -50,15 +50,18 @@ std::string lines_with_prefix(const std::string& text, const std::string& prefix
   return out;
 }
 
-// Starts one job per label at once with `launcher` (argv before the program), waits for all, and
-// checks each finished with exit code 0 and printed exactly its own results (the lines rank 0
+// Starts two jobs, A and B, at once with `launcher` (its job() before the program), waits for both,
+// and checks each finished with exit code 0 and printed exactly its own results (the lines rank 0
 // printed, after `prefix` when the launcher prefixes them).
-void run_concurrent_jobs(const std::vector<std::string>& launcher, const std::vector<std::string>& labels,
-                         const std::string& prefix = "") {
+void run_concurrent_jobs(const accel_test::RealLauncher& launcher, const std::string& prefix = "") {
+  if (!launcher.skip.empty()) {
+    WARN("test skipped: " << launcher.skip);
+    return;
+  }
   accel_test::ScratchDir dir("store_mp");
   std::vector<Job> jobs;
-  for (const auto& label : labels) {
-    std::vector<std::string> argv = launcher;
+  for (const std::string label : {"A", "B"}) {
+    std::vector<std::string> argv = launcher.job();
     argv.insert(argv.end(), {child, "gather", label, "2000"});
     Job j{label, -1, -1};
     j.pid = accel_test::spawn_redirected(argv, accel_test::launcher_environment(), "/dev/null", dir / (label + ".out"), dir / (label + ".err"));
@@ -68,18 +71,10 @@ void run_concurrent_jobs(const std::vector<std::string>& launcher, const std::ve
   const auto until = std::chrono::steady_clock::now() + 120s;
   for (auto& j : jobs) j.code = accel_test::wait_or_kill(j.pid, until, 3s);
   for (const auto& j : jobs) {
-    INFO("job " << j.label << " (" << launcher.front() << ") stderr:\n" << accel_test::read_file(dir / (j.label + ".err")));
+    INFO("job " << j.label << " (" << launcher.name << ") stderr:\n" << accel_test::read_file(dir / (j.label + ".err")));
     CHECK(j.code == 0);
     CHECK(lines_with_prefix(accel_test::read_file(dir / (j.label + ".out")), prefix) == expected_output(j.label));
   }
-}
-
-void run_concurrent_jobs(const accel_test::RealLauncher& launcher, const std::string& prefix = "") {
-  if (!launcher.skip.empty()) {
-    WARN("test skipped: " << launcher.skip);
-    return;
-  }
-  run_concurrent_jobs(launcher.argv, {"A", "B"}, prefix);
 }
 
 }  // namespace
@@ -101,5 +96,5 @@ TEST_CASE("two jobs started at once by torchrun each gather only their own resul
 }
 
 TEST_CASE("two jobs started at once by accel launch each gather only their own results", "[store][mp]") {
-  run_concurrent_jobs({ACCEL_TEST_CLI, "launch", "--cpu", "--num_processes", "2"}, {"A", "B"});
+  run_concurrent_jobs({"accel launch", {ACCEL_TEST_CLI, "launch", "--cpu", "--num_processes", "2"}, ""});
 }

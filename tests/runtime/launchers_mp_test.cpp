@@ -45,7 +45,7 @@ void check_launcher(const accel_test::RealLauncher& launcher, const std::string&
   }
   {
     accel_test::ScratchDir dir("launchers");
-    auto argv = launcher.argv;
+    auto argv = launcher.job();
     argv.push_back(whoami);
     const auto job = accel_test::run_job(argv, dir, 90s);
     INFO(launcher.name << " stderr:\n" << job.err);
@@ -54,7 +54,7 @@ void check_launcher(const accel_test::RealLauncher& launcher, const std::string&
   }
   {
     accel_test::ScratchDir dir("launchers");
-    auto argv = launcher.argv;
+    auto argv = launcher.job();
     argv.insert(argv.end(), {whoami, "1", "7"});
     const auto job = accel_test::run_job(argv, dir, 90s);
     INFO(launcher.name << " stderr:\n" << job.err);

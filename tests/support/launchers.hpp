@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "files.hpp"
+#include "processes.hpp"
 #include "run_command.hpp"
 #include "spawn.hpp"
 
@@ -72,11 +73,23 @@ inline std::vector<std::string> launcher_environment() {
 }
 
 /// @brief A real launcher: how to start `n` ranks of a program (append the program and its
-///        arguments to `argv`), or why it cannot run here (`skip` non-empty, `argv` empty).
+///        arguments to job()), or why it cannot run here (`skip` non-empty, `argv` empty).
 struct RealLauncher {
   std::string name;  ///< as the convention names it: "Open MPI", "MPICH", "SLURM srun", "torchrun"
   std::vector<std::string> argv;
   std::string skip;
+  /// Options each job needs of its own (torchrun's rendezvous endpoint), appended to `argv`.
+  std::vector<std::string> (*per_job)() = nullptr;
+
+  /// @brief The launcher's argv for one job.
+  std::vector<std::string> job() const {
+    auto out = argv;
+    if (per_job) {
+      const auto own = per_job();
+      out.insert(out.end(), own.begin(), own.end());
+    }
+    return out;
+  }
 };
 
 inline RealLauncher open_mpi_launcher(int n) {
@@ -121,8 +134,19 @@ inline RealLauncher torchrun_launcher(int n) {
   const auto torchrun = find_program({"torchrun"});
   if (!torchrun) return {"torchrun", {}, "torchrun is not installed (Debian: python3-torch)"};
   // Debian's torch 1.13 on Python 3.11 crashes with torchrun's default --redirects/--tee values;
-  // -r 1 -t 1 (stdout only) works. --standalone: a private rendezvous on a free port.
-  return {"torchrun", {*torchrun, "-r", "1", "-t", "1", "--standalone", "--nproc_per_node", std::to_string(n), "--no_python"}, ""};
+  // -r 1 -t 1 (stdout only) works. Not --standalone: torch 1.13 puts that rendezvous on the fixed
+  // port 29400, so a second job started meanwhile (another test, or the same test's second job)
+  // joins the first's agent store as a client and fails when that agent exits. Each job gets its
+  // own endpoint instead, and is_host=1 makes a taken port an error rather than a shared store.
+  const auto endpoint = [] {
+    const std::string port = std::to_string(free_port());
+    return std::vector<std::string>{"--rdzv_endpoint", "127.0.0.1:" + port, "--rdzv_id", "accel-test-" + port};
+  };
+  return {"torchrun",
+          {*torchrun, "-r", "1", "-t", "1", "--nnodes", "1", "--rdzv_backend", "c10d", "--rdzv_conf", "is_host=1",
+           "--nproc_per_node", std::to_string(n), "--no_python"},
+          "",
+          endpoint};
 }
 
 /// @brief What a job printed and how its launcher ended.
