@@ -124,6 +124,12 @@ TEST_CASE("accel load maps bad input to documented exit codes with the reason", 
     CHECK(r.status == 4);
     CHECK(r.output.find("places '' on GPU 3 but only 1 GPU(s) are visible") != std::string::npos);
   }
+  SECTION("budgets naming an absent GPU are unavailable (4), even where the plan would leave that GPU empty") {
+    // 1 KiB holds no layer of this model: the plan alone would put everything on the CPU.
+    auto r = accel_test::run_command(accel_test::accel_cli("load" + ck + " --max-memory 3=1KiB,cpu=1GiB --simulate-gpus 1MiB 2>&1"));
+    CHECK(r.status == 4);
+    CHECK(r.output.find("max_memory gives GPU 3 a budget (1.00 KiB) but only GPU 0 is visible") != std::string::npos);
+  }
   SECTION("a GPU too small is out of memory, naming device and bytes") {
     auto r = accel_test::run_command(accel_test::accel_cli("load" + ck + " --device-map '{\"\": 0}' --simulate-gpus 4KiB 2>&1"));
     CHECK(r.status == 9);

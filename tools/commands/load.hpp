@@ -172,17 +172,13 @@ inline int run_load(std::span<char*> argv) {
   opts.keep_in_fp32 = dtype.keep_in_fp32;
   std::string blocks_note;
   if (mode) {
-    accel::PlanOptions plan;
     const bool defaulted = !a.has("max-memory");
-    plan.max_memory = defaulted ? accel::measured_max_memory(*opts.devices) : accel::parse_max_memory(*a.value("max-memory"));
+    auto budgets = defaulted ? accel::measured_max_memory(*opts.devices) : accel::parse_max_memory(*a.value("max-memory"));
+    auto plan = accel::load_plan_options(std::move(budgets), *opts.devices, opts);
     const auto blocks = choose_blocks(a, model, true, "load");
     plan.no_split = blocks.specs;
     plan.auto_no_split = blocks.automatic;
     blocks_note = blocks.note;
-    plan.rules = accel::PlanRules::transformers;  // accel plan's default (--like transformers)
-    plan.dtype = opts.dtype;
-    plan.keep_in_fp32 = opts.keep_in_fp32;
-    plan.gpu_reserve_layers = static_cast<std::uint32_t>(std::max(opts.fetch_slots, 1));  // room for every fetch buffer
     map = accel::plan_device_map(model.tree, *mode, plan, defaulted).device_map;
     map_source = "planned (" + map_arg + ", budgets " + plan.max_memory.to_string() + ")";
   }

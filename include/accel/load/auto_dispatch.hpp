@@ -114,6 +114,23 @@ inline std::vector<std::pair<std::string, std::string>> tied_aliases(const Modul
 
 }  // namespace detail
 
+/// @brief The planner options a load plans with (before the model's no-split blocks): `accel plan`'s
+///        transformers rules, `budgets`, the load's dtype and keep-in-fp32 patterns, and room on the
+///        first GPU for every fetch buffer. `accel load` and plan_auto_dispatch both start here.
+/// @param devices the GPUs the load places on (LoadOptions::devices)
+/// @throws unavailable_error when a budget names a GPU that is not among `devices`
+[[nodiscard]] inline PlanOptions load_plan_options(MaxMemory budgets, const std::vector<DeviceMemoryPtr>& devices,
+                                                   const LoadOptions& load) {
+  detail::require_budgeted_gpus(budgets, devices);
+  PlanOptions plan;
+  plan.max_memory = std::move(budgets);
+  plan.rules = PlanRules::transformers;
+  plan.dtype = load.dtype;
+  plan.keep_in_fp32 = load.keep_in_fp32;
+  plan.gpu_reserve_layers = static_cast<std::uint32_t>(std::max(load.fetch_slots, 1));  // room for every fetch buffer
+  return plan;
+}
+
 /// @brief Plans the one-call load of a resolved checkpoint without reading any weight: the model
 ///        from headers + config.json + catalog, the budgets, then the strategy's device map.
 /// @throws accel::usage_error for an unknown strategy or a no-split spec matching nothing;
@@ -132,13 +149,9 @@ inline std::vector<std::pair<std::string, std::string>> tied_aliases(const Modul
   auto model = model_from_checkpoint(checkpoint, tree_options);
   out.architecture = model.architecture_note;
 
-  PlanOptions plan;
   const bool defaulted = !options.max_memory;
-  plan.max_memory = defaulted ? measured_max_memory(devices) : *options.max_memory;
-  detail::require_budgeted_gpus(plan.max_memory, devices);
-  plan.dtype = options.load.dtype;
+  PlanOptions plan = load_plan_options(defaulted ? measured_max_memory(devices) : *options.max_memory, devices, options.load);
   if (!plan.dtype && model.config) plan.dtype = model.auto_dtype;
-  plan.keep_in_fp32 = options.load.keep_in_fp32;
   for (auto& k : model.keep_in_fp32(plan.dtype))
     if (std::find(plan.keep_in_fp32.begin(), plan.keep_in_fp32.end(), k) == plan.keep_in_fp32.end())
       plan.keep_in_fp32.push_back(std::move(k));
@@ -150,8 +163,6 @@ inline std::vector<std::pair<std::string, std::string>> tied_aliases(const Modul
     plan.no_split = model.no_split_classes();
     plan.auto_no_split = false;
   }
-  plan.rules = PlanRules::transformers;
-  plan.gpu_reserve_layers = static_cast<std::uint32_t>(std::max(options.load.fetch_slots, 1));  // room for every fetch buffer
   out.plan = plan_device_map(model.tree, mode, plan, defaulted);
 
   out.load.dtype = plan.dtype;
