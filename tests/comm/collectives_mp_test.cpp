@@ -187,7 +187,8 @@ TEST_CASE("a process with the wrong job token is refused and the others time out
   Processes p;
   const int port = free_port();
   for (int r = 0; r < 3; ++r) {
-    Env env = rank_env(r, 3, port, 2);
+    // 5 s: long enough that a loaded machine starting rank 1 late still has only rank 2 missing.
+    Env env = rank_env(r, 3, port, 5);
     env["ACCEL_STORE"] = store.address();
     env["ACCEL_JOB_TOKEN"] = r == 2 ? "wrong-token" : "right-token";
     p.start({child, "gather"}, env);
@@ -196,7 +197,7 @@ TEST_CASE("a process with the wrong job token is refused and the others time out
   REQUIRE(codes == std::vector<int>{2, 2, 2});
   REQUIRE_THAT(p.err(2), contains("refused this process: wrong job token"));
   for (std::size_t r : {0u, 1u}) {
-    REQUIRE_THAT(p.err(r), contains("[accel.comm.timeout] timed out after 2 s in communicator setup (default): rank 2 (never connected) "
+    REQUIRE_THAT(p.err(r), contains("[accel.comm.timeout] timed out after 5 s in communicator setup (default): rank 2 (never connected) "
                                     "has not arrived"));
   }
 }

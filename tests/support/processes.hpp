@@ -15,6 +15,7 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,18 +30,23 @@ namespace accel_test {
 
 using Env = std::map<std::string, std::string>;
 
-/// @brief A TCP port on loopback that nobody listens on right now (the kernel's pick for port 0).
+/// @brief A TCP port on loopback that nobody listens on right now (the kernel's pick for port 0),
+///        and that this test program has not handed out before (two jobs started one after the
+///        other bind their ports later, so the kernel could offer the first one's port again).
 inline int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  ::close(fd);
-  REQUIRE(ok);
-  return ntohs(a.sin_port);
+  static std::set<int> handed_out;
+  for (;;) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+    ::close(fd);
+    REQUIRE(ok);
+    if (handed_out.insert(ntohs(a.sin_port)).second) return ntohs(a.sin_port);
+  }
 }
 
 /// @brief Starts one process per argv with its own environment additions (the test's own ACCEL_*,

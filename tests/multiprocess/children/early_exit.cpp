@@ -14,7 +14,8 @@
 //   last    takes part in every collective, then leaves at once (the others must all succeed)
 //   shm-kill  every rank first gathers 512 KiB (more than a shared-memory slot holds, so each has
 //           payload segments besides its slots) and
-//           prints "pid <pid>"; then the victim raises SIGKILL and the others gather again
+//           prints "pid <pid>"; once every rank has printed (a barrier), the victim raises SIGKILL
+//           and the others gather again
 //   leave7+L  destroys its DistributedState (goodbye), lingers L ms, then returns 7: a rank whose
 //           failure reaches the others before its exit status is ready to reap
 //   drop7+L   closes its sockets (the store connection, no goodbye), lingers L ms, then _Exits 7:
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
       accel::gather_object(state, std::vector<std::uint8_t>(512 * 1024, static_cast<std::uint8_t>(rank)));
       std::printf("pid %d\n", static_cast<int>(::getpid()));
       std::fflush(stdout);
+      accel::wait_for_everyone(state);  // no rank is stopped by the launcher before it printed
       if (rank == victim) {
         std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
         say_left();
