@@ -31,6 +31,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import catalog_expr  # noqa: E402
+import embed_json  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JSON_PATH = os.path.join(ROOT, "include/accel/model/data/catalog.json")
@@ -75,6 +76,30 @@ ARCHITECTURES = [
     ("ViTModel", "ViT (base model)", {}),
     ("ViTForImageClassification", "ViT (classifier)", {}),
     ("CLIPModel", "CLIP", {}),
+    # Vision-language and speech models (composite configs: counts read from text_config/vision_config).
+    ("LlavaForConditionalGeneration", "LLaVA 1.5, Pixtral (llava with a pixtral tower)", {}),
+    ("LlavaNextForConditionalGeneration", "LLaVA-NeXT", {}),
+    ("LlavaOnevisionForConditionalGeneration", "LLaVA-OneVision", {}),
+    ("Qwen2VLForConditionalGeneration", "Qwen2-VL", {}),
+    ("Qwen2_5_VLForConditionalGeneration", "Qwen2.5-VL", {}),
+    ("Qwen3VLForConditionalGeneration", "Qwen3-VL", {}),
+    ("Qwen3VLMoeForConditionalGeneration", "Qwen3-VL MoE", {}),
+    ("Gemma3ForConditionalGeneration", "Gemma 3 (multimodal)", {}),
+    ("Mistral3ForConditionalGeneration", "Mistral Small 3.1/3.2", {}),
+    ("Llama4ForConditionalGeneration", "Llama 4", {}),
+    ("Idefics3ForConditionalGeneration", "Idefics3", {}),
+    ("SmolVLMForConditionalGeneration", "SmolVLM", {}),
+    ("InternVLForConditionalGeneration", "InternVL 3", {}),
+    ("PaliGemmaForConditionalGeneration", "PaliGemma", {}),
+    ("WhisperForConditionalGeneration", "Whisper", {}),
+    ("ModernBertModel", "ModernBERT (base model)", {}),
+    ("ModernBertForMaskedLM", "ModernBERT (masked LM)", {}),
+    # The newest text families.
+    ("GptOssForCausalLM", "gpt-oss", {}),
+    ("Qwen3NextForCausalLM", "Qwen3-Next", {}),
+    ("Glm4MoeForCausalLM", "GLM-4.5, GLM-4.6 (MoE)", {}),
+    ("Ernie4_5_MoeForCausalLM", "ERNIE 4.5 MoE", {}),
+    ("SmolLM3ForCausalLM", "SmolLM3", {}),
 ]
 
 # Hand-written dimension formulas tried before single config keys (first that checks wins).
@@ -86,6 +111,9 @@ FORMULAS = [
     "(" + ROTARY_DIM + " + 1) // 2",
     "({p}rotary_dim ?? " + HEAD_DIM + ")",
     "({p}image_size // {p}patch_size) * ({p}image_size // {p}patch_size) + 1",
+    "({p}image_size // {p}patch_size) * ({p}image_size // {p}patch_size)",  # SigLIP: no class token
+    "({p}hidden_size // {p}num_heads // 2 + 1) // 2",  # Qwen-VL vision rotary: half of half a head
+    "({p}embed_dim // {p}num_heads // 2 + 1) // 2",
 ]
 COUNT_FORMULAS = ["{p}num_decoder_layers ?? {p}num_layers"]
 
@@ -154,14 +182,36 @@ class Builder:
 
 
 def numeric_defaults(builder, names):
-    """Class defaults for the expression names (dotted sub-config names are left out)."""
+    """Class defaults for the expression names. A sub-config name (`text_config.hidden_size`)
+    takes the default of the sub-config's own class: Hub configs often write a partial
+    `text_config` and transformers fills the rest from that class (names deeper than one
+    sub-config level are left out)."""
     d = builder.defaults()
     attribute_map = getattr(builder.config_class, "attribute_map", {})
+    base = builder.config()
     out = {}
     for n in names:
+        head, _, rest = n.partition(".")
+        if rest:
+            sub = getattr(base, head, None)
+            if sub is None or "." in rest or not hasattr(sub, "to_dict"):
+                continue
+            sub_class = type(sub)
+            sub_key = getattr(sub_class, "attribute_map", {}).get(rest, rest)
+            fields = {f.name: f for f in dataclasses.fields(sub_class)} if dataclasses.is_dataclass(sub_class) else {}
+            if sub_key in fields:  # the declared default (None stays None: computed from others)
+                value = fields[sub_key].default if fields[sub_key].default is not dataclasses.MISSING else None
+            else:
+                try:
+                    value = sub_class().to_dict().get(sub_key)
+                except Exception:  # noqa: BLE001  (a sub-config class that needs arguments)
+                    value = None
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[f"{head}.{sub_key}"] = value
+            continue
         key = attribute_map.get(n, n)
         value = d.get(key)
-        if "." not in key and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = value
     return out
 
@@ -337,35 +387,6 @@ def describe(torch, transformers, arch, covers, overrides, log):
     }
 
 
-def render_hpp(text):
-    """The JSON as a constexpr array of string pieces (MSVC caps one literal at 16 KiB)."""
-    compact = json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=True)
-    pieces = [compact[i:i + 12000] for i in range(0, len(compact), 12000)]
-    for p in pieces:
-        assert ")catalog\"" not in p
-    lines = [
-        "// SPDX-License-Identifier: Apache-2.0",
-        "// SPDX-FileCopyrightText: accel contributors",
-        "/// @file catalog_data.hpp",
-        "/// @brief GENERATED by tests/compat/gen_catalog.py from include/accel/model/data/catalog.json; do not",
-        "///        edit. The architecture catalog as string pieces, so reading it needs no file at run time.",
-        "#pragma once",
-        "",
-        "#include <array>",
-        "#include <string_view>",
-        "",
-        "#include <accel/runtime/config.hpp>",
-        "",
-        "ACCEL_NAMESPACE_BEGIN",
-        "namespace detail {",
-        "",
-        f"inline constexpr std::array<std::string_view, {len(pieces)}> catalog_json_pieces{{{{",
-    ]
-    lines += [f'    R"catalog({p})catalog",' for p in pieces]
-    lines += ["}};", "", "}  // namespace detail", "ACCEL_NAMESPACE_END", ""]
-    return "\n".join(lines)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--embed", action="store_true", help="only rewrite the .hpp from the committed JSON")
@@ -377,9 +398,9 @@ def main():
         transformers.logging.set_verbosity_error()
         log = lambda s: print(s, file=sys.stderr)  # noqa: E731
         entries = []
-        for arch, covers, overrides in ARCHITECTURES:
-            if args.only is not None and arch not in args.only:
-                continue
+        listed = ARCHITECTURES if not args.only else \
+            [a for a in ARCHITECTURES if a[0] in args.only] + [(a, a, {}) for a in args.only if a not in {x[0] for x in ARCHITECTURES}]
+        for arch, covers, overrides in listed:
             log(f"{arch}")
             entries.append(describe(torch, transformers, arch, covers, overrides, log))
         catalog = {
@@ -400,7 +421,8 @@ def main():
     with open(JSON_PATH) as f:
         text = f.read()
     with open(HPP_PATH, "w") as f:
-        f.write(render_hpp(text))
+        f.write(embed_json.render_hpp(text, "catalog", "tests/compat/gen_catalog.py", "include/accel/model/data/catalog.json",
+                                         "The architecture catalog as string pieces, so reading it needs no file at run time."))
 
 
 if __name__ == "__main__":

@@ -169,6 +169,20 @@ struct ArchitectureCatalog {
 
 namespace detail {
 
+// Generated data embedded as string pieces (detail/*_data.hpp), joined into one text.
+template <class Pieces>
+std::string join_pieces(const Pieces& pieces) {
+  std::string text;
+  for (std::string_view piece : pieces) text += piece;
+  return text;
+}
+
+// The embedded catalog text, joined once.
+inline const std::string& embedded_catalog_text() {
+  static const std::string text = join_pieces(catalog_json_pieces);
+  return text;
+}
+
 struct CatalogReader {
   [[noreturn]] static void fail(std::string_view where, std::string_view what) {
     throw_error<usage_error>("architecture catalog: ", where, " ", what, "; regenerate it with tests/compat/gen_catalog.py");
@@ -253,25 +267,12 @@ struct CatalogReader {
 
 /// @brief The catalog embedded in the library (parsed on first use; thread-safe).
 [[nodiscard]] inline const ArchitectureCatalog& architecture_catalog() {
-  static const ArchitectureCatalog catalog = [] {
-    std::string text;
-    for (auto piece : detail::catalog_json_pieces) text += piece;
-    return parse_architecture_catalog(text);
-  }();
+  static const ArchitectureCatalog catalog = parse_architecture_catalog(detail::embedded_catalog_text());
   return catalog;
 }
 ///@}
 
 namespace detail {
-// The embedded catalog text, joined once.
-inline const std::string& embedded_catalog_text() {
-  static const std::string text = [] {
-    std::string t;
-    for (auto piece : catalog_json_pieces) t += piece;
-    return t;
-  }();
-  return text;
-}
 
 // The end of the JSON object starting at `open` (one past its closing brace), or npos.
 inline std::size_t json_object_end(std::string_view text, std::size_t open) {

@@ -1,0 +1,303 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file names.hpp
+/// @brief Checkpoint names and model names: how the tensor names of a Hub folder (what
+///        `save_pretrained` writes) become the names of the model transformers 5 builds (what
+///        `from_pretrained(device_map=...)` wants), for every model class transformers exports.
+///
+/// The rules are data generated from transformers by tests/compat/gen_names.py
+/// (include/accel/model/data/names.json, embedded in detail/names_data.hpp) and checked there
+/// against transformers' own renaming of every key of every class. A checkpoint name takes the
+/// rule whose checkpoint side is its longest matching dotted prefix (`{i}` matches one all-digit
+/// part); the numbered values fill the model side in order and the rest of the name follows.
+/// A numbered part the model side lacks is fused: many checkpoint tensors (one per expert) make
+/// one model tensor (`experts.gate_up_proj`). Before the rules, transformers' base-model prefix
+/// rule: a base-model checkpoint loaded into a head class gets the prefix, and the other way round.
+#pragma once
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include <accel/model/architecture.hpp>
+#include <accel/model/detail/names_data.hpp>
+#include <accel/model/json.hpp>
+#include <accel/model/safetensors.hpp>
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/error.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief One rename: a checkpoint-side template and the model-side template it becomes.
+struct NameRule {
+  std::string checkpoint;  ///< `vit.encoder.layer.{i}.intermediate.dense`
+  std::string model;       ///< `vit.layers.{i}.mlp.fc1`
+};
+
+/// @brief What transformers renames for one model class.
+struct ClassNames {
+  std::string class_name;                      ///< `ViTForImageClassification`
+  std::string model_type;                      ///< `vit`
+  std::string base_model_prefix;               ///< `vit`
+  std::vector<std::string> checkpoint_roots;   ///< top-level names save_pretrained writes
+  std::vector<std::string> model_roots;        ///< top-level names of the model's state dict
+  std::vector<std::string> base_roots;         ///< names the checkpoint holds under the prefix
+  std::vector<NameRule> renames;               ///< checkpoint -> model
+  std::vector<std::vector<std::string>> tied_if_tied;    ///< model-name tie groups (tie_word_embeddings true)
+  std::vector<std::vector<std::string>> tied_if_untied;  ///< ... and false
+  std::vector<std::vector<std::string>> tied_always;     ///< for configs without tie_word_embeddings
+  std::optional<bool> tie_word_embeddings;     ///< the config class default, when it has the key
+  bool exact = true;                           ///< false: the rules do not reproduce every key
+  std::string first_difference;                ///< for inexact classes: the first key that differs
+
+  /// @brief The tie groups for a config's tie_word_embeddings (unset: the class default).
+  [[nodiscard]] const std::vector<std::vector<std::string>>& tied(std::optional<bool> tie) const {
+    if (!tie_word_embeddings && tied_if_tied.empty() && tied_if_untied.empty()) return tied_always;
+    return tie.value_or(tie_word_embeddings.value_or(true)) ? tied_if_tied : tied_if_untied;
+  }
+};
+
+namespace detail {
+
+inline const std::string& embedded_names_text() {
+  static const std::string text = join_pieces(names_json_pieces);
+  return text;
+}
+
+inline ClassNames parse_class_names(const nlohmann::json& e) {
+  auto fail = [&](std::string_view what) {
+    throw_error<usage_error>("name data: ", what, "; regenerate it with tests/compat/gen_names.py");
+  };
+  auto strings = [&](const nlohmann::json& v) {
+    std::vector<std::string> out;
+    if (!v.is_array()) fail("a list is not a list");
+    for (const auto& s : v) {
+      if (!s.is_string()) fail("a list holds a non-string");
+      out.push_back(s.get<std::string>());
+    }
+    return out;
+  };
+  auto groups = [&](const nlohmann::json& v) {
+    std::vector<std::vector<std::string>> out;
+    if (v.is_array())
+      for (const auto& g : v) out.push_back(strings(g));
+    return out;
+  };
+  ClassNames c;
+  if (!e.is_object() || !e.contains("class") || !e["class"].is_string()) fail("an entry has no class");
+  c.class_name = e["class"].get<std::string>();
+  c.model_type = e.value("model_type", std::string());
+  c.base_model_prefix = e.value("base_model_prefix", std::string());
+  c.checkpoint_roots = strings(e.value("checkpoint_roots", nlohmann::json::array()));
+  c.model_roots = strings(e.value("model_roots", nlohmann::json::array()));
+  c.base_roots = strings(e.value("base_roots", nlohmann::json::array()));
+  for (const auto& r : e.value("renames", nlohmann::json::array())) {
+    auto pair = strings(r);
+    if (pair.size() != 2) fail("a rename is not a pair");
+    c.renames.push_back({std::move(pair[0]), std::move(pair[1])});
+  }
+  const auto tied = e.value("tied", nlohmann::json::object());
+  c.tied_if_tied = groups(tied.value("true", nlohmann::json()));
+  c.tied_if_untied = groups(tied.value("false", nlohmann::json()));
+  c.tied_always = groups(tied.value("always", nlohmann::json()));
+  if (auto it = e.find("tie_word_embeddings"); it != e.end() && it->is_boolean()) c.tie_word_embeddings = it->get<bool>();
+  c.exact = e.value("exact", true);
+  c.first_difference = e.value("first_difference", std::string());
+  return c;
+}
+
+}  // namespace detail
+
+/// @brief The name rules of a model class (config.json `architectures[0]`), or nullptr when
+///        transformers has no such class or could not build it from its config's defaults. Only
+///        that class's entry is parsed; entries are cached (thread-safe).
+[[nodiscard]] inline const ClassNames* find_class_names(std::string_view class_name) {
+  static std::mutex mutex;
+  static std::map<std::string, std::unique_ptr<ClassNames>, std::less<>> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = cache.find(class_name); it != cache.end()) return it->second.get();
+  const std::string& text = detail::embedded_names_text();
+  const std::string key = detail::concat("{\"class\":\"", class_name, "\",");
+  std::unique_ptr<ClassNames> entry;
+  if (const auto open = text.find(key); open != std::string::npos)
+    if (const auto end = detail::json_object_end(text, open); end != std::string::npos) {
+      auto parsed = parse_json_strict(std::string_view(text).substr(open, end - open));
+      if (parsed.error.empty()) entry = std::make_unique<ClassNames>(detail::parse_class_names(parsed.value));
+    }
+  return cache.emplace(std::string(class_name), std::move(entry)).first->second.get();
+}
+
+/// @brief The transformers release the embedded name data was generated from.
+[[nodiscard]] inline std::string names_transformers_version() {
+  const std::string& text = detail::embedded_names_text();
+  const std::string key = "\"transformers\":\"";
+  const auto at = text.find(key);
+  if (at == std::string::npos) return std::string();
+  const auto start = at + key.size();
+  return text.substr(start, text.find('"', start) - start);
+}
+
+/// @brief Checkpoint name -> model name for one class (see the file comment for the rule).
+class NameMapper {
+ public:
+  /// @brief A model name and whether other checkpoint tensors fuse into it.
+  struct Mapped {
+    std::string model;   ///< the model's name for the tensor
+    bool fused = false;  ///< a numbered part was dropped: several checkpoint tensors make this one
+    int rule = -1;       ///< index of the rule applied (-1: none)
+  };
+
+  explicit NameMapper(const ClassNames& names) : names_(&names) {
+    for (std::size_t i = 0; i < names.renames.size(); ++i) {
+      Rule r;
+      r.checkpoint = split(names.renames[i].checkpoint);
+      r.model = split(names.renames[i].model);
+      std::size_t c = 0, m = 0;
+      for (const auto& p : r.checkpoint) c += is_placeholder(p);
+      for (const auto& p : r.model) m += is_placeholder(p);
+      r.fused = m < c;
+      by_head_[r.checkpoint.front()].push_back(rules_.size());
+      rules_.push_back(std::move(r));
+    }
+  }
+
+  [[nodiscard]] const ClassNames& names() const noexcept { return *names_; }
+
+  /// @brief The model name of a checkpoint tensor name.
+  [[nodiscard]] Mapped to_model(std::string_view checkpoint_name) const {
+    const std::string key = adjust_prefix(checkpoint_name);
+    std::vector<std::string_view> parts;
+    for (std::size_t start = 0;;) {
+      const auto dot = key.find('.', start);
+      parts.push_back(std::string_view(key).substr(start, dot == std::string::npos ? std::string::npos : dot - start));
+      if (dot == std::string::npos) break;
+      start = dot + 1;
+    }
+    const Rule* best = nullptr;
+    int best_index = -1;
+    auto consider = [&](const std::vector<std::size_t>& candidates) {
+      for (auto i : candidates) {
+        const auto& r = rules_[i];
+        if (r.checkpoint.size() > parts.size() || (best && r.checkpoint.size() <= best->checkpoint.size())) continue;
+        bool ok = true;
+        for (std::size_t p = 0; p < r.checkpoint.size() && ok; ++p)
+          ok = is_placeholder(r.checkpoint[p]) ? is_number(parts[p]) : r.checkpoint[p] == parts[p];
+        if (ok) {
+          best = &r;
+          best_index = static_cast<int>(i);
+        }
+      }
+    };
+    if (auto it = by_head_.find(parts.front()); it != by_head_.end()) consider(it->second);
+    if (auto it = by_head_.find(std::string_view("{i}")); it != by_head_.end()) consider(it->second);
+    if (!best) return {key, false, -1};
+    std::vector<std::string_view> values;
+    for (std::size_t p = 0; p < best->checkpoint.size(); ++p)
+      if (is_placeholder(best->checkpoint[p])) values.push_back(parts[p]);
+    std::string out;
+    std::size_t v = 0;
+    auto append = [&](std::string_view s) {
+      if (!out.empty()) out += '.';
+      out += s;
+    };
+    for (const auto& p : best->model) append(is_placeholder(p) ? values.at(v++) : std::string_view(p));
+    for (std::size_t p = best->checkpoint.size(); p < parts.size(); ++p) append(parts[p]);
+    return {std::move(out), best->fused, best_index};
+  }
+
+  /// @brief transformers' base-model prefix rule, applied before the renames: a name of a
+  ///        base-model checkpoint (its first part one the class's checkpoints hold under the prefix)
+  ///        gets the prefix, and a head model's name loaded into the base model loses it; a name
+  ///        under a top-level name of either side, or under none the class knows, is left alone.
+  [[nodiscard]] std::string adjust_prefix(std::string_view name) const {
+    const auto& prefix = names_->base_model_prefix;
+    if (prefix.empty()) return std::string(name);
+    const auto dot = name.find('.');
+    const auto head = name.substr(0, dot);
+    auto has = [](const std::vector<std::string>& v, std::string_view s) { return std::find(v.begin(), v.end(), s) != v.end(); };
+    if (has(names_->checkpoint_roots, head) || has(names_->model_roots, head)) return std::string(name);
+    if (has(names_->checkpoint_roots, prefix) && has(names_->base_roots, head)) return detail::concat(prefix, ".", name);
+    if (head == prefix && dot != std::string_view::npos) {
+      const auto rest = name.substr(dot + 1);
+      const auto next = rest.substr(0, rest.find('.'));
+      if (has(names_->checkpoint_roots, next) || has(names_->model_roots, next)) return std::string(rest);
+    }
+    return std::string(name);
+  }
+
+ private:
+  struct Rule {
+    std::vector<std::string> checkpoint, model;
+    bool fused = false;
+  };
+  static bool is_placeholder(std::string_view p) { return p.size() >= 3 && p.front() == '{' && p.back() == '}'; }
+  static bool is_number(std::string_view p) {
+    return !p.empty() && std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; });
+  }
+  static std::vector<std::string> split(std::string_view s) {
+    std::vector<std::string> out;
+    for (std::size_t start = 0;;) {
+      const auto dot = s.find('.', start);
+      std::string part(s.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
+      if (is_placeholder(part)) part = "{i}";  // one spelling, so by_head_ finds leading placeholders
+      out.push_back(std::move(part));
+      if (dot == std::string_view::npos) break;
+      start = dot + 1;
+    }
+    return out;
+  }
+
+  const ClassNames* names_;
+  std::vector<Rule> rules_;
+  std::map<std::string, std::vector<std::size_t>, std::less<>> by_head_;  ///< rules by their first part
+};
+
+/// @brief Every checkpoint tensor's model name, in the checkpoint's order.
+struct NameTable {
+  std::vector<std::string> checkpoint;  ///< checkpoint names
+  std::vector<std::string> model;       ///< the model name of each (equal where nothing renames)
+  std::string source;                   ///< whose rules: `ViTForImageClassification (transformers 5.25.0)`, or why none
+
+  /// @brief True when no name changes (no rules, or none that applies).
+  [[nodiscard]] bool identity() const { return checkpoint == model; }
+};
+
+/// @brief The model names of `checkpoint_names` under one class's rules (nullptr: unchanged).
+[[nodiscard]] inline NameTable name_table(const ClassNames* names, const std::vector<std::string>& checkpoint_names) {
+  NameTable t;
+  t.checkpoint = checkpoint_names;
+  if (!names) {
+    t.model = checkpoint_names;
+    return t;
+  }
+  const NameMapper mapper(*names);
+  t.model.reserve(checkpoint_names.size());
+  for (const auto& n : checkpoint_names) t.model.push_back(mapper.to_model(n).model);
+  t.source = detail::concat(names->class_name, " (transformers ", names_transformers_version(), ")");
+  return t;
+}
+
+/// @brief The name table of a checkpoint, for the class its config.json names (`config_file`,
+///        else the one next to the checkpoint; none, or a class transformers lacks: unchanged).
+/// @throws accel::checkpoint_error for an unreadable config.json
+[[nodiscard]] inline NameTable checkpoint_name_table(const Checkpoint& checkpoint,
+                                                     const std::optional<std::filesystem::path>& config_file = {}) {
+  const auto path = config_file ? config_file : checkpoint.config_file;
+  const ClassNames* names = nullptr;
+  if (path) {
+    const auto config = read_model_config(*path);
+    if (!config.architectures.empty()) names = find_class_names(config.architectures.front());
+  }
+  return name_table(names, checkpoint.tensor_names);
+}
+
+ACCEL_NAMESPACE_END

@@ -1,0 +1,111 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+#include <accel/model/names.hpp>
+
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+
+namespace {
+
+const accel::ClassNames& names_of(std::string_view cls) {
+  const auto* n = accel::find_class_names(cls);
+  REQUIRE(n != nullptr);
+  return *n;
+}
+
+std::string model_name(std::string_view cls, std::string_view checkpoint_name) {
+  return accel::NameMapper(names_of(cls)).to_model(checkpoint_name).model;
+}
+
+}  // namespace
+
+TEST_CASE("a ViT Hub folder's names become the model's: blocks, attention and MLP renamed", "[names][vit]") {
+  const auto& vit = names_of("ViTForImageClassification");
+  CHECK(vit.exact);
+  CHECK(vit.base_model_prefix == "vit");
+  const accel::NameMapper m(vit);
+  CHECK(m.to_model("vit.encoder.layer.11.attention.attention.query.weight").model == "vit.layers.11.attention.q_proj.weight");
+  CHECK(m.to_model("vit.encoder.layer.3.attention.output.dense.bias").model == "vit.layers.3.attention.o_proj.bias");
+  CHECK(m.to_model("vit.encoder.layer.3.intermediate.dense.weight").model == "vit.layers.3.mlp.fc1.weight");
+  CHECK(m.to_model("vit.encoder.layer.3.output.dense.weight").model == "vit.layers.3.mlp.fc2.weight");
+  CHECK(m.to_model("vit.encoder.layer.3.layernorm_before.weight").model == "vit.layers.3.layernorm_before.weight");
+  SECTION("names nothing renames stay, and a folder already in model names is left alone") {
+    CHECK(m.to_model("classifier.weight").model == "classifier.weight");
+    CHECK(m.to_model("vit.embeddings.cls_token").model == "vit.embeddings.cls_token");
+    CHECK(m.to_model("vit.layers.3.mlp.fc2.weight").model == "vit.layers.3.mlp.fc2.weight");
+    CHECK(m.to_model("vit.layers.3.mlp.fc2.weight").rule == -1);
+  }
+  SECTION("a base-model checkpoint loaded into the classifier gets the prefix, as transformers does") {
+    CHECK(m.to_model("encoder.layer.0.output.dense.weight").model == "vit.layers.0.mlp.fc2.weight");
+    CHECK(m.to_model("embeddings.cls_token").model == "vit.embeddings.cls_token");
+  }
+  SECTION("and a classifier checkpoint loaded into the base model loses it") {
+    CHECK(model_name("ViTModel", "vit.encoder.layer.0.output.dense.weight") == "layers.0.mlp.fc2.weight");
+    CHECK(model_name("ViTModel", "encoder.layer.0.output.dense.weight") == "layers.0.mlp.fc2.weight");
+  }
+}
+
+TEST_CASE("vision-language and renamed heads: Llava's towers move under model, GPT-NeoX's embed_out is lm_head", "[names]") {
+  CHECK(model_name("LlavaForConditionalGeneration", "language_model.model.layers.2.mlp.up_proj.weight") ==
+        "model.language_model.layers.2.mlp.up_proj.weight");
+  CHECK(model_name("LlavaForConditionalGeneration", "language_model.lm_head.weight") == "lm_head.weight");
+  CHECK(model_name("LlavaForConditionalGeneration", "vision_tower.encoder.layers.0.mlp.fc1.bias") ==
+        "model.vision_tower.encoder.layers.0.mlp.fc1.bias");
+  CHECK(model_name("LlavaForConditionalGeneration", "multi_modal_projector.linear_1.weight") ==
+        "model.multi_modal_projector.linear_1.weight");
+  CHECK(model_name("LlavaForConditionalGeneration", "model.language_model.norm.weight") == "model.language_model.norm.weight");
+  CHECK(model_name("GPTNeoXForCausalLM", "embed_out.weight") == "lm_head.weight");
+  CHECK(model_name("GPTNeoXForCausalLM", "gpt_neox.layers.0.mlp.dense_h_to_4h.weight") == "gpt_neox.layers.0.mlp.dense_h_to_4h.weight");
+  CHECK(model_name("LlamaForCausalLM", "model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight");
+}
+
+TEST_CASE("expert tensors fuse: every Mixtral expert's w1 and w3 make one gate_up_proj", "[names][moe]") {
+  const accel::NameMapper m(names_of("MixtralForCausalLM"));
+  const auto w1 = m.to_model("model.layers.1.block_sparse_moe.experts.7.w1.weight");
+  CHECK(w1.model == "model.layers.1.mlp.experts.gate_up_proj");
+  CHECK(w1.fused);
+  CHECK(m.to_model("model.layers.1.block_sparse_moe.experts.0.w3.weight").model == "model.layers.1.mlp.experts.gate_up_proj");
+  CHECK(m.to_model("model.layers.1.block_sparse_moe.experts.0.w2.weight").model == "model.layers.1.mlp.experts.down_proj");
+  const auto gate = m.to_model("model.layers.1.block_sparse_moe.gate.weight");
+  CHECK(gate.model == "model.layers.1.mlp.gate.weight");
+  CHECK_FALSE(gate.fused);
+  CHECK(model_name("Qwen3MoeForCausalLM", "model.layers.5.mlp.experts.127.down_proj.weight") == "model.layers.5.mlp.experts.down_proj");
+  CHECK(model_name("DeepseekV3ForCausalLM", "model.layers.5.mlp.experts.255.up_proj.weight") == "model.layers.5.mlp.experts.gate_up_proj");
+}
+
+TEST_CASE("the rule with the longest matching prefix wins; written-out numbers before placeholders", "[names]") {
+  accel::ClassNames n;
+  n.class_name = "Toy";
+  n.renames = {{"a.mlp.0", "a.fc1"}, {"a.mlp.{i}", "a.fc2"}, {"a.{i}.x.y", "b.{i}.z"}, {"a.{i}.x", "b.{i}"}, {"c", "d.c"}};
+  const accel::NameMapper m(n);
+  CHECK(m.to_model("a.mlp.0.weight").model == "a.fc1.weight");
+  CHECK(m.to_model("a.mlp.2.weight").model == "a.fc2.weight");
+  CHECK(m.to_model("a.4.x.y.bias").model == "b.4.z.bias");
+  CHECK(m.to_model("a.4.x.w").model == "b.4.w");
+  CHECK(m.to_model("a.4.q").model == "a.4.q");
+  CHECK(m.to_model("c").model == "d.c");
+  CHECK(m.to_model("cc.w").model == "cc.w");  // whole parts only
+  CHECK(m.to_model("a.x4.x.w").model == "a.x4.x.w");
+}
+
+TEST_CASE("ties transformers makes are in the name data for classes outside the catalog", "[names]") {
+  const auto& whisper = names_of("WhisperForConditionalGeneration");
+  const auto& groups = whisper.tied(std::nullopt);
+  REQUIRE(groups.size() == 1);
+  CHECK(groups.front() == std::vector<std::string>{"model.decoder.embed_tokens.weight", "proj_out.weight"});
+  CHECK(whisper.tied(false).empty());
+}
+
+TEST_CASE("a class transformers does not have has no names; the data says its transformers release", "[names]") {
+  CHECK(accel::find_class_names("NoSuchModelForCausalLM") == nullptr);
+  CHECK(accel::find_class_names("LlamaForCausal") == nullptr);
+  CHECK_FALSE(accel::names_transformers_version().empty());
+  const auto t = accel::name_table(nullptr, {"a.b", "c"});
+  CHECK(t.identity());
+  const auto v = accel::name_table(accel::find_class_names("GPTNeoXForCausalLM"), {"embed_out.weight", "gpt_neox.final_layer_norm.weight"});
+  CHECK_FALSE(v.identity());
+  CHECK(v.model == std::vector<std::string>{"lm_head.weight", "gpt_neox.final_layer_norm.weight"});
+  CHECK(v.source.starts_with("GPTNeoXForCausalLM (transformers "));
+}
