@@ -612,3 +612,28 @@ TEST_CASE("fetching a disk block whose shard was truncated after loading is a ch
                       accel_test::contains("model-00003-of-00003.safetensors' shrank while it was being read") &&
                           accel_test::contains("is now 100 bytes"));
 }
+
+TEST_CASE("a map in the model's names loads a Hub-format folder, as a map in its own names does", "[dispatch][names]") {
+  accel_test::TempDir dir;
+  const std::vector<TensorSpec> specs{{"gpt_neox.embed_in.weight", DType::F32, {16, 4}, {}},
+                                      {"gpt_neox.layers.0.mlp.dense_h_to_4h.weight", DType::F32, {8, 4}, {}},
+                                      {"gpt_neox.final_layer_norm.weight", DType::F32, {4}, {}},
+                                      {"embed_out.weight", DType::F32, {16, 4}, {}}};
+  accel_test::write_safetensors(dir.path() / "model.safetensors", specs);
+  accel_test::write_text(dir.path() / "config.json", R"({"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox"})");
+  auto devices = sim(1 << 20, 1 << 20);
+  // lm_head is the model's name of embed_out.
+  auto by_model = accel::load_checkpoint_and_dispatch(
+      dir.path(), accel::DeviceMap::from_json(R"({"gpt_neox": 0, "lm_head": 1})"), small_staging(devices));
+  CHECK(by_model.at("embed_out.weight").placement == Placement::gpu(1));
+  CHECK(by_model.at("gpt_neox.final_layer_norm.weight").placement == Placement::gpu(0));
+  CHECK(by_model.report().unexpected.empty());
+  CHECK(by_model.report().unused_keys.empty());
+  CHECK(read_back(by_model.at("embed_out.weight"), devices) == stored_bytes(specs[3]));
+  auto by_checkpoint = accel::load_checkpoint_and_dispatch(
+      dir.path(), accel::DeviceMap::from_json(R"({"gpt_neox": 0, "embed_out": 1})"), small_staging(sim(1 << 20, 1 << 20)));
+  CHECK(by_checkpoint.at("embed_out.weight").placement == Placement::gpu(1));
+  CHECK_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), accel::DeviceMap::from_json(R"({"lm_head": 0, "embed_out": 1, "gpt_neox": 0})"),
+                                                        small_staging(sim(1 << 20, 1 << 20))),
+                    accel_test::contains("mixes model names ('lm_head') and checkpoint names ('embed_out')"));
+}

@@ -159,7 +159,17 @@ TEST_CASE("an unknown architecture keeps the header heuristics and says why", "[
   CHECK(m.architecture == nullptr);
   CHECK_THAT(m.architecture_note, accel_test::contains("'LlamaForSequenceClassification' is not in accel's catalog"));
   CHECK(m.no_split_classes().empty());
-  CHECK(model_order(m.tree) == Strings{"model.embed_tokens.weight", "model.layers.0.w", "lm_head.weight"});
+  // transformers' own ties for the class (name data): a sequence classifier has no tied lm_head.
+  CHECK(model_order(m.tree) == Strings{"model.embed_tokens.weight", "model.layers.0.w"});
+
+  SECTION("a class transformers lacks too: a config that ties word embeddings (absent: true) ties lm_head") {
+    accel_test::TempDir other;
+    write_checkpoint(other.path(), {"model.layers.0.w", "model.embed_tokens.weight"},
+                     R"({"architectures": ["FancyLMForCausalLM"], "model_type": "fancy"})");
+    const auto f = accel::read_checkpoint_model(other.path());
+    CHECK(f.names.identity());
+    CHECK(model_order(f.tree) == Strings{"model.embed_tokens.weight", "model.layers.0.w", "lm_head.weight"});
+  }
 
   accel_test::TempDir bare;
   write_checkpoint(bare.path(), {"w"}, "");
@@ -195,4 +205,70 @@ TEST_CASE("a no-split class or glob that matches nothing is an error naming the 
   write_checkpoint(bare.path(), {"model.layers.0.w"}, "");
   CHECK_THROWS_WITH(accel::check_no_split_specs(accel::read_checkpoint_tree(bare.path()), {"LlamaDecoderLayer"}),
                     accel_test::contains("the model has no class names (headers only"));
+}
+
+TEST_CASE("a ViT folder in Hub names builds the model's tree: renamed blocks with their classes, as a model-name folder", "[checkpoint_tree][names]") {
+  const std::string config = R"({"architectures": ["ViTForImageClassification"], "model_type": "vit", "hidden_size": 8,
+                                 "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 16,
+                                 "image_size": 8, "patch_size": 4, "num_labels": 3})";
+  Strings hub{"vit.embeddings.cls_token", "vit.layernorm.weight", "classifier.weight"}, model = hub;
+  for (const char* layer : {"0", "1"})
+    for (auto [c, m] : {std::pair{"attention.attention.query", "attention.q_proj"}, {"attention.output.dense", "attention.o_proj"},
+                        {"intermediate.dense", "mlp.fc1"}, {"output.dense", "mlp.fc2"}, {"layernorm_before", "layernorm_before"}}) {
+      hub.push_back(std::string("vit.encoder.layer.") + layer + "." + c + ".weight");
+      model.push_back(std::string("vit.layers.") + layer + "." + m + ".weight");
+    }
+  accel_test::TempDir a, b;
+  write_checkpoint(a.path(), hub, config);
+  write_checkpoint(b.path(), model, config);
+  const auto from_hub = accel::read_checkpoint_model(a.path());
+  const auto from_model = accel::read_checkpoint_model(b.path());
+  CHECK(from_hub.warnings.empty());
+  CHECK_FALSE(from_hub.names.identity());
+  CHECK(from_model.names.identity());
+  CHECK(model_order(from_hub.tree) == model_order(from_model.tree));
+  CHECK(class_of(from_hub.tree, "vit.layers.1") == "ViTLayer");
+  CHECK(from_hub.names.source.starts_with("ViTForImageClassification (transformers "));
+  SECTION("kept in checkpoint names, the catalog's no-split class names nothing, and the report says so") {
+    accel::CheckpointTreeOptions o;
+    o.model_names = false;
+    const auto kept = accel::read_checkpoint_model(a.path(), o);
+    REQUIRE(kept.warnings.size() == 1);
+    CHECK_THAT(kept.warnings.front(), accel_test::contains("no-split class ViTLayer of the catalog names no module"));
+  }
+}
+
+TEST_CASE("Mixtral's experts in Hub names fuse into the model's tensors, every byte counted once", "[checkpoint_tree][names][moe]") {
+  const std::string config = R"({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_size": 8,
+                                 "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": 1,
+                                 "num_local_experts": 2, "tie_word_embeddings": false})";
+  const Strings names{"model.embed_tokens.weight", "model.layers.0.block_sparse_moe.gate.weight",
+                      "model.layers.0.block_sparse_moe.experts.0.w1.weight", "model.layers.0.block_sparse_moe.experts.0.w2.weight",
+                      "model.layers.0.block_sparse_moe.experts.0.w3.weight", "model.layers.0.block_sparse_moe.experts.1.w1.weight",
+                      "model.layers.0.block_sparse_moe.experts.1.w2.weight", "model.layers.0.block_sparse_moe.experts.1.w3.weight",
+                      "model.norm.weight", "lm_head.weight"};
+  accel_test::TempDir dir;
+  write_checkpoint(dir.path(), names, config);
+  const auto m = accel::read_checkpoint_model(dir.path());
+  CHECK(tensor(m.tree, "model.layers.0.mlp.experts.gate_up_proj").numel() == 4 * 8 * 4);
+  CHECK(tensor(m.tree, "model.layers.0.mlp.experts.down_proj").numel() == 2 * 8 * 4);
+  CHECK(tensor(m.tree, "model.layers.0.mlp.gate.weight").numel() == 8 * 4);
+  CHECK_FALSE(m.tree.find_tensor("model.layers.0.block_sparse_moe.experts.0.w1.weight"));
+  CHECK(class_of(m.tree, "model.layers.0") == "MixtralDecoderLayer");
+  CHECK(m.names.model[2] == "model.layers.0.mlp.experts.gate_up_proj");
+}
+
+TEST_CASE("a class outside the catalog gets transformers' ties from the name data: ALBERT's decoder", "[checkpoint_tree][names]") {
+  const std::string config = R"({"architectures": ["AlbertForMaskedLM"], "model_type": "albert"})";
+  accel_test::TempDir dir;
+  write_checkpoint(dir.path(), {"albert.embeddings.word_embeddings.weight", "predictions.bias", "predictions.dense.weight"}, config,
+                   {8});
+  const auto m = accel::read_checkpoint_model(dir.path());
+  CHECK(m.architecture == nullptr);
+  REQUIRE(m.tree.find_tensor("predictions.decoder.weight"));
+  REQUIRE(m.tree.find_tensor("predictions.decoder.bias"));
+  CHECK(m.tied_groups == 2);
+  CHECK_FALSE(m.tree.find_tensor("lm_head.weight"));  // not the heuristic's guess
+  const auto ix = m.tree.index();
+  CHECK(ix->canonical[*m.tree.find_tensor("predictions.decoder.weight")] == *m.tree.find_tensor("albert.embeddings.word_embeddings.weight"));
 }

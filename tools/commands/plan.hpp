@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include <accel/runtime/devices.hpp>
+#include <accel/plan/map_names.hpp>
 #include <accel/plan/max_memory.hpp>
 #include <accel/model/checkpoint_tree.hpp>
 #include <accel/model/module_tree.hpp>
@@ -49,6 +50,8 @@ inline constexpr OptionSpec plan_options[] = {
                                                   "accel load plans with 2 for its double-buffered fetch)"},
     {"no-clean", OptionKind::flag, "", "keep every placed entry (do not merge keys)"},
     {"json", OptionKind::flag, "", "print only the device map JSON on stdout"},
+    {"names", OptionKind::text, "KIND", "names the map is written in: model (default; transformers 5's, what from_pretrained "
+                                        "takes) or checkpoint (the files', what accelerate's load_checkpoint_and_dispatch reads)"},
     {"svg", OptionKind::text, "FILE", "also draw the plan as an SVG (one bar per device)"},
     {"verbose", OptionKind::flag, "", "trace every placement decision on stderr"},
     {"h2d-bandwidth", OptionKind::text, "RATE", "host-to-GPU bytes/s for the estimate (default 25GB)"},
@@ -106,6 +109,7 @@ inline int run_plan(std::span<char*> argv) {
   const std::string like = a.value("like").value_or("transformers");
   if (like != "transformers" && like != "accelerate")
     throw accel::usage_error("plan: --like '" + like + "' is not transformers or accelerate");
+  const auto names = accel::parse_map_names(a.value("names").value_or("model"));
   auto model = load_model(a, "plan", explicit_dtype(a));
   accel::PlanOptions opts;
   const bool defaulted = !a.has("max-memory");
@@ -154,23 +158,36 @@ inline int run_plan(std::span<char*> argv) {
     if (!out)
       throw accel::usage_error("plan: cannot write the SVG to '" + *svg_path + "'; check the path");
   }
+  const bool renamed = model.checkpoint && !model.checkpoint->names.identity();
+  const auto written = names == accel::MapNames::checkpoint && renamed
+                           ? accel::to_checkpoint_names(plan.device_map, model.checkpoint->names)
+                           : plan.device_map;
   if (a.has("json")) {
-    std::printf("%s\n", plan.device_map.to_json_string(2).c_str());
+    std::printf("%s\n", written.to_json_string(2).c_str());
+    if (model.checkpoint)
+      for (const auto& w : model.checkpoint->warnings) std::fprintf(stderr, "accel plan: warning: %s\n", w.c_str());
     return 0;
   }
   std::printf("accel plan: %s, %zu tensors, %s, mode %s\n", model.label.c_str(), model.tree.tensors().size(),
               accel::text::format_bytes(plan.total_bytes).c_str(), a.value("device-map").value_or("auto").c_str());
   if (model.checkpoint) std::printf("architecture: %s\n", model.checkpoint->architecture_note.c_str());
+  if (renamed) std::printf("names: the map is in %s names (checkpoint names renamed as %s renames them)\n",
+                           std::string(accel::map_names_name(names)).c_str(), model.checkpoint->names.source.c_str());
   std::printf("blocks: %s; rules: %s; dtype: %s\n", blocks_note.c_str(), like.c_str(), dtype.note.c_str());
+  if (model.checkpoint)
+    for (const auto& w : model.checkpoint->warnings) std::printf("warning: %s\n", w.c_str());
   std::printf("budgets%s: %s\n", defaulted ? " (measured: free GPU memory minus max(1 GiB, 10%), 90% of available RAM)" : "",
               budgets.to_string().c_str());
   for (const auto& line : plan.balancing) std::printf("  %s\n", line.c_str());
   std::printf("\n");
   std::fputs(accel::format_plan_table(plan, report).c_str(), stdout);
-  if (plan.device_map.size() <= 40)
-    std::printf("\ndevice map (HF JSON, usable as device_map=):\n%s\n", plan.device_map.to_json_string().c_str());
+  const char* usable = names == accel::MapNames::model ? "from_pretrained's device_map=" : "load_checkpoint_and_dispatch";
+  if (written.size() <= 40)
+    std::printf("\ndevice map (HF JSON, %s names, usable as %s):\n%s\n", std::string(accel::map_names_name(names)).c_str(),
+                usable, written.to_json_string().c_str());
   else
-    std::printf("\ndevice map: %zu entries; print it with --json\n", plan.device_map.size());
+    std::printf("\ndevice map: %zu entries in %s names; print it with --json\n", written.size(),
+                std::string(accel::map_names_name(names)).c_str());
   return 0;
 }
 
@@ -235,6 +252,8 @@ inline int run_estimate_memory(std::span<char*> argv) {
   std::printf("memory for %s (%zu tensors, headers only; shared tensors counted once)\n", model.label.c_str(),
               tree.tensors().size());
   if (model.checkpoint) std::printf("architecture: %s\n", model.checkpoint->architecture_note.c_str());
+  if (model.checkpoint)
+    for (const auto& w : model.checkpoint->warnings) std::printf("warning: %s\n", w.c_str());
   std::printf("blocks: %s\n\n%s", blocks.note.c_str(), table.c_str());
   return 0;
 }

@@ -17,6 +17,8 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -25,6 +27,7 @@
 #include <accel/runtime/text.hpp>
 #include <accel/model/checkpoint_tree.hpp>
 #include <accel/model/module_tree.hpp>
+#include <accel/model/names.hpp>
 #include <accel/plan/max_memory.hpp>
 #include <accel/plan/plan_options.hpp>
 #include <accel/plan/planner.hpp>
@@ -95,19 +98,24 @@ inline void require_budgeted_gpus(const MaxMemory& budgets, const std::vector<De
 }
 
 // Names the tree ties to a tensor the checkpoint holds, which the checkpoint itself lacks
-// (a tied LM head): {alias, source} for LoadOptions::tied.
-inline std::vector<std::pair<std::string, std::string>> tied_aliases(const ModuleTree& tree, const Checkpoint& checkpoint) {
+// (a tied LM head): {alias, source} for LoadOptions::tied, the source in the checkpoint's name
+// (`names`: the tree's name of every checkpoint tensor).
+inline std::vector<std::pair<std::string, std::string>> tied_aliases(const ModuleTree& tree, const Checkpoint& checkpoint,
+                                                                     const NameTable& names) {
+  std::unordered_map<std::string_view, std::string_view> stored;  // tree name -> checkpoint name
+  for (std::size_t i = 0; i < names.model.size(); ++i) stored.emplace(names.model[i], names.checkpoint[i]);
+  auto checkpoint_name = [&](const std::string& n) -> const std::string_view* {
+    auto it = stored.find(n);
+    return it != stored.end() && checkpoint.find(it->second) ? &it->second : nullptr;
+  };
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& group : index_tree(tree).tied_groups) {
-    const std::string* source = nullptr;
+    const std::string_view* source = nullptr;
     for (auto id : group)
-      if (checkpoint.find(tree.tensors()[id].name)) {
-        source = &tree.tensors()[id].name;
-        break;
-      }
+      if ((source = checkpoint_name(tree.tensors()[id].name))) break;
     if (!source) continue;
     for (auto id : group)
-      if (const auto& name = tree.tensors()[id].name; !checkpoint.find(name)) out.emplace_back(name, *source);
+      if (const auto& name = tree.tensors()[id].name; !checkpoint_name(name)) out.emplace_back(name, std::string(*source));
   }
   return out;
 }
@@ -167,7 +175,7 @@ inline std::vector<std::pair<std::string, std::string>> tied_aliases(const Modul
 
   out.load.dtype = plan.dtype;
   out.load.keep_in_fp32 = plan.keep_in_fp32;
-  for (auto& tie : detail::tied_aliases(model.tree, checkpoint))
+  for (auto& tie : detail::tied_aliases(model.tree, checkpoint, model.names))
     if (std::none_of(out.load.tied.begin(), out.load.tied.end(), [&](const auto& t) { return t.first == tie.first; }))
       out.load.tied.push_back(std::move(tie));
   return out;

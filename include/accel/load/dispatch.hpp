@@ -21,7 +21,9 @@
 
 #include <accel/runtime/config.hpp>
 #include <accel/model/safetensors.hpp>
+#include <accel/model/names.hpp>
 #include <accel/plan/device_map.hpp>
+#include <accel/plan/map_names.hpp>
 #include <accel/load/device_memory.hpp>
 #include <accel/load/dispatched_model.hpp>
 #include <accel/load/load_plan.hpp>
@@ -31,11 +33,14 @@ ACCEL_NAMESPACE_BEGIN
 
 namespace detail {
 
-// Plan, then carry the plan out; `start` is when the caller's load began.
+// Plan, then carry the plan out; `start` is when the caller's load began. A map in the model's
+// names (what accel plan writes by default and from_pretrained takes) is read in the checkpoint's.
 inline DispatchedModel plan_and_load(const Checkpoint& checkpoint, const DeviceMap& map, const LoadOptions& options,
                                      std::chrono::steady_clock::time_point start) {
   auto devices = options.devices ? *options.devices : cuda_device_memories();
-  LoadPlan plan = plan_load(checkpoint, map, options, devices.size());
+  const auto names = checkpoint_name_table(checkpoint);
+  const bool model_names = detect_map_names(map, names) == MapNames::model && !names.identity();
+  LoadPlan plan = plan_load(checkpoint, model_names ? to_checkpoint_names(map, names) : map, options, devices.size());
   return LoadExecutor(checkpoint, std::move(plan), std::move(devices), options, start).run();
 }
 
@@ -43,7 +48,8 @@ inline DispatchedModel plan_and_load(const Checkpoint& checkpoint, const DeviceM
 
 /// @brief Loads a safetensors checkpoint onto the devices of a device map.
 /// @param checkpoint a `.safetensors` file, a `*.safetensors.index.json`, or a folder holding them
-/// @param map module/tensor → GPU index, "cpu" or "disk" (HF device map)
+/// @param map module/tensor → GPU index, "cpu" or "disk" (HF device map), in the model's names
+///        (transformers 5's, as accel plan writes them) or the checkpoint's (map_names.hpp tells)
 /// @param options dtype, keep-in-fp32, strictness, cpu memory kind, offload folder, devices, staging
 /// @return the dispatched model
 /// @throws accel::checkpoint_error for any invalid header/index (before any allocation), a file

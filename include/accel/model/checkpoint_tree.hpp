@@ -20,6 +20,7 @@
 #include <accel/model/dtype.hpp>
 #include <accel/model/json.hpp>
 #include <accel/model/module_tree.hpp>
+#include <accel/model/names.hpp>
 #include <accel/model/safetensors.hpp>
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/error.hpp>
@@ -77,6 +78,9 @@ struct CheckpointTreeOptions {
   std::optional<DType> load_dtype{};
   /// Read the architecture catalog (false: headers and name heuristics only).
   bool use_catalog = true;
+  /// Build the tree in the model's names, as transformers 5 renames a Hub folder's tensors when it
+  /// loads them (names.hpp; fused expert tensors become one); false: the checkpoint's names.
+  bool model_names = true;
 };
 
 /// @brief A checkpoint as transformers would build it: the tree and what config.json and the
@@ -91,6 +95,11 @@ struct CheckpointModel {
   std::optional<DType> auto_dtype{};
   std::size_t buffers_added = 0;            ///< non-persistent buffers added from the catalog
   std::size_t tied_groups = 0;              ///< tie groups applied from the catalog
+  /// Every checkpoint tensor's name in the tree (identity when the tree keeps checkpoint names).
+  NameTable names{};
+  /// Said in reports: a catalog no-split class that names no module of the tree, names that
+  /// transformers' rules may not reproduce.
+  std::vector<std::string> warnings{};
 
   /// @brief The catalog's no-split classes (empty for an unknown architecture).
   [[nodiscard]] std::vector<std::string> no_split_classes() const {
@@ -148,7 +157,36 @@ struct TreeEntry {
   bool buffer = false;
   bool persistent = true;
   std::optional<std::size_t> catalog_position;  ///< its position in its catalog template, once looked up (SIZE_MAX: none)
+  std::size_t fused_parts = 0;           ///< checkpoint tensors fused into it (0: one, not fused)
+  std::vector<std::int64_t> part_shape;  ///< the shape each fused part has (empty: they differ)
 };
+
+// Adds one more checkpoint tensor to a model tensor several make (one expert's `gate_proj`
+// into `experts.gate_up_proj`). Planning needs the element count: parts of equal shape [r, c]
+// give [parts, r, c] (transformers' [experts, 2r, c] for gate and up holds as many), parts of
+// different shapes one flat dimension.
+inline void fuse_into(TreeEntry& into, const TensorEntry& part, std::string_view part_name) {
+  if (part.dtype != into.dtype)
+    throw_error<checkpoint_error>("tensor '", part_name, "' is ", torch_name(part.dtype), " but the other tensors that make '",
+                                  into.name, "' are ", torch_name(into.dtype), "; transformers cannot fuse them");
+  auto numel = [](const std::vector<std::int64_t>& s) {
+    std::int64_t n = 1;
+    for (auto d : s) n *= d;
+    return n;
+  };
+  if (into.fused_parts == 0) {
+    into.part_shape = into.shape;
+    into.fused_parts = 1;
+  }
+  ++into.fused_parts;
+  if (part.shape == into.part_shape) {
+    into.shape = {static_cast<std::int64_t>(into.fused_parts)};
+    for (auto d : into.part_shape) into.shape.push_back(d);
+  } else {
+    into.part_shape.clear();
+    into.shape = {numel(into.shape) + numel(part.shape)};
+  }
+}
 
 inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
   if (ckpt.headers.empty()) return std::nullopt;
@@ -196,13 +234,31 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
   std::optional<TemplateIndex> index;
   if (arch) index.emplace(*arch);
 
+  // The names: the model's (transformers' renames of a Hub folder's names), else the checkpoint's.
+  const ClassNames* class_names = nullptr;
+  if (out.config && opts.model_names && !out.config->architectures.empty())
+    class_names = find_class_names(out.config->architectures.front());
+  out.names = name_table(class_names, ckpt.tensor_names);
+  if (class_names && !class_names->exact)
+    out.warnings.push_back(detail::concat("transformers' renames of ", class_names->class_name,
+                                          " are not all reproduced by accel's rules (", class_names->first_difference,
+                                          "); check the map's names"));
+
   // The tensors: the checkpoint's, then the catalog's tied copies and computed buffers.
   std::vector<detail::TreeEntry> entries;
   entries.reserve(ckpt.tensor_names.size() + 8);
-  for (const auto& name : ckpt.tensor_names) {
-    const auto& loc = ckpt.locations.at(name);
+  std::unordered_map<std::string_view, std::size_t> fused;  // model name -> entry, for names several tensors make
+  for (std::size_t n = 0; n < ckpt.tensor_names.size(); ++n) {
+    const auto& loc = ckpt.locations.at(ckpt.tensor_names[n]);
     const auto& e = ckpt.entry(loc);
-    detail::TreeEntry t{name, e.dtype, e.shape, loc.shard, false, true, {}};
+    const std::string& name = out.names.model[n];
+    if (name != ckpt.tensor_names[n]) {
+      if (auto [it, fresh] = fused.emplace(name, entries.size()); !fresh) {
+        detail::fuse_into(entries[it->second], e, ckpt.tensor_names[n]);
+        continue;
+      }
+    }
+    detail::TreeEntry t{name, e.dtype, e.shape, loc.shard, false, true, {}, 0, {}};
     if (arch) {
       const auto dot = name.rfind('.');
       const std::string_view path = dot == std::string::npos ? std::string_view{} : std::string_view(name).substr(0, dot);
@@ -226,13 +282,13 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
       if (source == group.end()) continue;
       const auto src = entries[present.at(*source)];
       for (const auto& n : group)
-        if (!present.count(n)) entries.push_back({n, src.dtype, src.shape, src.shard, false, true, {}});
+        if (!present.count(n)) entries.push_back({n, src.dtype, src.shape, src.shard, false, true, {}, 0, {}});
       ties.push_back(std::move(group));
     }
     const DType model_dtype = opts.load_dtype.value_or(out.auto_dtype.value_or(DType::F32));
     for (auto& b : non_persistent_buffers(*arch, *out.config, model_dtype)) {
       if (present.count(b.name)) continue;
-      entries.push_back({std::move(b.name), b.dtype, std::move(b.shape), SIZE_MAX, true, false, {}});
+      entries.push_back({std::move(b.name), b.dtype, std::move(b.shape), SIZE_MAX, true, false, {}, 0, {}});
       ++out.buffers_added;
     }
   }
@@ -330,6 +386,16 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
   }
   if (arch) {
     (void)annotate_module_classes(tree, *index);
+    // A no-split class transformers builds but no module of this tree has: its blocks would be
+    // split, so say so.
+    for (const auto& cls : arch->no_split_modules) {
+      const bool built = std::any_of(arch->modules.begin(), arch->modules.end(), [&](const ModuleTemplate& m) { return m.class_name == cls; });
+      const bool found = std::any_of(tree.modules().begin(), tree.modules().end(), [&](const Module& m) { return m.class_name == cls; });
+      if (built && !found)
+        out.warnings.push_back(detail::concat("no-split class ", cls, " of the catalog names no module of this checkpoint (",
+                                              out.names.identity() ? "its names are not the model's" : "even in the model's names",
+                                              "): its blocks may be split across devices"));
+    }
     for (const auto& group : ties) {
       // Tie what is identical; a checkpoint holding two differing members keeps them apart.
       std::vector<std::string> same;
@@ -342,6 +408,20 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
         tree.tie(same);
         ++out.tied_groups;
       }
+    }
+    return out;
+  }
+  if (class_names) {
+    // transformers' tie groups for this class (the copies save_pretrained leaves out); groups over
+    // numbered parts need the block counts only the catalog has.
+    const auto tie = opts.tie_word_embeddings ? opts.tie_word_embeddings : out.config->tie_word_embeddings;
+    for (const auto& group : class_names->tied(tie)) {
+      if (std::any_of(group.begin(), group.end(), [](const std::string& n) { return n.find('{') != std::string::npos; })) continue;
+      const auto source = std::find_if(group.begin(), group.end(), [&](const std::string& n) { return tree.find_tensor(n).has_value(); });
+      if (source == group.end()) continue;
+      for (const auto& n : group)
+        if (!tree.find_tensor(n)) tree.add_alias(n, *source);
+      ++out.tied_groups;
     }
     return out;
   }
