@@ -2,9 +2,11 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: accel contributors
 """Plans every golden-map scenario with `accel plan --json` (from the fixture's headers-only
-checkpoint and config.json, with accel's defaults: the catalog's no-split classes, dtype as
-given or `auto`) and compares, tensor by tensor, where each checkpoint tensor lands with where
-transformers put it. Fails on any scenario that is not parameter-identical unless KNOWN_DIFFERENCES
+checkpoint in Hub names and config.json, with accel's defaults: the model's names, the catalog's
+no-split classes, dtype as given or `auto`) and compares, tensor by tensor, where each checkpoint
+tensor lands (under its model name) with where transformers put it. Also checks what
+from_pretrained checks (every model parameter has a device; no key names nothing), and that the
+same plan written with `--names checkpoint` puts every checkpoint tensor in the same place. Fails on any scenario that is not parameter-identical unless KNOWN_DIFFERENCES
 lists it with the reason (each is documented in tests/compat/README.md), and on a listed scenario
 that now agrees (so the list never goes stale).
 
@@ -19,7 +21,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from gen_golden_maps import write_checkpoint_files  # noqa: E402  (pure Python; needs no torch)
+from gen_golden_maps import read_fixture, write_checkpoint_files  # noqa: E402  (pure Python; needs no torch)
 
 
 # (architecture, scenario) -> why accel's map differs from transformers' on purpose.
@@ -49,7 +51,24 @@ BYTES = {"F32": 4, "F16": 2, "BF16": 2}
 TORCH = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 
 
-def over_budget(tensors, device_map, scenario, keep_in_fp32):
+def coverage_errors(device_map, model_parameters, bare_modules):
+    """What from_pretrained(device_map=...) checks (accelerate's check_device_map): every key of
+    the model's state dict has a device; and what it warns about: keys naming no module or tensor."""
+    uncovered = [p for p in model_parameters if device_of(p, device_map) is None]
+    names = set(model_parameters) | set(bare_modules)
+    for p in model_parameters:
+        parts = p.split(".")
+        names.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    unknown = [k for k in device_map if k != "" and k not in names]
+    out = []
+    if uncovered:
+        out.append(f"{len(uncovered)} model parameters have no device, e.g. {uncovered[:3]}")
+    if unknown:
+        out.append(f"{len(unknown)} keys name nothing in the model, e.g. {unknown[:3]}")
+    return out
+
+
+def over_budget(tensors, device_map, scenario, keep_in_fp32, model_name):
     """Devices whose checkpoint tensors, at the dtype they are loaded in, exceed the budget."""
     load = TORCH.get(scenario["dtype"])
     keep = []
@@ -62,7 +81,7 @@ def over_budget(tensors, device_map, scenario, keep_in_fp32):
         size = 4 if any(re.search(k.replace("*", ".*"), name) for k in keep) else BYTES[load or dtype]
         for d in shape:
             size *= d
-        where = str(device_of(name, device_map))
+        where = str(device_of(model_name(name), device_map))
         used[where] = used.get(where, 0) + size
     return [f"{d}: {b} bytes > budget {scenario['max_memory'][d]}" for d, b in used.items()
             if d in scenario["max_memory"] and b > scenario["max_memory"][d]]
@@ -77,12 +96,16 @@ def main():
     agree_all = total_all = maps_equal = maps = 0
     failures = []
     for folder, file in [(d, f) for d in folders for f in sorted(os.listdir(d))]:
-        with open(os.path.join(folder, file)) as f:
-            fixture = json.load(f)
+        fixture = read_fixture(os.path.join(folder, file))
         arch = fixture["architecture"]
         label = arch if folder.endswith("golden_maps") else f"{arch} ({os.path.basename(folder)})"
-        for scenario in fixture["maps"]:
-            tensors = fixture["checkpoints"][scenario["checkpoint_dtype"]]
+        renamed = fixture.get("renamed", {})
+
+        def model_name(n):
+            return renamed.get(n, n)
+
+        for number, scenario in enumerate(fixture["maps"]):
+            tensors = [(n, scenario["checkpoint_dtype"], shape) for n, shape in fixture["tensors"]]
             with tempfile.TemporaryDirectory() as ckpt:
                 with open(os.path.join(ckpt, "config.json"), "w") as f:
                     json.dump(fixture["config"], f)
@@ -92,11 +115,26 @@ def main():
                 if scenario["dtype"] != "auto":
                     cmd += ["--dtype", scenario["dtype"]]
                 run = subprocess.run(cmd, capture_output=True, text=True)
+                # Once per fixture: the same plan in checkpoint names puts every checkpoint tensor
+                # where the model-name map puts the model tensor it makes.
+                by_checkpoint = subprocess.run(cmd + ["--names", "checkpoint"], capture_output=True, text=True) \
+                    if number == 0 and run.returncode == 0 else None
             if run.returncode != 0:
                 print(f"{label} {scenario['name']}: accel plan failed ({run.returncode}): {run.stderr.strip()}")
                 return 1
             ours, theirs = json.loads(run.stdout), scenario["result"]
-            agree = sum(device_of(n, ours) == device_of(n, theirs) for n, _, _ in tensors)
+            agree = sum(device_of(model_name(n), ours) == device_of(model_name(n), theirs) for n, _, _ in tensors)
+            for error in coverage_errors(ours, fixture["model_parameters"], fixture["model_bare_modules"]):
+                failures.append(f"{label} {scenario['name']}: from_pretrained would refuse accel's map: {error}")
+            if by_checkpoint is not None:
+                if by_checkpoint.returncode != 0:
+                    failures.append(f"{label}: accel plan --names checkpoint failed: {by_checkpoint.stderr.strip()}")
+                else:
+                    in_checkpoint = json.loads(by_checkpoint.stdout)
+                    moved = [n for n, _, _ in tensors if device_of(n, in_checkpoint) != device_of(model_name(n), ours)]
+                    if moved:
+                        failures.append(f"{label}: {len(moved)} tensors land elsewhere under the checkpoint-name map, "
+                                        f"e.g. {moved[:3]}")
             agree_all += agree
             total_all += len(tensors)
             maps += 1
@@ -105,9 +143,9 @@ def main():
             note = f" (known difference: {known})" if known and agree != len(tensors) else ""
             print(f"{label} {scenario['name']}: {agree}/{len(tensors)} tensors agree{note}")
             if agree != len(tensors) and not known:
-                differ = [n for n, _, _ in tensors if device_of(n, ours) != device_of(n, theirs)]
+                differ = [n for n, _, _ in tensors if device_of(model_name(n), ours) != device_of(model_name(n), theirs)]
                 failures.append(f"{label} {scenario['name']}: {len(differ)} tensors differ, e.g. {differ[:3]}")
-            for over in over_budget(tensors, ours, scenario, fp32[arch]):
+            for over in over_budget(tensors, ours, scenario, fp32[arch], model_name):
                 failures.append(f"{label} {scenario['name']}: accel's map is over budget at the loaded dtype on {over}")
             if agree == len(tensors) and known:
                 failures.append(f"{label} {scenario['name']}: now agrees; remove it from KNOWN_DIFFERENCES and the README")

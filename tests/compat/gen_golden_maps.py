@@ -6,19 +6,24 @@ dtype=...) computes for a few shrunken architectures, as fixtures accel's planne
 
 For each architecture: a small config is saved as config.json next to a headers-only
 model.safetensors (a sparse file: the header is real, the data section is a hole), written the
-way save_pretrained names tensors (tied copies left out). from_pretrained then runs for real
+way save_pretrained writes a Hub folder: tied copies left out, transformers' renames and expert
+fusions reverted (the names users download, not the model's in-memory names). from_pretrained then runs for real
 until the device map is computed; the map is taken from transformers' _get_device_map and the
 load is stopped there, before any weight would be read (this machine has no GPU; integer
 budget keys are only names to the planner).
 
-Each fixture tests/compat/fixtures/golden_maps/<architecture>.json holds the versions, the
-config.json, the checkpoint's tensors (name, dtype, shape) and one entry per scenario: mode,
-max_memory (bytes), dtype argument, and the map transformers returned.
+Each fixture tests/compat/fixtures/golden_maps/<architecture>.json (.json.gz past 1 MiB) holds the
+versions, the config.json, the checkpoint's tensors (name, shape; each scenario gives their dtype), the model's state-dict keys
+(`model_parameters`: what a device map given to from_pretrained must cover), the modules that hold
+none of them (`model_bare_modules`: rotary embeddings, which map keys may name), the model name of
+every checkpoint name transformers renames (`renamed`), and one entry per scenario: mode,
+max_memory (bytes), dtype argument, and the map transformers returned (in model names).
 
   gen_golden_maps.py              regenerate the fixtures (needs torch + transformers + accelerate)
   gen_golden_maps.py --published  the same for every catalog architecture at its config class's
                                   defaults (the published base size), into fixtures/golden_maps_published
 """
+import gzip
 import json
 import os
 import struct
@@ -111,13 +116,43 @@ def write_checkpoint_files(folder, tensors, shards=None, max_shard_bytes=4 << 30
     return total
 
 
-def checkpoint_tensors(torch, transformers, arch, config, dtype):
-    """Names save_pretrained would write: the state dict without tied copies."""
-    cls = getattr(transformers, arch)
+def build_meta(torch, transformers, arch, config):
     with torch.device("meta"):
-        model = cls(config)
+        return getattr(transformers, arch)(config)
+
+
+def checkpoint_tensors(torch, transformers, arch, config, dtype):
+    """What save_pretrained writes, names and shapes: the state dict without tied copies, with
+    transformers' load-time renames and fusions reverted (a Hub folder's names: `vit.encoder.layer.0`,
+    `embed_out`, one tensor per expert)."""
+    from transformers.core_model_loading import revert_weight_conversion
+    model = build_meta(torch, transformers, arch, config)
     tied = set(model.all_tied_weights_keys)
-    return [(n, dtype, list(t.shape)) for n, t in model.state_dict().items() if n not in tied]
+    state = {n: t for n, t in model.state_dict().items() if n not in tied}
+    return [(n, dtype, list(t.shape)) for n, t in revert_weight_conversion(model, state).items()]
+
+
+def model_names(torch, transformers, arch, config, names):
+    """The model's state-dict keys (what from_pretrained's device map must cover) and the model
+    name of every checkpoint name transformers renames (as from_pretrained renames it)."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+    model = build_meta(torch, transformers, arch, config)
+    state = model.state_dict()
+    conversions = get_model_conversion_mapping(model, None, None)
+    renamings = [c for c in conversions if isinstance(c, WeightRenaming)]
+    converters = [c for c in conversions if isinstance(c, WeightConverter)]
+    renamed = {}
+    for n in names:
+        m, _ = rename_source_key(n, renamings, converters, model.base_model_prefix, state)
+        if m not in state and n in state:
+            m, _ = rename_source_key(n, [], [], model.base_model_prefix, state)
+        if m != n:
+            renamed[n] = m
+    # Modules that hold nothing in the state dict (rotary embeddings): device-map keys may name them.
+    prefixes = {".".join(k.split(".")[:i]) for k in state for i in range(1, k.count(".") + 1)}
+    bare = [n for n, _ in model.named_modules() if n and n not in prefixes]
+    return list(state.keys()), bare, renamed
 
 
 def record_map(transformers, arch, folder, mode, max_memory, dtype):
@@ -137,6 +172,27 @@ def record_map(transformers, arch, folder, mode, max_memory, dtype):
     finally:
         mu._get_device_map = original
     return {k: v for k, v in captured["map"].items()}
+
+
+def write_fixture(stem, fixture):
+    """<stem>.json, or <stem>.json.gz (compact) past 1 MiB: a Hub-format MoE lists every expert's tensors."""
+    for old in (stem + ".json", stem + ".json.gz"):
+        if os.path.exists(old):
+            os.remove(old)
+    text = json.dumps(fixture, indent=1) + "\n"
+    if len(text) <= 1 << 20:
+        with open(stem + ".json", "w") as f:
+            f.write(text)
+        return
+    # mtime=0: the same fixture gives the same bytes.
+    with open(stem + ".json.gz", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
+        f.write((json.dumps(fixture, separators=(",", ":")) + "\n").encode())
+
+
+def read_fixture(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
 
 
 def main():
@@ -163,12 +219,16 @@ def main():
                    "transformers' _get_device_map before any weight is read",
             "architecture": arch,
             "config": json.loads(config.to_json_string()),
-            "checkpoints": {},
+            "tensors": [],
             "maps": [],
         }
+        names = [n for n, _, _ in checkpoint_tensors(torch, transformers, arch, config, "F32")]
+        fixture["model_parameters"], fixture["model_bare_modules"], fixture["renamed"] = \
+            model_names(torch, transformers, arch, config, names)
         for name, mode, fractions, dtype, stored in SCENARIOS:
             tensors = checkpoint_tensors(torch, transformers, arch, config, stored)
-            fixture["checkpoints"].setdefault(stored, [[n, d, s] for n, d, s in tensors])
+            if not fixture["tensors"]:
+                fixture["tensors"] = [[n, s] for n, _, s in tensors]
             load = stored if dtype == "auto" else {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}[dtype]
             total = sum(tensor_bytes(load, shape) for _, _, shape in tensors)
             budgets = {k: int(total * f) for k, f in fractions.items()}
@@ -179,9 +239,7 @@ def main():
             fixture["maps"].append({"name": name, "device_map": mode, "dtype": dtype, "checkpoint_dtype": stored,
                                     "max_memory": {str(k): v for k, v in budgets.items()}, "result": result})
             print(f"{arch} {name}: {len(result)} entries", file=sys.stderr)
-        with open(os.path.join(out, arch + ".json"), "w") as f:
-            json.dump(fixture, f, indent=1)
-            f.write("\n")
+        write_fixture(os.path.join(out, arch), fixture)
 
 
 if __name__ == "__main__":
