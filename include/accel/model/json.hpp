@@ -5,6 +5,7 @@
 ///        rejects duplicate object keys (nlohmann keeps the last silently).
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -274,7 +275,16 @@ inline std::string read_text_file(const std::filesystem::path& path, std::string
                                           "; check the path and its permissions");
   std::string text;
   try {  // a read error (EISDIR, EIO) can surface as std::ios_base::failure from the stream buffer
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    // In blocks, not character by character (an index of 90k tensors is megabytes); the size is
+    // not asked first, so pipes and /proc files read too.
+    for (std::size_t got = 0;;) {
+      text.resize(std::max<std::size_t>(text.size() * 2, 64 * 1024));
+      got += static_cast<std::size_t>(in.rdbuf()->sgetn(text.data() + got, static_cast<std::streamsize>(text.size() - got)));
+      if (got < text.size()) {
+        text.resize(got);
+        break;
+      }
+    }
   } catch (const std::exception& e) {
     detail::throw_error<checkpoint_error>("cannot read ", what, " '", path.string(), "': ", e.what());
   }

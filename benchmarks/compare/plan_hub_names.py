@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: accel contributors
+"""Whole-process `accel plan` on Hub-format folders (the names save_pretrained writes), two accel
+binaries side by side (e.g. before and after the model-name trees), alternating runs after a
+warm-up: median and p90 wall time per binary and their ratio. The folders are headers-only,
+written from the golden-map fixtures (no torch needed): DeepSeek-V3 at its published size
+(bfloat16, one tensor per expert) and ViT-Base.
+
+  plan_hub_names.py ACCEL_A ACCEL_B [--runs N]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "compat"))
+from gen_golden_maps import read_fixture, write_checkpoint_files  # noqa: E402
+
+FIXTURES = os.path.join(HERE, "..", "..", "tests", "compat", "fixtures", "golden_maps_published")
+CASES = [("DeepseekV3ForCausalLM", "BF16", ",".join(f"{i}=141GB" for i in range(8)) + ",cpu=2TB"),
+         ("ViTForImageClassification", "F32", "0=100MB,cpu=1GB")]
+
+
+def fixture_path(arch):
+    for ext in (".json", ".json.gz"):
+        p = os.path.join(FIXTURES, arch + ext)
+        if os.path.exists(p):
+            return p
+    raise FileNotFoundError(arch)
+
+
+def timed(cmd):
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return (time.perf_counter() - t) * 1e3
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--runs", type=int, default=20)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        for arch, dtype, budgets in CASES:
+            fixture = read_fixture(fixture_path(arch))
+            folder = os.path.join(work, arch)
+            os.makedirs(folder)
+            with open(os.path.join(folder, "config.json"), "w") as f:
+                json.dump(fixture["config"], f)
+            write_checkpoint_files(folder, [(n, dtype, s) for n, s in fixture["tensors"]])
+            cmds = {name: [binary, "plan", "--checkpoint", folder, "--json", "--max-memory", budgets]
+                    for name, binary in (("a", args.a), ("b", args.b))}
+            for c in cmds.values():  # warm-up: page cache, first touch
+                timed(c)
+                timed(c)
+            times = {"a": [], "b": []}
+            for _ in range(args.runs):
+                for k in ("a", "b"):
+                    times[k].append(timed(cmds[k]))
+            row = {}
+            for k, xs in times.items():
+                xs.sort()
+                row[k] = (statistics.median(xs), xs[min(len(xs) - 1, round(0.9 * (len(xs) - 1)))])
+            keys = [json.loads(subprocess.run(c, check=True, capture_output=True, text=True).stdout) for c in cmds.values()]
+            print(f"{arch}: {len(fixture['tensors'])} tensors; A median {row['a'][0]:.1f} ms (p90 {row['a'][1]:.1f}), "
+                  f"B median {row['b'][0]:.1f} ms (p90 {row['b'][1]:.1f}); B/A {row['b'][0] / row['a'][0]:.2f} "
+                  f"(p90 {row['b'][1] / row['a'][1]:.2f}); map keys A {len(keys[0])}, B {len(keys[1])}")
+
+
+if __name__ == "__main__":
+    main()
