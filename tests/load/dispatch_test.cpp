@@ -633,6 +633,16 @@ TEST_CASE("a map in the model's names loads a Hub-format folder, as a map in its
   auto by_checkpoint = accel::load_checkpoint_and_dispatch(
       dir.path(), accel::DeviceMap::from_json(R"({"gpt_neox": 0, "embed_out": 1})"), small_staging(sim(1 << 20, 1 << 20)));
   CHECK(by_checkpoint.at("embed_out.weight").placement == Placement::gpu(1));
+  SECTION("with config.json elsewhere, LoadOptions::config_file names it (accel load --config)") {
+    accel_test::TempDir bare, cfg;
+    accel_test::write_safetensors(bare.path() / "model.safetensors", specs);
+    fs::copy_file(dir.path() / "config.json", cfg.path() / "config.json");
+    auto o = small_staging(sim(1 << 20, 1 << 20));
+    const auto map = accel::DeviceMap::from_json(R"({"gpt_neox": 0, "lm_head": 1})");
+    CHECK(accel::load_checkpoint_and_dispatch(bare.path(), map, o).report().unexpected == std::vector<std::string>{"embed_out.weight"});
+    o.config_file = cfg.path() / "config.json";
+    CHECK(accel::load_checkpoint_and_dispatch(bare.path(), map, o).at("embed_out.weight").placement == Placement::gpu(1));
+  }
   CHECK_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), accel::DeviceMap::from_json(R"({"lm_head": 0, "embed_out": 1, "gpt_neox": 0})"),
                                                         small_staging(sim(1 << 20, 1 << 20))),
                     accel_test::contains("mixes model names ('lm_head') and checkpoint names ('embed_out')"));

@@ -129,6 +129,7 @@ inline int run_load(std::span<char*> argv) {
   opts.devices = a.has("simulate-gpus") ? accel::host_simulated_devices(detail_load::parse_sizes(*a.value("simulate-gpus")))
                                         : accel::cuda_device_memories();
   if (auto f = a.value("offload-folder")) opts.offload_folder = *f;
+  if (auto c = a.value("config")) opts.config_file = *c;
   if (auto c = a.value("cpu-memory")) opts.cpu_memory = detail_load::parse_cpu_memory(*c);
   if (auto s = a.value("staging")) opts.staging_bytes = std::max<std::uint64_t>(accel::parse_byte_size(*s), 4096);
   opts.strict = a.has("strict");

@@ -173,6 +173,7 @@ inline std::vector<std::pair<std::string, std::string>> tied_aliases(const Modul
   }
   out.plan = plan_device_map(model.tree, mode, plan, defaulted);
 
+  out.load.config_file = options.config_file;
   out.load.dtype = plan.dtype;
   out.load.keep_in_fp32 = plan.keep_in_fp32;
   for (auto& tie : detail::tied_aliases(model.tree, checkpoint, model.names))

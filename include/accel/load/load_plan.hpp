@@ -72,6 +72,9 @@ struct LoadOptions {
   std::vector<std::string> expected_tensors{};
   /// Tied names: {alias, source}; the alias resolves to the source's storage and is never missing.
   std::vector<std::pair<std::string, std::string>> tied{};
+  /// The model's config.json when it does not sit next to the checkpoint: its class's name rules
+  /// let a map in the model's names be read (names.hpp). Unset: the one next to the checkpoint.
+  std::optional<std::filesystem::path> config_file{};
   /// Missing or unexpected tensors are an error (otherwise reported and skipped).
   bool strict = false;
   /// How `cpu` tensors are held.
