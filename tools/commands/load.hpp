@@ -34,7 +34,8 @@ namespace accel_cli {
 inline constexpr OptionSpec load_options[] = {
     {"checkpoint", OptionKind::text, "PATH", "safetensors file, model.safetensors.index.json or folder"},
     {"config", OptionKind::text, "FILE", "the model's config.json when it is not next to the checkpoint"},
-    {"device-map", OptionKind::text, "MAP", "a JSON file, a JSON object, or a mode: auto (default), balanced, "
+    {"device-map", OptionKind::text, "MAP", "a JSON file or object (keys in the model's names, as accel plan writes "
+                                            "them, or the checkpoint's), or a mode: auto (default), balanced, "
                                             "balanced_low_0, sequential"},
     {"max-memory", OptionKind::text, "BUDGETS", "budgets for planning modes: '0=20GiB,cpu=64GiB' or JSON; default: measured"},
     {"no-split", OptionKind::text, "CLASS_OR_GLOB", "planning: never split these modules (class name, module name or glob; "
