@@ -272,3 +272,13 @@ TEST_CASE("a class outside the catalog gets transformers' ties from the name dat
   const auto ix = m.tree.index();
   CHECK(ix->canonical[*m.tree.find_tensor("predictions.decoder.weight")] == *m.tree.find_tensor("albert.embeddings.word_embeddings.weight"));
 }
+
+TEST_CASE("a quantized checkpoint is said to be planned as if dequantized, never silently", "[checkpoint_tree]") {
+  accel_test::TempDir dir;
+  write_checkpoint(dir.path(), {"model.layers.0.w"},
+                   R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
+                       "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}})");
+  const auto m = accel::read_checkpoint_model(dir.path());
+  REQUIRE(m.warnings.size() == 1);
+  CHECK_THAT(m.warnings.front(), accel_test::contains("quant_method 'fp8'"));
+}

@@ -231,6 +231,13 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
                                           : match.reason;
   }
   out.architecture = arch;
+  if (out.config)
+    if (auto q = out.config->json.find("quantization_config"); q != out.config->json.end() && q->is_object()) {
+      const auto method = q->value("quant_method", std::string("(no quant_method)"));
+      out.warnings.push_back(detail::concat("quantized checkpoint (quantization_config.quant_method '", method,
+                                            "'): accel does not plan quantized checkpoints as transformers does yet; "
+                                            "floating tensors are sized and converted at the load dtype"));
+    }
   std::optional<TemplateIndex> index;
   if (arch) index.emplace(*arch);
 
