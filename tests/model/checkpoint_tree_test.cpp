@@ -282,3 +282,11 @@ TEST_CASE("a quantized checkpoint is said to be planned as if dequantized, never
   REQUIRE(m.warnings.size() == 1);
   CHECK_THAT(m.warnings.front(), accel_test::contains("quant_method 'fp8'"));
 }
+
+TEST_CASE("a folder holding a tensor in both spellings is refused, naming both", "[checkpoint_tree][names]") {
+  accel_test::TempDir dir;
+  write_checkpoint(dir.path(), {"embed_out.weight", "lm_head.weight", "gpt_neox.final_layer_norm.weight"},
+                   R"({"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "num_hidden_layers": 1})");
+  CHECK_THROWS_WITH(accel::read_checkpoint_model(dir.path()),
+                    accel_test::contains("tensors 'embed_out.weight' and 'lm_head.weight' are both the model's 'lm_head.weight'"));
+}

@@ -255,16 +255,23 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
   std::vector<detail::TreeEntry> entries;
   entries.reserve(ckpt.tensor_names.size() + 8);
   std::unordered_map<std::string_view, std::size_t> fused;  // model name -> entry, for names several tensors make
+  std::vector<std::size_t> entry_source;                     // entry -> the checkpoint tensor it started from
+  entry_source.reserve(ckpt.tensor_names.size());
   for (std::size_t n = 0; n < ckpt.tensor_names.size(); ++n) {
     const auto& loc = ckpt.locations.at(ckpt.tensor_names[n]);
     const auto& e = ckpt.entry(loc);
     const std::string& name = out.names.model[n];
-    if (name != ckpt.tensor_names[n]) {
-      if (auto [it, fresh] = fused.emplace(name, entries.size()); !fresh) {
-        detail::fuse_into(entries[it->second], e, ckpt.tensor_names[n]);
-        continue;
-      }
+    if (auto [it, fresh] = fused.emplace(name, entries.size()); !fresh) {
+      // Several renamed tensors make one (experts); a renamed one meeting a tensor already of that
+      // name is a folder holding both spellings.
+      const auto& first = ckpt.tensor_names[entry_source[it->second]];
+      if (first == name || ckpt.tensor_names[n] == name)
+        detail::throw_error<checkpoint_error>("tensors '", first, "' and '", ckpt.tensor_names[n], "' are both the model's '",
+                                              name, "'; the folder mixes checkpoint and model names: keep one of them");
+      detail::fuse_into(entries[it->second], e, ckpt.tensor_names[n]);
+      continue;
     }
+    entry_source.push_back(n);
     detail::TreeEntry t{name, e.dtype, e.shape, loc.shard, false, true, {}, 0, {}};
     if (arch) {
       const auto dot = name.rfind('.');
