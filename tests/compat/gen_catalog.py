@@ -139,7 +139,7 @@ def names_in(expr):
 
 def template(name):
     """model.layers.3.mlp.experts.7 -> model.layers.{i}.mlp.experts.{j}"""
-    letters, out = iter("ijklmn"), []
+    letters, out = iter("ijklmnopq"), []
     for part in name.split(".") if name else []:
         out.append("{" + next(letters) + "}" if part.isdigit() else part)
     return ".".join(out)

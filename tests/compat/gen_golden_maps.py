@@ -31,6 +31,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from gen_names import loading_renamer, saved_state  # noqa: E402  (one copy of transformers' save/load renaming)
 OUT = os.path.join(HERE, "fixtures", "golden_maps")
 OUT_PUBLISHED = os.path.join(HERE, "fixtures", "golden_maps_published")
 CATALOG = os.path.join(os.path.dirname(os.path.dirname(HERE)), "include/accel/model/data/catalog.json")
@@ -123,31 +125,21 @@ def build_meta(torch, transformers, arch, config):
 
 def checkpoint_tensors(torch, transformers, arch, config, dtype):
     """What save_pretrained writes, names and shapes: the state dict without tied copies, with
-    transformers' load-time renames and fusions reverted (a Hub folder's names: `vit.encoder.layer.0`,
+    transformers' load-time renames and expert fusions reverted (a Hub folder's names: `vit.encoder.layer.0`,
     `embed_out`, one tensor per expert)."""
-    from transformers.core_model_loading import revert_weight_conversion
     model = build_meta(torch, transformers, arch, config)
-    tied = set(model.all_tied_weights_keys)
-    state = {n: t for n, t in model.state_dict().items() if n not in tied}
-    return [(n, dtype, list(t.shape)) for n, t in revert_weight_conversion(model, state).items()]
+    return [(n, dtype, list(t.shape)) for n, t in saved_state(model).items()]
 
 
 def model_names(torch, transformers, arch, config, names):
     """The model's state-dict keys (what from_pretrained's device map must cover) and the model
     name of every checkpoint name transformers renames (as from_pretrained renames it)."""
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
     model = build_meta(torch, transformers, arch, config)
     state = model.state_dict()
-    conversions = get_model_conversion_mapping(model, None, None)
-    renamings = [c for c in conversions if isinstance(c, WeightRenaming)]
-    converters = [c for c in conversions if isinstance(c, WeightConverter)]
+    model_name = loading_renamer(model)
     renamed = {}
     for n in names:
-        m, _ = rename_source_key(n, renamings, converters, model.base_model_prefix, state)
-        if m not in state and n in state:
-            m, _ = rename_source_key(n, [], [], model.base_model_prefix, state)
-        if m != n:
+        if (m := model_name(n)) != n:
             renamed[n] = m
     # Modules that hold nothing in the state dict (rotary embeddings): device-map keys may name them.
     prefixes = {".".join(k.split(".")[:i]) for k in state for i in range(1, k.count(".") + 1)}

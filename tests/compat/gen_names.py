@@ -36,11 +36,11 @@ import argparse
 import json
 import multiprocessing
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import embed_json  # noqa: E402
+from gen_catalog import template  # noqa: E402  (numbered parts as {i}, {j}, ...)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JSON_PATH = os.path.join(ROOT, "include/accel/model/data/names.json")
@@ -174,19 +174,38 @@ def adjust_prefix(key, prefix, checkpoint_roots, model_roots, base_roots):
     return key
 
 
-def template(name):
-    letters, out = iter(LETTERS), []
-    for part in name.split("."):
-        out.append("{" + next(letters) + "}" if is_number(part) else part)
-    return ".".join(out)
+def saved_state(model):
+    """The state dict as save_pretrained writes it (a Hub folder): without tied copies, with
+    transformers' load-time renames and expert fusions reverted."""
+    from transformers.core_model_loading import revert_weight_conversion
+    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+    return revert_weight_conversion(model, {k: v for k, v in model.state_dict().items() if k not in tied})
+
+
+def loading_renamer(model):
+    """checkpoint name -> model name, as from_pretrained renames a checkpoint's keys for `model`
+    (its conversion mapping, then the base-model prefix rule)."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
+    state = model.state_dict()
+    conversions = get_model_conversion_mapping(model, None, None)
+    renamings = [c for c in conversions if isinstance(c, WeightRenaming)]
+    converters = [c for c in conversions if isinstance(c, WeightConverter)]
+    prefix = model.base_model_prefix
+
+    def model_name(key):
+        renamed, _ = rename_source_key(key, renamings, converters, prefix, state)
+        if renamed not in state and key in state:
+            renamed, _ = rename_source_key(key, [], [], prefix, state)
+        return renamed
+
+    return model_name
 
 
 def describe(arch):
     """The entry of one class, or {"class": arch, "error": why}."""
     import torch
     import transformers
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key, revert_weight_conversion
     transformers.logging.set_verbosity_error()
     cls = getattr(transformers, arch)
 
@@ -200,22 +219,12 @@ def describe(arch):
     except Exception as e:  # noqa: BLE001  (a config class that needs arguments, a missing optional package)
         return {"class": arch, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"}
     state = model.state_dict()
-    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
-    saved_from = {k: v for k, v in state.items() if k not in tied}
     try:
-        saved = list(revert_weight_conversion(model, dict(saved_from)).keys())
+        saved = list(saved_state(model))
     except Exception as e:  # noqa: BLE001
         return {"class": arch, "error": f"save_pretrained's renaming fails: {type(e).__name__}: {str(e)[:160]}"}
-    conversions = get_model_conversion_mapping(model, None, None)
-    renamings = [c for c in conversions if isinstance(c, WeightRenaming)]
-    converters = [c for c in conversions if isinstance(c, WeightConverter)]
+    model_name = loading_renamer(model)
     prefix = model.base_model_prefix or ""
-
-    def model_name(key):
-        renamed, _ = rename_source_key(key, renamings, converters, prefix, state)
-        if renamed not in state and key in state:
-            renamed, _ = rename_source_key(key, [], [], prefix, state)
-        return renamed
 
     pairs = [(k, model_name(k)) for k in saved]
     checkpoint_roots = sorted({k.split(".", 1)[0] for k in saved})

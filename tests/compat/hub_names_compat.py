@@ -32,6 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CATALOG = os.path.join(os.path.dirname(os.path.dirname(HERE)), "include/accel/model/data/catalog.json")
 sys.path.insert(0, HERE)
 from compare_golden_maps import device_of  # noqa: E402  (one rule for "where does this tensor go")
+from gen_golden_maps import record_map  # noqa: E402  (transformers' own map, taken before any weight is read)
 
 # Outside the catalog (header heuristics + the name data): multimodal and speech classes.
 EXTRA = ["Qwen2AudioForConditionalGeneration", "VoxtralForConditionalGeneration", "Qwen2_5OmniThinkerForConditionalGeneration",
@@ -97,27 +98,6 @@ def tiny_model(torch, transformers, arch):
     return cls, model
 
 
-def transformers_map(transformers, cls, folder, max_memory):
-    import transformers.modeling_utils as mu
-    original, captured = mu._get_device_map, {}
-
-    class Captured(Exception):
-        pass
-
-    def capture(*args, **kwargs):
-        captured["map"] = original(*args, **kwargs)
-        raise Captured()
-
-    mu._get_device_map = capture
-    try:
-        cls.from_pretrained(folder, device_map="auto", max_memory=dict(max_memory), dtype="float32", use_kernels=False)
-    except Captured:
-        pass
-    finally:
-        mu._get_device_map = original
-    return captured["map"]
-
-
 def check(torch, transformers, accel, arch, work, in_catalog):
     """Failures for one architecture (empty: all agree), and a summary line."""
     from safetensors import safe_open
@@ -138,7 +118,7 @@ def check(torch, transformers, accel, arch, work, in_catalog):
         return [f"accel plan failed ({run.returncode}): {run.stderr.strip()}"], ""
     ours = json.loads(run.stdout)
     failures = []
-    theirs = transformers_map(transformers, cls, folder, budget)
+    theirs = record_map(transformers, arch, folder, "auto", budget, "float32")
     differ = [k for k in state if device_of(k, ours) != device_of(k, theirs)]
     if differ and in_catalog and arch not in KNOWN_DIFFERENCES:
         failures.append(f"{len(differ)} of {len(state)} parameters placed elsewhere than transformers places them, "

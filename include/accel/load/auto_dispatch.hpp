@@ -99,14 +99,13 @@ inline void require_budgeted_gpus(const MaxMemory& budgets, const std::vector<De
 
 // Names the tree ties to a tensor the checkpoint holds, which the checkpoint itself lacks
 // (a tied LM head): {alias, source} for LoadOptions::tied, the source in the checkpoint's name
-// (`names`: the tree's name of every checkpoint tensor).
-inline std::vector<std::pair<std::string, std::string>> tied_aliases(const ModuleTree& tree, const Checkpoint& checkpoint,
-                                                                     const NameTable& names) {
+// (`names`: the tree's name of every checkpoint tensor, so also what the checkpoint holds).
+inline std::vector<std::pair<std::string, std::string>> tied_aliases(const ModuleTree& tree, const NameTable& names) {
   std::unordered_map<std::string_view, std::string_view> stored;  // tree name -> checkpoint name
   for (std::size_t i = 0; i < names.model.size(); ++i) stored.emplace(names.model[i], names.checkpoint[i]);
   auto checkpoint_name = [&](const std::string& n) -> const std::string_view* {
     auto it = stored.find(n);
-    return it != stored.end() && checkpoint.find(it->second) ? &it->second : nullptr;
+    return it != stored.end() ? &it->second : nullptr;
   };
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& group : index_tree(tree).tied_groups) {
@@ -176,7 +175,7 @@ inline std::vector<std::pair<std::string, std::string>> tied_aliases(const Modul
   out.load.config_file = options.config_file;
   out.load.dtype = plan.dtype;
   out.load.keep_in_fp32 = plan.keep_in_fp32;
-  for (auto& tie : detail::tied_aliases(model.tree, checkpoint, model.names))
+  for (auto& tie : detail::tied_aliases(model.tree, model.names))
     if (std::none_of(out.load.tied.begin(), out.load.tied.end(), [&](const auto& t) { return t.first == tie.first; }))
       out.load.tied.push_back(std::move(tie));
   return out;

@@ -39,7 +39,7 @@ inline DispatchedModel plan_and_load(const Checkpoint& checkpoint, const DeviceM
                                      std::chrono::steady_clock::time_point start) {
   auto devices = options.devices ? *options.devices : cuda_device_memories();
   const auto names = checkpoint_name_table(checkpoint, options.config_file);
-  const bool model_names = detect_map_names(map, names) == MapNames::model && !names.identity();
+  const bool model_names = detect_map_names(map, names) == MapNames::model;
   LoadPlan plan = plan_load(checkpoint, model_names ? to_checkpoint_names(map, names) : map, options, devices.size());
   return LoadExecutor(checkpoint, std::move(plan), std::move(devices), options, start).run();
 }

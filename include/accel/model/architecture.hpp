@@ -376,18 +376,26 @@ struct ArchitectureMatch {
   return v.empty() ? architecture_catalog().transformers_version : v;
 }
 
+namespace detail {
+// A template's numbered part: `{i}`, `{j}`, ... .
+inline bool is_placeholder(std::string_view part) { return part.size() >= 3 && part.front() == '{' && part.back() == '}'; }
+// A path's block number: one or more digits.
+inline bool is_block_number(std::string_view part) {
+  return !part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+// One dotted part of a template against one of a path: a placeholder takes any block number.
+inline bool template_part_matches(std::string_view t, std::string_view p) {
+  return is_placeholder(t) ? is_block_number(p) : t == p;
+}
+}  // namespace detail
+
 /// @name Pure functions over a catalog entry
 ///@{
 /// @brief True when a concrete module path matches a template (`{i}` = one all-digit part).
 [[nodiscard]] inline bool template_matches(std::string_view templ, std::string_view path) {
   for (;;) {
     const auto td = templ.find('.'), pd = path.find('.');
-    const auto t = templ.substr(0, td), p = path.substr(0, pd);
-    if (t.size() >= 3 && t.front() == '{' && t.back() == '}') {
-      if (p.empty() || !std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; })) return false;
-    } else if (t != p) {
-      return false;
-    }
+    if (!detail::template_part_matches(templ.substr(0, td), path.substr(0, pd))) return false;
     if ((td == std::string_view::npos) != (pd == std::string_view::npos)) return false;
     if (td == std::string_view::npos) return true;
     templ.remove_prefix(td + 1);
@@ -418,7 +426,7 @@ class TemplateIndex {
       for (std::size_t start = 0; start <= templ.size();) {
         const auto end = std::min(templ.find('.', start), templ.size());
         const auto part = templ.substr(start, end - start);
-        literal = literal || part == "{}" || (!part.empty() && is_number(part));
+        literal = literal || part == "{}" || detail::is_block_number(part);
         start = end + 1;
       }
       if (literal) literal_.push_back(i);
@@ -446,9 +454,6 @@ class TemplateIndex {
   }
 
  private:
-  static bool is_number(std::string_view part) {
-    return std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
-  }
   // A template's parts `{name}`, or a path's all-digit parts, become `{}`.
   static std::string shape(std::string_view text, bool is_template) {
     std::string out;
@@ -456,7 +461,7 @@ class TemplateIndex {
     for (std::size_t start = 0; start <= text.size();) {
       const auto end = std::min(text.find('.', start), text.size());
       const auto part = text.substr(start, end - start);
-      const bool block = is_template ? part.size() >= 3 && part.front() == '{' && part.back() == '}' : !part.empty() && is_number(part);
+      const bool block = is_template ? detail::is_placeholder(part) : detail::is_block_number(part);
       if (start > 0) out += '.';
       out += block ? std::string_view("{}") : part;
       start = end + 1;

@@ -169,11 +169,6 @@ inline void fuse_into(TreeEntry& into, const TensorEntry& part, std::string_view
   if (part.dtype != into.dtype)
     throw_error<checkpoint_error>("tensor '", part_name, "' is ", torch_name(part.dtype), " but the other tensors that make '",
                                   into.name, "' are ", torch_name(into.dtype), "; transformers cannot fuse them");
-  auto numel = [](const std::vector<std::int64_t>& s) {
-    std::int64_t n = 1;
-    for (auto d : s) n *= d;
-    return n;
-  };
   if (into.fused_parts == 0) {
     into.part_shape = into.shape;
     into.fused_parts = 1;
@@ -184,7 +179,7 @@ inline void fuse_into(TreeEntry& into, const TensorEntry& part, std::string_view
     for (auto d : into.part_shape) into.shape.push_back(d);
   } else {
     into.part_shape.clear();
-    into.shape = {numel(into.shape) + numel(part.shape)};
+    into.shape = {static_cast<std::int64_t>(shape_numel(into.shape) + shape_numel(part.shape))};
   }
 }
 

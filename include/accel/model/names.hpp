@@ -162,8 +162,8 @@ class NameMapper {
       r.checkpoint = split(names.renames[i].checkpoint);
       r.model = split(names.renames[i].model);
       std::size_t c = 0, m = 0;
-      for (const auto& p : r.checkpoint) c += is_placeholder(p);
-      for (const auto& p : r.model) m += is_placeholder(p);
+      for (const auto& p : r.checkpoint) c += detail::is_placeholder(p);
+      for (const auto& p : r.model) m += detail::is_placeholder(p);
       r.fused = m < c;
       by_head_[r.checkpoint.front()].push_back(rules_.size());
       rules_.push_back(std::move(r));
@@ -189,8 +189,7 @@ class NameMapper {
         const auto& r = rules_[i];
         if (r.checkpoint.size() > parts.size() || (best && r.checkpoint.size() <= best->checkpoint.size())) continue;
         bool ok = true;
-        for (std::size_t p = 0; p < r.checkpoint.size() && ok; ++p)
-          ok = is_placeholder(r.checkpoint[p]) ? is_number(parts[p]) : r.checkpoint[p] == parts[p];
+        for (std::size_t p = 0; p < r.checkpoint.size() && ok; ++p) ok = detail::template_part_matches(r.checkpoint[p], parts[p]);
         if (ok) {
           best = &r;
           best_index = static_cast<int>(i);
@@ -202,14 +201,14 @@ class NameMapper {
     if (!best) return {key, false, -1};
     std::vector<std::string_view> values;
     for (std::size_t p = 0; p < best->checkpoint.size(); ++p)
-      if (is_placeholder(best->checkpoint[p])) values.push_back(parts[p]);
+      if (detail::is_placeholder(best->checkpoint[p])) values.push_back(parts[p]);
     std::string out;
     std::size_t v = 0;
     auto append = [&](std::string_view s) {
       if (!out.empty()) out += '.';
       out += s;
     };
-    for (const auto& p : best->model) append(is_placeholder(p) ? values.at(v++) : std::string_view(p));
+    for (const auto& p : best->model) append(detail::is_placeholder(p) ? values.at(v++) : std::string_view(p));
     for (std::size_t p = best->checkpoint.size(); p < parts.size(); ++p) append(parts[p]);
     return {std::move(out), best->fused, best_index};
   }
@@ -239,16 +238,12 @@ class NameMapper {
     std::vector<std::string> checkpoint, model;
     bool fused = false;
   };
-  static bool is_placeholder(std::string_view p) { return p.size() >= 3 && p.front() == '{' && p.back() == '}'; }
-  static bool is_number(std::string_view p) {
-    return !p.empty() && std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; });
-  }
   static std::vector<std::string> split(std::string_view s) {
     std::vector<std::string> out;
     for (std::size_t start = 0;;) {
       const auto dot = s.find('.', start);
       std::string part(s.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
-      if (is_placeholder(part)) part = "{i}";  // one spelling, so by_head_ finds leading placeholders
+      if (detail::is_placeholder(part)) part = "{i}";  // one spelling, so by_head_ finds leading placeholders
       out.push_back(std::move(part));
       if (dot == std::string_view::npos) break;
       start = dot + 1;
