@@ -647,3 +647,37 @@ TEST_CASE("a map in the model's names loads a Hub-format folder, as a map in its
                                                         small_staging(sim(1 << 20, 1 << 20))),
                     accel_test::contains("mixes model names ('lm_head') and checkpoint names ('embed_out')"));
 }
+
+TEST_CASE("a quantized checkpoint loads byte-exact: float8 weights and float32 scales as stored, the rest at --dtype", "[dispatch][quantization]") {
+  accel_test::TempDir dir, offload;
+  const std::vector<TensorSpec> specs{{"model.embed_tokens.weight", DType::F32, {16, 128}, {}},
+                                      {"model.layers.0.mlp.up_proj.weight", DType::F8_E4M3, {160, 128}, {}},
+                                      {"model.layers.0.mlp.up_proj.weight_scale_inv", DType::F32, {2, 1}, {}},
+                                      {"model.layers.0.post_attention_layernorm.weight", DType::F32, {128}, {}},
+                                      {"model.layers.1.mlp.up_proj.weight", DType::F8_E4M3, {160, 128}, {}},
+                                      {"model.layers.1.mlp.up_proj.weight_scale_inv", DType::F32, {2, 1}, {}},
+                                      {"lm_head.weight", DType::F32, {16, 128}, {}}};
+  accel_test::write_safetensors(dir.path() / "model.safetensors", specs);
+  accel_test::write_text(dir.path() / "config.json", R"({"architectures":["LlamaForCausalLM"],"model_type":"llama",
+    "quantization_config":{"quant_method":"fp8","weight_block_size":[128,128]}})");
+  auto devices = sim(1 << 20, 1 << 20);
+  auto options = small_staging(devices);
+  options.dtype = DType::BF16;
+  options.offload_folder = offload.path();
+  const auto map = accel::DeviceMap::from_json(R"({"model.embed_tokens": 0, "model.layers.0": 1, "model.layers.1": "disk", "lm_head": "cpu"})");
+  auto model = accel::load_checkpoint_and_dispatch(dir.path(), map, options);
+  for (const auto& spec : specs) {
+    INFO(spec.name);
+    const auto& h = model.at(spec.name);
+    const bool quantized = spec.name.find("up_proj") != std::string::npos;
+    REQUIRE(h.dtype == (quantized ? spec.dtype : DType::BF16));
+    REQUIRE(read_back(h, devices) == (quantized ? stored_bytes(spec) : converted(spec, DType::BF16)));
+  }
+  REQUIRE(model.at("model.layers.1.mlp.up_proj.weight").storage == Storage::mmap_view);  // as stored: a view, no offload file
+
+  // Before: the float8 weight was converted like any floating tensor, and refused.
+  auto dense = options;
+  accel_test::write_text(dir.path() / "config.json", R"({"architectures":["LlamaForCausalLM"],"model_type":"llama"})");
+  REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), map, dense),
+                      accel_test::contains("is F8_E4M3 and cannot be loaded as BF16"));
+}

@@ -273,14 +273,13 @@ TEST_CASE("a class outside the catalog gets transformers' ties from the name dat
   CHECK(ix->canonical[*m.tree.find_tensor("predictions.decoder.weight")] == *m.tree.find_tensor("albert.embeddings.word_embeddings.weight"));
 }
 
-TEST_CASE("a quantized checkpoint is said to be planned as if dequantized, never silently", "[checkpoint_tree]") {
+TEST_CASE("a quantization_config over a checkpoint holding no quantized tensor is refused, never planned dense", "[checkpoint_tree]") {
   accel_test::TempDir dir;
   write_checkpoint(dir.path(), {"model.layers.0.w"},
                    R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 1,
                        "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}})");
-  const auto m = accel::read_checkpoint_model(dir.path());
-  REQUIRE(m.warnings.size() == 1);
-  CHECK_THAT(m.warnings.front(), accel_test::contains("quant_method 'fp8'"));
+  CHECK_THROWS_WITH(accel::read_checkpoint_model(dir.path()),
+                    accel_test::contains("quantization_config says fp8 (float8 weights, 128×128 blocks) but no tensor"));
 }
 
 TEST_CASE("a folder holding a tensor in both spellings is refused, naming both", "[checkpoint_tree][names]") {

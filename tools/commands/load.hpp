@@ -199,6 +199,9 @@ inline int run_load(std::span<char*> argv) {
     j["architecture"] = architecture;
     j["dtype"] = dtype.dtype ? nlohmann::ordered_json(std::string(accel::torch_name(*dtype.dtype))) : nlohmann::ordered_json(nullptr);
     j["keep_in_fp32"] = dtype.keep_in_fp32;
+    if (const auto& q = model.checkpoint->quantization)
+      j["quantization"] = {{"method", q->config.quant_method}, {"description", q->config.description},
+                           {"quantized_weights", q->modules}, {"stored_bytes", q->stored_bytes}};
     j["device_map"] = map.to_json();
     for (const auto& [p, tot] : r.per_placement) {
       nlohmann::ordered_json s = nlohmann::ordered_json::object();
@@ -226,6 +229,8 @@ inline int run_load(std::span<char*> argv) {
   std::printf("architecture: %s\ndtype: %s", architecture.c_str(), dtype.note.c_str());
   if (!dtype.keep_in_fp32.empty()) std::printf(", float32: %s", accel::text::quoted_list(dtype.keep_in_fp32).c_str());
   if (mode) std::printf("; blocks: %s", blocks_note.c_str());
+  if (const auto& q = model.checkpoint->quantization)
+    std::printf("\nquantization: %s; loaded as stored", accel::quantization_summary(*q, dtype.dtype).c_str());
   std::printf("\n\n%-10s %8s %12s  %s\n", "device", "tensors", "bytes", "held as");
   for (const auto& [p, tot] : r.per_placement) {
     std::string held;

@@ -79,8 +79,9 @@ inline constexpr OptionSpec estimate_options[] = {
 inline constexpr const char* estimate_usage = R"(usage: accel estimate-memory (--checkpoint PATH | --skeleton FILE) [options]
 
 Total size and largest layer per dtype, as `accelerate estimate-memory` prints them: floating
-tensors counted at each row's width, integer and bool tensors and the buffers the model computes
-(rotary inv_freq, position ids) at their own; shared tensors once. With a config.json the model is
+tensors counted at each row's width, integer and bool tensors, the buffers the model computes
+(rotary inv_freq, position ids) and a quantized checkpoint's quantized weights and scales at their
+own; shared tensors once. With a config.json the model is
 built as transformers builds it (ties, computed buffers, no-split classes from the catalog).)";
 
 inline double parse_rate(const std::optional<std::string>& v, double fallback, const char* option) {
@@ -143,6 +144,8 @@ inline int run_plan(std::span<char*> argv) {
   const auto budgets = opts.max_memory;
   const auto plan = accel::plan_device_map(model.tree, sizes, mode, opts, defaulted);
   const auto report = accel::make_plan_report(plan, bw);
+  const auto* quantized = model.checkpoint && model.checkpoint->quantization ? &*model.checkpoint->quantization : nullptr;
+  const std::string quantization = quantized ? accel::quantization_summary(*quantized, opts.dtype) : std::string();
   if (auto svg_path = a.value("svg")) {
     std::vector<std::vector<KeySize>> keys(plan.devices.size());
     for (const auto& [key, where] : plan.device_map) {
@@ -154,7 +157,8 @@ inline int run_plan(std::span<char*> argv) {
     }
     std::ofstream out(*svg_path, std::ios::trunc);
     out << render_plan_svg(plan, report, keys,
-                           "accel plan: " + model.label + " (" + std::string(a.value("device-map").value_or("auto")) + ")");
+                           "accel plan: " + model.label + " (" + std::string(a.value("device-map").value_or("auto")) + ")" +
+                               (quantized ? "; " + quantization : std::string()));
     if (!out)
       throw accel::usage_error("plan: cannot write the SVG to '" + *svg_path + "'; check the path");
   }
@@ -174,6 +178,7 @@ inline int run_plan(std::span<char*> argv) {
   if (renamed) std::printf("names: the map is in %s names (checkpoint names renamed as %s renames them)\n",
                            std::string(accel::map_names_name(names)).c_str(), model.checkpoint->names.source.c_str());
   std::printf("blocks: %s; rules: %s; dtype: %s\n", blocks_note.c_str(), like.c_str(), dtype.note.c_str());
+  if (quantized) std::printf("quantization: %s\n", quantization.c_str());
   if (model.checkpoint)
     for (const auto& w : model.checkpoint->warnings) std::printf("warning: %s\n", w.c_str());
   std::printf("budgets%s: %s\n", defaulted ? " (measured: free GPU memory minus max(1 GiB, 10%), 90% of available RAM)" : "",
@@ -228,7 +233,8 @@ inline int run_estimate_memory(std::span<char*> argv) {
     for (std::size_t t = 0; t < tree.tensors().size(); ++t) {
       if (ix.canonical[t] != t) continue;
       const auto& ten = tree.tensors()[t];
-      const bool own = accel::is_integral(ten.dtype) || (ten.buffer && !ten.persistent);  // computed buffers keep theirs
+      // computed buffers and quantized tensors keep theirs
+      const bool own = accel::is_integral(ten.dtype) || (ten.buffer && !ten.persistent) || ten.quantized;
       const std::uint64_t bytes = own ? ten.numel() * accel::bit_size(ten.dtype) / 8 : ten.numel() * bits / 8;
       sizes.tensor[t] = bytes;
       sizes.module[ten.module] += bytes;
@@ -254,6 +260,9 @@ inline int run_estimate_memory(std::span<char*> argv) {
   if (model.checkpoint) std::printf("architecture: %s\n", model.checkpoint->architecture_note.c_str());
   if (model.checkpoint)
     for (const auto& w : model.checkpoint->warnings) std::printf("warning: %s\n", w.c_str());
+  if (model.checkpoint && model.checkpoint->quantization)
+    std::printf("quantization: %s; every row counts the quantized weights as stored\n",
+                accel::quantization_summary(*model.checkpoint->quantization, accel::DType::F16).c_str());
   std::printf("blocks: %s\n\n%s", blocks.note.c_str(), table.c_str());
   return 0;
 }

@@ -22,6 +22,7 @@
 #include <accel/runtime/config.hpp>
 #include <accel/model/safetensors.hpp>
 #include <accel/model/names.hpp>
+#include <accel/model/quantization.hpp>
 #include <accel/plan/device_map.hpp>
 #include <accel/plan/map_names.hpp>
 #include <accel/load/device_memory.hpp>
@@ -34,14 +35,18 @@ ACCEL_NAMESPACE_BEGIN
 namespace detail {
 
 // Plan, then carry the plan out; `start` is when the caller's load began. A map in the model's
-// names (what accel plan writes by default and from_pretrained takes) is read in the checkpoint's.
+// names (what accel plan writes by default and from_pretrained takes) is read in the checkpoint's;
+// a quantized checkpoint's quantized tensors are loaded as stored.
 inline DispatchedModel plan_and_load(const Checkpoint& checkpoint, const DeviceMap& map, const LoadOptions& options,
                                      std::chrono::steady_clock::time_point start) {
   auto devices = options.devices ? *options.devices : cuda_device_memories();
-  const auto names = checkpoint_name_table(checkpoint, options.config_file);
-  const bool model_names = detect_map_names(map, names) == MapNames::model;
-  LoadPlan plan = plan_load(checkpoint, model_names ? to_checkpoint_names(map, names) : map, options, devices.size());
-  return LoadExecutor(checkpoint, std::move(plan), std::move(devices), options, start).run();
+  const auto naming = checkpoint_naming(checkpoint, options.config_file);
+  const bool model_names = detect_map_names(map, naming.names) == MapNames::model;
+  LoadOptions opts = options;
+  if (naming.quantization)
+    for (auto& n : naming.quantization->stored_names(checkpoint.tensor_names)) opts.stored_dtype_tensors.push_back(std::move(n));
+  LoadPlan plan = plan_load(checkpoint, model_names ? to_checkpoint_names(map, naming.names) : map, opts, devices.size());
+  return LoadExecutor(checkpoint, std::move(plan), std::move(devices), opts, start).run();
 }
 
 }  // namespace detail

@@ -67,6 +67,10 @@ struct LoadOptions {
   /// Patterns of tensors loaded as float32, matched as transformers matches keep-in-fp32 modules
   /// (keep_in_fp32_matches: anywhere in the name; the planner uses the same rule).
   std::vector<std::string> keep_in_fp32{};
+  /// Checkpoint tensors loaded byte-exact in their stored dtype whatever `dtype` says: a quantized
+  /// checkpoint's quantized weights and their scales (quantization.hpp). load_checkpoint_and_dispatch
+  /// adds the ones config.json's quantization_config implies; list more here.
+  std::vector<std::string> stored_dtype_tensors{};
   /// The model's tensor names (e.g. from a ModuleTree); when given, checkpoint tensors outside it
   /// are unexpected and listed names absent from the checkpoint are missing.
   std::vector<std::string> expected_tensors{};
@@ -190,7 +194,7 @@ inline Storage storage_for(const PlannedTensor& t, const LoadOptions& options, s
 // One covered checkpoint tensor: its load dtype, placement and storage, checked against the GPUs
 // and the options (every check a tensor can fail, in the order the messages promise).
 inline PlannedTensor plan_tensor(const SafetensorsHeader& header, TensorLocation location, const DeviceMap::Entry& covering,
-                                 const LoadOptions& options, std::size_t gpu_count) {
+                                 const LoadOptions& options, std::size_t gpu_count, bool keep_stored) {
   const auto& entry = header.tensors[location.entry];
   PlannedTensor t;
   t.name = entry.name;
@@ -201,8 +205,10 @@ inline PlannedTensor plan_tensor(const SafetensorsHeader& header, TensorLocation
   t.stored_bytes = entry.size_bytes();
   t.block = covering.first;
   t.placement = covering.second;
-  // The planner sizes with the same decision (tensor_load_dtype), so plan and load agree.
-  const DType wanted = tensor_load_dtype(entry.dtype, entry.name, LoadDTypeRule{options.dtype, options.keep_in_fp32});
+  // The planner sizes with the same decision (tensor_load_dtype; quantized tensors as stored), so
+  // plan and load agree.
+  const DType wanted =
+      keep_stored ? entry.dtype : tensor_load_dtype(entry.dtype, entry.name, LoadDTypeRule{options.dtype, options.keep_in_fp32});
   t.dtype = load_dtype(entry.dtype, wanted, false, entry.name);
   t.bytes = t.converts() ? tensor_bytes(t.dtype, entry.numel()).value_or(0) : t.stored_bytes;
   if (t.placement.is_gpu() && (t.placement.index < 0 || static_cast<std::size_t>(t.placement.index) >= gpu_count))
@@ -298,6 +304,7 @@ inline void refuse_mismatch_when_strict(const LoadPlan& plan, const LoadOptions&
                                         std::size_t gpu_count) {
   LoadPlan plan;
   const std::unordered_set<std::string> expected(options.expected_tensors.begin(), options.expected_tensors.end());
+  const std::unordered_set<std::string_view> stored(options.stored_dtype_tensors.begin(), options.stored_dtype_tensors.end());
   std::unordered_set<std::string_view> used_keys;
   for (std::size_t s = 0; s < checkpoint.headers.size(); ++s) {
     const auto& header = checkpoint.headers[s];
@@ -314,7 +321,7 @@ inline void refuse_mismatch_when_strict(const LoadPlan& plan, const LoadOptions&
                                   ") both cover tensor '", detail::printable_name(name), "'; a module and its child cannot go to "
                                   "different devices: remove one key or split the outer module into its children");
       used_keys.insert(covering->first);
-      plan.tensors.push_back(detail::plan_tensor(header, {s, e}, *covering, options, gpu_count));
+      plan.tensors.push_back(detail::plan_tensor(header, {s, e}, *covering, options, gpu_count, stored.count(name) > 0));
       plan.total_bytes += plan.tensors.back().bytes;
     }
   }

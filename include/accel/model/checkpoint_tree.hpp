@@ -21,6 +21,7 @@
 #include <accel/model/json.hpp>
 #include <accel/model/module_tree.hpp>
 #include <accel/model/names.hpp>
+#include <accel/model/quantization.hpp>
 #include <accel/model/safetensors.hpp>
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/error.hpp>
@@ -97,6 +98,9 @@ struct CheckpointModel {
   std::size_t tied_groups = 0;              ///< tie groups applied from the catalog
   /// Every checkpoint tensor's name in the tree (identity when the tree keeps checkpoint names).
   NameTable names{};
+  /// config.json's quantization_config and the tensors it stores quantized (marked
+  /// Tensor::quantized in the tree: sized and loaded as stored); unset for a dense checkpoint.
+  std::optional<QuantizedTensors> quantization{};
   /// Said in reports: a catalog no-split class that names no module of the tree, names that
   /// transformers' rules may not reproduce.
   std::vector<std::string> warnings{};
@@ -159,7 +163,18 @@ struct TreeEntry {
   std::optional<std::size_t> catalog_position;  ///< its position in its catalog template, once looked up (SIZE_MAX: none)
   std::size_t fused_parts = 0;           ///< checkpoint tensors fused into it (0: one, not fused)
   std::vector<std::int64_t> part_shape;  ///< the shape each fused part has (empty: they differ)
+  bool quantized = false;                ///< quantized storage: kept at its stored dtype
 };
+
+// Adds a quantized companion to the tensor it is part of in the model (bitsandbytes' quant state
+// to its weight): the entry becomes its bytes, which is what planning counts for stored tensors.
+inline void fold_into(TreeEntry& into, const TensorEntry& part) {
+  if (into.dtype != DType::U8 || into.shape.size() != 1) {
+    into.shape = {static_cast<std::int64_t>(shape_numel(into.shape) * bit_size(into.dtype) / 8)};
+    into.dtype = DType::U8;
+  }
+  into.shape[0] += static_cast<std::int64_t>(part.size_bytes());
+}
 
 // Adds one more checkpoint tensor to a model tensor several make (one expert's `gate_proj`
 // into `experts.gate_up_proj`). Planning needs the element count: parts of equal shape [r, c]
@@ -226,13 +241,7 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
                                           : match.reason;
   }
   out.architecture = arch;
-  if (out.config)
-    if (auto q = out.config->json.find("quantization_config"); q != out.config->json.end() && q->is_object()) {
-      const auto method = q->value("quant_method", std::string("(no quant_method)"));
-      out.warnings.push_back(detail::concat("quantized checkpoint (quantization_config.quant_method '", method,
-                                            "'): accel does not plan quantized checkpoints as transformers does yet; "
-                                            "floating tensors are sized and converted at the load dtype"));
-    }
+  if (out.config) out.quantization = checkpoint_quantization(ckpt, out.config->json);
   std::optional<TemplateIndex> index;
   if (arch) index.emplace(*arch);
 
@@ -241,6 +250,7 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
   if (out.config && opts.model_names && !out.config->architectures.empty())
     class_names = find_class_names(out.config->architectures.front());
   out.names = name_table(class_names, ckpt.tensor_names);
+  if (out.quantization) quantized_model_names(out.names, *out.quantization);
   if (class_names && !class_names->exact)
     out.warnings.push_back(detail::concat("transformers' renames of ", class_names->class_name,
                                           " are not all reproduced by accel's rules (", class_names->first_difference,
@@ -256,9 +266,16 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
     const auto& loc = ckpt.locations.at(ckpt.tensor_names[n]);
     const auto& e = ckpt.entry(loc);
     const std::string& name = out.names.model[n];
+    const bool quantized = out.quantization && out.quantization->stored[n];
     if (auto [it, fresh] = fused.emplace(name, entries.size()); !fresh) {
-      // Several renamed tensors make one (experts); a renamed one meeting a tensor already of that
-      // name is a folder holding both spellings.
+      // Several renamed tensors make one (experts), a quantized weight's state is part of it; a
+      // renamed one meeting a tensor already of that name is a folder holding both spellings.
+      auto& into = entries[it->second];
+      const std::string_view part = ckpt.tensor_names[n];
+      if (quantized && into.quantized && part.size() > name.size() && part.starts_with(name) && part[name.size()] == '.') {
+        detail::fold_into(into, e);
+        continue;
+      }
       const auto& first = ckpt.tensor_names[entry_source[it->second]];
       if (first == name || ckpt.tensor_names[n] == name)
         detail::throw_error<checkpoint_error>("tensors '", first, "' and '", ckpt.tensor_names[n], "' are both the model's '",
@@ -267,7 +284,7 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
       continue;
     }
     entry_source.push_back(n);
-    detail::TreeEntry t{name, e.dtype, e.shape, loc.shard, false, true, {}, 0, {}};
+    detail::TreeEntry t{name, e.dtype, e.shape, loc.shard, false, true, {}, 0, {}, quantized};
     if (arch) {
       const auto dot = name.rfind('.');
       const std::string_view path = dot == std::string::npos ? std::string_view{} : std::string_view(name).substr(0, dot);
@@ -291,13 +308,13 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
       if (source == group.end()) continue;
       const auto src = entries[present.at(*source)];
       for (const auto& n : group)
-        if (!present.count(n)) entries.push_back({n, src.dtype, src.shape, src.shard, false, true, {}, 0, {}});
+        if (!present.count(n)) entries.push_back({n, src.dtype, src.shape, src.shard, false, true, {}, 0, {}, src.quantized});
       ties.push_back(std::move(group));
     }
     const DType model_dtype = opts.load_dtype.value_or(out.auto_dtype.value_or(DType::F32));
     for (auto& b : non_persistent_buffers(*arch, *out.config, model_dtype)) {
       if (present.count(b.name)) continue;
-      entries.push_back({std::move(b.name), b.dtype, std::move(b.shape), SIZE_MAX, true, false, {}, 0, {}});
+      entries.push_back({std::move(b.name), b.dtype, std::move(b.shape), SIZE_MAX, true, false, {}, 0, {}, false});
       ++out.buffers_added;
     }
   }
@@ -370,8 +387,8 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
     });
     for (const auto& [key, t] : keyed) {
       auto& e = entries[t];
-      if (e.buffer) tree.add_buffer(e.name, e.dtype, e.shape, e.persistent);
-      else tree.add_parameter(e.name, e.dtype, e.shape);
+      const auto added = e.buffer ? tree.add_buffer(e.name, e.dtype, e.shape, e.persistent) : tree.add_parameter(e.name, e.dtype, e.shape);
+      if (e.quantized) tree.mark_quantized(added);
     }
     // Siblings: the catalog's construction order when it knows them, then the heuristics.
     std::vector<std::pair<std::size_t, std::size_t>> kids;

@@ -39,6 +39,9 @@ struct Tensor {
   bool buffer = false;             ///< registered as a buffer rather than a parameter
   bool persistent = true;          ///< buffers only: part of the state dict
   std::size_t module = 0;          ///< owning module id
+  /// A quantized weight or one of its scales/zero points (quantization.hpp): counted and loaded at
+  /// its stored dtype, whatever the load dtype.
+  bool quantized = false;
 
   /// @brief Element count (1 for a scalar).
   [[nodiscard]] std::uint64_t numel() const noexcept { return shape_numel(shape); }
@@ -163,6 +166,15 @@ class ModuleTree {
     return add_tensor(name, dtype, std::move(shape), true, persistent);
   }
 
+  /// @brief Marks a tensor as quantized storage (Tensor::quantized): it keeps its stored dtype.
+  /// @throws accel::usage_error for an unknown id
+  void mark_quantized(std::size_t tensor) {
+    if (tensor >= tensors_.size())
+      detail::throw_error<usage_error>("tensor id ", tensor, " does not exist (the tree has ", tensors_.size(), " tensors)");
+    tensors_[tensor].quantized = true;
+    cache_.clear();
+  }
+
   /// @brief Adds parameter `name` as another name of tensor `target` (shared storage, e.g. a tied
   ///        LM head), copying its dtype and shape; if `name` exists it is tied to `target`.
   /// @return the tensor id of `name`
@@ -261,7 +273,7 @@ class ModuleTree {
     const std::size_t module = last_module_ < modules_.size() && modules_[last_module_].name == prefix ? last_module_ : add_module(prefix);
     last_module_ = module;
     const std::size_t id = tensors_.size();
-    tensors_.push_back(Tensor{std::string(name), dtype, std::move(shape), buffer, persistent, module});
+    tensors_.push_back(Tensor{std::string(name), dtype, std::move(shape), buffer, persistent, module, false});
     tie_parent_.push_back(id);
     (buffer ? modules_[module].buffers : modules_[module].parameters).push_back(id);
     cache_.clear();
@@ -393,7 +405,8 @@ inline std::shared_ptr<const TreeIndex> ModuleTree::index() const {
 /// By default every tensor counts at the dtype it is loaded in (tensor_load_dtype: floating
 /// tensors take `dtype`, up or down, or float32 when they match `keep_in_fp32`); buffers that are
 /// not in the state dict (non-persistent, e.g. rotary `inv_freq`) are computed by the model, not
-/// loaded, and count at their own dtype. `accelerate_rule` selects accelerate's
+/// loaded, and count at their own dtype, as do quantized tensors (Tensor::quantized: loaded
+/// byte-exact). `accelerate_rule` selects accelerate's
 /// compute_module_sizes instead: a floating tensor counts min(target, own) bytes.
 struct SizeOptions {
   /// The load dtype of floating tensors (unset: each keeps its own).
@@ -428,12 +441,13 @@ class SizeRule {
   // False when every tensor of one dtype counts the same; callers may then pass an empty name.
   [[nodiscard]] bool reads_names() const noexcept { return reads_names_; }
 
-  // An exact special dtype wins; a buffer outside the state dict keeps its own; otherwise the
-  // load dtype (tensor_load_dtype), or accelerate's min(target, own) under accelerate_rule.
-  [[nodiscard]] DType counted_dtype(DType own, std::string_view name, bool computed_buffer = false) const {
+  // An exact special dtype wins; a buffer outside the state dict or a quantized tensor keeps its
+  // own; otherwise the load dtype (tensor_load_dtype), or accelerate's min(target, own) under
+  // accelerate_rule.
+  [[nodiscard]] DType counted_dtype(DType own, std::string_view name, bool keeps_own = false) const {
     if (reads_names_)
       if (auto it = opts_.special_dtypes.find(name); it != opts_.special_dtypes.end()) return it->second;
-    if (computed_buffer || !is_floating(own)) return own;
+    if (keeps_own || !is_floating(own)) return own;
     if (!opts_.accelerate_rule) return tensor_load_dtype(own, reads_names_ ? name : std::string_view{}, load_);
     if (reads_names_)
       for (const auto& kept : opts_.keep_in_fp32)
@@ -442,8 +456,8 @@ class SizeRule {
     return own;
   }
 
-  [[nodiscard]] std::uint64_t bytes(DType own, std::uint64_t numel, std::string_view name, bool computed_buffer = false) const {
-    return numel * bit_size(counted_dtype(own, name, computed_buffer)) / 8;
+  [[nodiscard]] std::uint64_t bytes(DType own, std::uint64_t numel, std::string_view name, bool keeps_own = false) const {
+    return numel * bit_size(counted_dtype(own, name, keeps_own)) / 8;
   }
 
  private:
@@ -455,7 +469,7 @@ class SizeRule {
 
 /// @brief Bytes one tensor counts for under `opts` (ignoring aliasing).
 [[nodiscard]] inline std::uint64_t tensor_size(const Tensor& t, const SizeOptions& opts) {
-  return detail::SizeRule(opts).bytes(t.dtype, t.numel(), t.name, t.buffer && !t.persistent);
+  return detail::SizeRule(opts).bytes(t.dtype, t.numel(), t.name, (t.buffer && !t.persistent) || t.quantized);
 }
 
 /// @brief accelerate's compute_module_sizes over a tree: each shared tensor counted once (under its
@@ -472,7 +486,8 @@ class SizeRule {
   for (std::size_t t = 0; t < tens.size(); ++t) {
     if (ix.canonical[t] != t) continue;
     const std::string_view name = rule.reads_names() ? std::string_view(tens[t].name) : std::string_view{};
-    const std::uint64_t bytes = rule.bytes(ix.tensor_dtype[t], ix.tensor_numel[t], name, ix.tensor_buffer[t] && !tens[t].persistent);
+    const std::uint64_t bytes =
+        rule.bytes(ix.tensor_dtype[t], ix.tensor_numel[t], name, (ix.tensor_buffer[t] && !tens[t].persistent) || tens[t].quantized);
     s.tensor[t] = bytes;
     const auto m = ix.tensor_module[t];
     s.module[m] += bytes;

@@ -281,18 +281,4 @@ struct NameTable {
   return t;
 }
 
-/// @brief The name table of a checkpoint, for the class its config.json names (`config_file`,
-///        else the one next to the checkpoint; none, or a class transformers lacks: unchanged).
-/// @throws accel::checkpoint_error for an unreadable config.json
-[[nodiscard]] inline NameTable checkpoint_name_table(const Checkpoint& checkpoint,
-                                                     const std::optional<std::filesystem::path>& config_file = {}) {
-  const auto path = config_file ? config_file : checkpoint.config_file;
-  const ClassNames* names = nullptr;
-  if (path) {
-    const auto config = read_model_config(*path);
-    if (!config.architectures.empty()) names = find_class_names(config.architectures.front());
-  }
-  return name_table(names, checkpoint.tensor_names);
-}
-
 ACCEL_NAMESPACE_END
