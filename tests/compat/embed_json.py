@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: accel contributors
 """Generated JSON data embedded in a header, so the library reads no file at run time: the
-compact JSON as a constexpr array of raw-string pieces (MSVC caps one literal at 16 KiB). Used by
+compact JSON as a constexpr array of raw-string pieces (MSVC caps one literal at 16 KiB), each
+with its length written out. Used by
 gen_catalog.py (the architecture catalog) and gen_names.py (the name rules)."""
 import json
 
@@ -30,6 +31,8 @@ def render_hpp(text, name, generator, source, brief):
         "",
         f"inline constexpr std::array<std::string_view, {len(pieces)}> {name}_json_pieces{{{{",
     ]
-    lines += [f'    R"{name}({p}){name}",' for p in pieces]
+    # An explicit length: clang evaluates a literal's length in constexpr steps and gives up on
+    # hundreds of kilobytes (the text is ASCII, so characters are bytes).
+    lines += [f'    std::string_view(R"{name}({p}){name}", {len(p)}),' for p in pieces]
     lines += ["}};", "", "}  // namespace detail", "ACCEL_NAMESPACE_END", ""]
     return "\n".join(lines)

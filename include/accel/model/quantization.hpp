@@ -276,24 +276,26 @@ inline void parse_bitsandbytes(const nlohmann::json& q, QuantizationConfig& c) {
 [[nodiscard]] inline bool quant_module_listed(std::string_view pattern, std::string_view module) {
   if (pattern.empty()) return false;
   if (module.ends_with(pattern)) return true;
-  // Anchored at 0, `*` any run, `.` any character; the match must end at a dot or the end.
-  auto ends_at_boundary = [&](std::size_t t) { return t == module.size() || module[t] == '.' || (t > 0 && module[t - 1] == '.'); };
-  std::vector<std::pair<std::size_t, std::size_t>> stack{{0, 0}};  // (pattern pos, text pos)
-  std::size_t steps = 0;
-  while (!stack.empty() && ++steps < 100000) {
-    auto [p, t] = stack.back();
-    stack.pop_back();
-    if (p == pattern.size()) {
-      if (ends_at_boundary(t)) return true;
+  // Anchored at 0, `*` any run, `.` any character; the match must end at a module boundary. Greedy
+  // with one backtrack point (the last star), as glob matchers do: linear in practice.
+  auto boundary = [&](std::size_t at) { return at == module.size() || module[at] == '.' || (at > 0 && module[at - 1] == '.'); };
+  std::size_t p = 0, t = 0, star = std::string_view::npos, mark = 0;
+  for (;;) {
+    if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = t;
       continue;
     }
-    if (pattern[p] == '*') {
-      for (std::size_t k = t; k <= module.size(); ++k) stack.emplace_back(p + 1, k);
+    if (p == pattern.size() && boundary(t)) return true;
+    if (p < pattern.size() && t < module.size() && (pattern[p] == '.' || pattern[p] == module[t])) {
+      ++p;
+      ++t;
       continue;
     }
-    if (t < module.size() && (pattern[p] == '.' || pattern[p] == module[t])) stack.emplace_back(p + 1, t + 1);
+    if (star == std::string_view::npos || mark >= module.size()) return false;
+    p = star + 1;
+    t = ++mark;
   }
-  return false;
 }
 
 /// @brief Which checkpoint tensors a quantization stores quantized, and what that saves.
