@@ -129,6 +129,10 @@ inline int run_plan(std::span<char*> argv) {
   const std::string& blocks_note = blocks.note;
   if (like == "transformers") opts.rules = accel::PlanRules::transformers;
   else opts.accelerate_dtype_rule = true;
+  // A quantized checkpoint: its weights count as stored (Tensor::quantized) and, as transformers'
+  // quantizer adjusts max_memory, bitsandbytes plans with 90% of every budget.
+  const auto* quantized = model.checkpoint && model.checkpoint->quantization ? &*model.checkpoint->quantization : nullptr;
+  if (quantized && like == "transformers") opts.budget_scale = quantized->config.budget_factor;
   opts.offload_buffers = a.has("offload-buffers");
   opts.fallback_allocation = a.has("fallback");
   if (auto n = a.value("gpu-reserve-layers"))
@@ -144,7 +148,6 @@ inline int run_plan(std::span<char*> argv) {
   const auto budgets = opts.max_memory;
   const auto plan = accel::plan_device_map(model.tree, sizes, mode, opts, defaulted);
   const auto report = accel::make_plan_report(plan, bw);
-  const auto* quantized = model.checkpoint && model.checkpoint->quantization ? &*model.checkpoint->quantization : nullptr;
   const std::string quantization = quantized ? accel::quantization_summary(*quantized, opts.dtype) : std::string();
   if (auto svg_path = a.value("svg")) {
     std::vector<std::vector<KeySize>> keys(plan.devices.size());

@@ -14,6 +14,7 @@
 /// anywhere frees everything allocated so far.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <utility>
@@ -43,8 +44,11 @@ inline DispatchedModel plan_and_load(const Checkpoint& checkpoint, const DeviceM
   const auto naming = checkpoint_naming(checkpoint, options.config_file);
   const bool model_names = detect_map_names(map, naming.names) == MapNames::model;
   LoadOptions opts = options;
-  if (naming.quantization)
+  if (naming.quantization) {
     for (auto& n : naming.quantization->stored_names(checkpoint.tensor_names)) opts.stored_dtype_tensors.push_back(std::move(n));
+    for (const auto& k : naming.quantization->config.keep_in_fp32)
+      if (std::find(opts.keep_in_fp32.begin(), opts.keep_in_fp32.end(), k) == opts.keep_in_fp32.end()) opts.keep_in_fp32.push_back(k);
+  }
   LoadPlan plan = plan_load(checkpoint, model_names ? to_checkpoint_names(map, naming.names) : map, opts, devices.size());
   return LoadExecutor(checkpoint, std::move(plan), std::move(devices), opts, start).run();
 }

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -112,7 +113,10 @@ struct CheckpointModel {
   /// @brief The catalog's keep-in-fp32 modules for a load dtype (transformers' rule: the plain
   ///        list for float16, the strict list for float16 and bfloat16).
   [[nodiscard]] std::vector<std::string> keep_in_fp32(std::optional<DType> load) const {
-    return architecture && load ? keep_in_fp32_modules(*architecture, *load) : std::vector<std::string>{};
+    auto out = architecture && load ? keep_in_fp32_modules(*architecture, *load) : std::vector<std::string>{};
+    if (quantization)  // what the quantized modules hold in float32 whatever the dtype
+      for (const auto& k : quantization->config.keep_in_fp32) out.push_back(k);
+    return out;
   }
 };
 
@@ -198,6 +202,19 @@ inline void fuse_into(TreeEntry& into, const TensorEntry& part, std::string_view
   }
 }
 
+// The block `name` lies in when its number is past its container's count (`model.layers.61` of
+// 61 layers), else nullopt.
+inline std::optional<std::string_view> block_beyond(std::string_view name,
+                                                    const std::vector<std::pair<std::string, std::uint64_t>>& counts) {
+  for (const auto& [container, count] : counts) {
+    if (!name.starts_with(container)) continue;
+    const auto end = name.find('.', container.size());
+    const auto number = name.substr(container.size(), end == std::string_view::npos ? std::string_view::npos : end - container.size());
+    if (auto i = text::parse_integer<std::uint64_t>(number); i && *i >= count) return name.substr(0, end);
+  }
+  return std::nullopt;
+}
+
 inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
   if (ckpt.headers.empty()) return std::nullopt;
   std::vector<const TensorEntry*> first;
@@ -261,22 +278,39 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
   entries.reserve(ckpt.tensor_names.size() + 8);
   std::unordered_map<std::string_view, std::size_t> fused;  // model name -> entry, for names several tensors make
   std::vector<std::size_t> entry_source;                     // entry -> the checkpoint tensor it started from
+  std::unordered_map<std::size_t, const std::tuple<std::size_t, DType, std::vector<std::int64_t>>*> resized;
+  // Blocks past the config's count (DeepSeek-V3's multi-token-prediction layer 61 beside its 61
+  // decoder layers) are not part of the model transformers builds: it never loads them.
+  std::vector<std::pair<std::string, std::uint64_t>> block_counts;
+  if (arch)
+    for (const auto& [container, expr] : arch->repeats)
+      if (container.find('{') == std::string::npos)
+        if (auto count = repeat_count(*arch, container, *out.config)) block_counts.emplace_back(container + ".", *count);
+  std::map<std::string, std::pair<std::size_t, std::uint64_t>> beyond;  // block -> tensors, bytes
+  if (out.quantization)
+    for (const auto& r : out.quantization->sized_as) resized.emplace(std::get<0>(r), &r);
   entry_source.reserve(ckpt.tensor_names.size());
   for (std::size_t n = 0; n < ckpt.tensor_names.size(); ++n) {
     const auto& loc = ckpt.locations.at(ckpt.tensor_names[n]);
     const auto& e = ckpt.entry(loc);
     const std::string& name = out.names.model[n];
+    if (auto block = detail::block_beyond(name, block_counts)) {
+      auto& [tensors, bytes] = beyond[std::string(*block)];
+      ++tensors;
+      bytes += e.size_bytes();
+      continue;
+    }
     const bool quantized = out.quantization && out.quantization->stored[n];
+    const bool companion = quantized && out.quantization->companion[n];
     if (auto [it, fresh] = fused.emplace(name, entries.size()); !fresh) {
       // Several renamed tensors make one (experts), a quantized weight's state is part of it; a
       // renamed one meeting a tensor already of that name is a folder holding both spellings.
       auto& into = entries[it->second];
-      const std::string_view part = ckpt.tensor_names[n];
-      if (quantized && into.quantized && part.size() > name.size() && part.starts_with(name) && part[name.size()] == '.') {
+      const auto& first = ckpt.tensor_names[entry_source[it->second]];
+      if (quantized && into.quantized && (companion || out.quantization->companion[entry_source[it->second]])) {
         detail::fold_into(into, e);
         continue;
       }
-      const auto& first = ckpt.tensor_names[entry_source[it->second]];
       if (first == name || ckpt.tensor_names[n] == name)
         detail::throw_error<checkpoint_error>("tensors '", first, "' and '", ckpt.tensor_names[n], "' are both the model's '",
                                               name, "'; the folder mixes checkpoint and model names: keep one of them");
@@ -285,6 +319,8 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
     }
     entry_source.push_back(n);
     detail::TreeEntry t{name, e.dtype, e.shape, loc.shard, false, true, {}, 0, {}, quantized};
+    if (auto r = resized.find(n); r != resized.end())  // sized as transformers' model holds it, not as the file does
+      std::tie(t.dtype, t.shape) = std::tie(std::get<1>(*r->second), std::get<2>(*r->second));
     if (arch) {
       const auto dot = name.rfind('.');
       const std::string_view path = dot == std::string::npos ? std::string_view{} : std::string_view(name).substr(0, dot);
@@ -295,6 +331,10 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
     }
     entries.push_back(std::move(t));
   }
+  for (const auto& [block, count] : beyond)
+    out.warnings.push_back(detail::concat(block, " (", text::plural(static_cast<long long>(count.first), "tensor"), ", ",
+                                          text::format_bytes(count.second), ") is past the model's blocks, which the config "
+                                          "counts; transformers does not load it, so it is neither planned nor loaded"));
   std::vector<std::vector<std::string>> ties;
   if (arch) {
     std::unordered_map<std::string, std::size_t> present;  // owning keys: `entries` grows below

@@ -27,6 +27,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -67,6 +68,9 @@ struct QuantizationConfig {
   /// Modules the config leaves unquantized (modules_to_not_convert, llm_int8_skip_modules), as
   /// transformers matches them (quant_module_listed); checked against the tensors.
   std::vector<std::string> not_converted{};
+  /// Tensors transformers' quantized modules hold in float32 whatever the load dtype
+  /// (keep_in_fp32_matches patterns: mxfp4's expert biases).
+  std::vector<std::string> keep_in_fp32{};
   /// transformers' adjust_max_memory: bitsandbytes plans with 90% of every budget.
   double budget_factor = 1.0;
 };
@@ -254,6 +258,7 @@ inline void parse_bitsandbytes(const nlohmann::json& q, QuantizationConfig& c) {
   } else if (method == "mxfp4") {
     c.method = QuantMethod::mxfp4;
     c.not_converted = detail::quant_names(q, "modules_to_not_convert");
+    c.keep_in_fp32 = {"experts.gate_up_proj_bias", "experts.down_proj_bias"};
     c.bits = 4;
     c.description = "mxfp4 (4-bit float blocks of 32, 8-bit shared scales)";
   } else if (method == "bitsandbytes") {
@@ -304,6 +309,12 @@ struct QuantizedTensors {
   /// Per checkpoint tensor (Checkpoint::tensor_names order): true for a quantized weight or one of
   /// its companions (scales, zero points, packing metadata), loaded byte-exact at its stored dtype.
   std::vector<bool> stored;
+  /// Per checkpoint tensor: a stored tensor that is not itself a weight (a scale, zero point,
+  /// quant state): transformers' model holds it inside its weight's module, or inside the weight.
+  std::vector<bool> companion;
+  /// Stored tensors transformers' model holds in another form than the file (compressed-tensors
+  /// unpacks asymmetric zero points to int8): {tensor index, dtype, shape} it is sized at.
+  std::vector<std::tuple<std::size_t, DType, std::vector<std::int64_t>>> sized_as{};
   std::size_t modules = 0;            ///< quantized weights (a module's weight, or one expert group)
   std::uint64_t stored_bytes = 0;     ///< bytes of the tensors marked stored
   std::uint64_t weight_elements = 0;  ///< elements those weights have once dequantized
@@ -362,10 +373,12 @@ class QuantModule {
   void keep(const QuantLocal* l) {
     if (!l || out_.stored[l->index]) return;
     out_.stored[l->index] = true;
+    out_.companion[l->index] = true;
     out_.stored_bytes += l->entry->size_bytes();
   }
   void weight(const QuantLocal& l, std::uint64_t elements) {
     keep(&l);
+    out_.companion[l.index] = false;
     ++out_.modules;
     out_.weight_elements += elements;
     for (const auto& pattern : c_.not_converted)
@@ -461,9 +474,12 @@ class QuantModule {
     }
     if (c_.strategy == "group" && c_.group_size > 0) {
       expect_shape(*scale, {s[0], ceil_div(cols, c_.group_size)}, concat(cols, " input columns in groups of ", c_.group_size));
-      if (const auto* zp = find("weight_zero_point"); zp && c_.bits > 0 && packed)
+      if (const auto* zp = find("weight_zero_point"); zp && c_.bits > 0 && packed) {
         expect_shape(*zp, {ceil_div(s[0] * c_.bits, 32), ceil_div(cols, c_.group_size)},
                      concat(s[0], " packed rows of ", c_.bits, "-bit zero points in groups of ", c_.group_size));
+        // transformers' compressed-tensors modules unpack them: one int8 per row and group.
+        out_.sized_as.emplace_back(zp->index, DType::I8, std::vector<std::int64_t>{s[0], ceil_div(cols, c_.group_size)});
+      }
     } else if (c_.strategy == "channel") {
       expect_shape(*scale, {s[0], 1}, concat("one scale per output channel of ", s[0]));
     } else if (c_.strategy == "tensor" && scale->entry->numel() != 1) {
@@ -577,6 +593,7 @@ class QuantModule {
   QuantizedTensors out;
   out.config = config;
   out.stored.assign(tensors.size(), false);
+  out.companion.assign(tensors.size(), false);
   std::unordered_map<std::string_view, std::size_t> module_ids;
   std::vector<std::pair<std::string_view, std::vector<detail::QuantLocal>>> modules;
   module_ids.reserve(tensors.size() / 2 + 1);
@@ -624,13 +641,19 @@ class QuantModule {
 
 /// @brief Gives quantized companions the model name transformers gives them (names.hpp): the
 ///        bitsandbytes quant state of a weight (`m.weight.absmax`) is part of that weight
-///        (`m.weight`), and the scale of a float8 weight fused with others
+///        (`m.weight`), mxfp4's `x_blocks` and `x_scales` are the model's `x`, and the scale of a float8 weight fused with others
 ///        (`experts.3.gate_proj.weight_scale_inv`) is the fused tensor's (`experts.gate_up_proj_scale_inv`).
 inline void quantized_model_names(NameTable& names, const QuantizedTensors& q) {
   const auto n = std::min(names.model.size(), q.stored.size());
   if (q.config.method == QuantMethod::bitsandbytes_4bit) {
     for (std::size_t i = 0; i < n; ++i)
       if (auto w = names.model[i].find(".weight."); q.stored[i] && w != std::string::npos) names.model[i].resize(w + 7);
+    return;
+  }
+  if (q.config.method == QuantMethod::mxfp4) {  // `x_blocks` is the model's `x`, which holds `x_scales` too
+    for (std::size_t i = 0; i < n; ++i)
+      if (q.stored[i] && (names.model[i].ends_with("_blocks") || names.model[i].ends_with("_scales")))
+        names.model[i].resize(names.model[i].size() - 7);
     return;
   }
   if (q.config.method != QuantMethod::fp8 || names.identity()) return;

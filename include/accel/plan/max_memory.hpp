@@ -107,6 +107,16 @@ struct MaxMemory {
 
   /// @brief True when no device has a budget.
   [[nodiscard]] bool empty() const noexcept { return gpus.empty() && !cpu && !disk; }
+  /// @brief Every budget multiplied by `factor` (rounded down), as transformers' quantizers adjust
+  ///        max_memory (bitsandbytes keeps 10% back for buffers made while loading).
+  [[nodiscard]] MaxMemory scaled(double factor) const {
+    auto scale = [&](std::uint64_t v) { return static_cast<std::uint64_t>(static_cast<double>(v) * factor); };
+    MaxMemory out = *this;
+    for (auto& [i, v] : out.gpus) v = scale(v);
+    if (out.cpu) out.cpu = scale(*out.cpu);
+    if (out.disk) out.disk = scale(*out.disk);
+    return out;
+  }
   /// @brief `0=20.00 GiB, cpu=64.00 GiB` for messages.
   [[nodiscard]] std::string to_string() const {
     std::string out;

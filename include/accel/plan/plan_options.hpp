@@ -62,6 +62,9 @@ struct PlanOptions {
                                           ///< (what is loaded is `dtype`, up or down: for comparisons only)
   PlanRules rules = PlanRules::accelerate;  ///< whose balancing and placement details to follow
   std::map<std::string, DType, std::less<>> special_dtypes{};  ///< exact tensor name → dtype
+  double budget_scale = 1.0;              ///< budgets are multiplied by this after balancing, before
+                                          ///< placement (a quantization's budget_factor, as transformers'
+                                          ///< adjust_max_memory: bitsandbytes 0.9)
   std::vector<std::string> keep_in_fp32{};  ///< keep_in_fp32_matches patterns: tensors loaded as float32
   bool clean_result = true;               ///< merge keys with clean_device_map
   bool offload_buffers = false;           ///< offloaded modules' buffers are offloaded too (else they

@@ -246,12 +246,17 @@ inline std::vector<std::string> explain_balancing(const ModuleTree& tree, const 
 /// @throws as plan_device_map(tree, opts); accel::usage_error when `sizes` do not belong to `tree`
 [[nodiscard]] inline PlanResult plan_device_map(const ModuleTree& tree, const ModuleSizes& sizes, DeviceMapMode mode,
                                                 PlanOptions opts, bool budgets_defaulted = false) {
-  if (mode == DeviceMapMode::sequential) return plan_device_map(tree, sizes, opts);
   const MaxMemory given = opts.max_memory;
   const bool low_zero = mode == DeviceMapMode::balanced_low_0;
-  opts.max_memory = get_balanced_memory(tree, sizes, given, opts, low_zero, budgets_defaulted);
+  if (mode != DeviceMapMode::sequential)
+    opts.max_memory = get_balanced_memory(tree, sizes, given, opts, low_zero, budgets_defaulted);
+  const MaxMemory balanced = opts.max_memory;
+  if (opts.budget_scale != 1.0) opts.max_memory = balanced.scaled(opts.budget_scale);
   auto result = plan_device_map(tree, sizes, opts);
-  result.balancing = detail::explain_balancing(tree, sizes, given, result.budgets, opts, low_zero);
+  if (mode != DeviceMapMode::sequential) result.balancing = detail::explain_balancing(tree, sizes, given, balanced, opts, low_zero);
+  if (opts.budget_scale != 1.0)
+    result.balancing.push_back(detail::concat("every budget then multiplied by ", opts.budget_scale,
+                                              " (the quantization's memory adjustment, as transformers makes it)"));
   return result;
 }
 
