@@ -94,6 +94,61 @@ def main():
     return 1 if failures else 0
 
 
+# Companions of quantized weights stored in a floating dtype: loaded as stored, like the weights.
+FLOAT_COMPANIONS = ("weight_scale_inv", ".scales", "weight_scale", "input_scale", ".SCB", ".absmax", ".quant_map",
+                    ".nested_absmax", ".nested_quant_map", "weight_global_scale", "input_global_scale")
+TORCH_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float8_e4m3fn": "F8_E4M3", "int32": "I32",
+               "int8": "I8", "uint8": "U8", "int64": "I64"}
+
+
+def safetensors_tensors(path):
+    """name -> (dtype, shape, bytes) of a safetensors file (the format is 8 bytes of header length,
+    the JSON header, the data)."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        data = f.read()
+    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
+            for k, v in header.items() if k != "__metadata__"}
+
+
+def check_load(accel, case, name, device_map, failures):
+    """`accel load` of the case as float32 over host-simulated GPUs, cpu and disk: every quantized
+    weight and companion must come back byte for byte in its stored dtype; dense floating tensors
+    as float32."""
+    with tempfile.TemporaryDirectory() as dump, tempfile.TemporaryDirectory() as offload:
+        run = subprocess.run([accel, "load", "--checkpoint", case, "--device-map", json.dumps(device_map), "--dtype", "float32",
+                              "--simulate-gpus", "64MiB,64MiB,64MiB", "--offload-folder", offload, "--dump-dir", dump,
+                              "--quiet", "--json"], capture_output=True, text=True)
+        if run.returncode != 0:
+            failures.append(f"{name}: accel load failed ({run.returncode}): {run.stderr.strip()}")
+            return
+        with open(os.path.join(dump, "index.json")) as f:
+            index = json.load(f)
+        stored = safetensors_tensors(os.path.join(case, "model.safetensors"))
+        quantized_modules = {n.rsplit(".", 1)[0] for n, (d, _, _) in stored.items() if d in ("F8_E4M3", "I32", "U8", "I8")}
+        wrong, kept = [], 0
+        for t, (dtype, shape, data) in stored.items():
+            got = index.get(t)
+            if got is None:
+                wrong.append(f"{t} not loaded")
+                continue
+            with open(os.path.join(dump, t + ".dat"), "rb") as f:
+                loaded = f.read()
+            as_stored = dtype not in ("F32", "F16", "BF16") or t.endswith(FLOAT_COMPANIONS) or (
+                t.endswith(".bias") and t.rsplit(".", 1)[0] in quantized_modules and "gptq" in name)
+            kept += as_stored
+            if as_stored and (TORCH_NAMES.get(got["dtype"]) != dtype or loaded != data):
+                wrong.append(f"{t} ({dtype}) loaded as {got['dtype']}{'' if loaded == data else ', other bytes'}")
+            elif not as_stored and got["dtype"] != "float32":
+                wrong.append(f"{t} ({dtype}) loaded as {got['dtype']}, not float32")
+        if wrong:
+            failures.append(f"{name}: {len(wrong)} tensors not loaded as expected, e.g. {wrong[:3]}")
+        else:
+            print(f"{name}: accel load --dtype float32 keeps {kept} of {len(stored)} tensors byte-exact (the quantized "
+                  f"ones), the others float32")
+
+
 def compare_case(accel, case, golden, failures, maps, maps_equal):
     if True:
         name = golden["case"]
@@ -147,6 +202,8 @@ def compare_case(accel, case, golden, failures, maps, maps_equal):
                                             for p in differ[:3]))
             if not differ and known:
                 failures.append(f"{label}: now agrees; remove it from KNOWN_DIFFERENCES and the README")
+            if scenario is golden["maps"][0] and os.path.isfile(os.path.join(case, "model.safetensors")):
+                check_load(accel, case, name, ours, failures)
             off_gpu = {str(v) for v in ours.values()} & {"cpu", "disk"}
             if off_gpu and not known and not {str(v) for v in theirs.values()} & {"cpu", "disk"}:
                 failures.append(f"{label}: transformers keeps the model on the GPUs but accel's map uses {sorted(off_gpu)}")

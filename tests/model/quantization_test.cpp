@@ -293,3 +293,19 @@ TEST_CASE("bitsandbytes quant state is part of its weight in the tree; fp8 exper
   REQUIRE(names.model[1] == "model.layers.0.mlp.experts.gate_up_proj_scale_inv");
   REQUIRE(names.model[2] == "model.layers.0.self_attn.q_proj.weight_scale_inv");
 }
+
+TEST_CASE("blocks past the config's count are left out of the tree and said, as transformers never loads them", "[checkpoint_tree]") {
+  accel_test::TempDir dir;
+  std::vector<accel_test::TensorSpec> specs{{"model.embed_tokens.weight", DType::BF16, {64, 16}, {}}};
+  for (int l = 0; l < 3; ++l)  // layer 2 is a multi-token-prediction layer beside num_hidden_layers = 2
+    specs.push_back({"model.layers." + std::to_string(l) + ".mlp.up_proj.weight", DType::BF16, {32, 16}, {}});
+  specs.push_back({"model.layers.2.eh_proj.weight", DType::BF16, {16, 32}, {}});
+  accel_test::write_safetensors(dir.path() / "model.safetensors", specs);
+  accel_test::write_text(dir.path() / "config.json", R"({"architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":16,
+    "intermediate_size":32,"num_hidden_layers":2,"num_attention_heads":2,"vocab_size":64})");
+  const auto model = accel::read_checkpoint_model(dir.path());
+  REQUIRE(model.tree.find_tensor("model.layers.1.mlp.up_proj.weight"));
+  REQUIRE_FALSE(model.tree.find_module("model.layers.2"));
+  REQUIRE(model.warnings.size() == 1);
+  REQUIRE_THAT(model.warnings.front(), contains("model.layers.2 (2 tensors, 2.00 KiB) is past the model's blocks"));
+}

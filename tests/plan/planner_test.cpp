@@ -546,3 +546,22 @@ TEST_CASE("transformers' reserve: recomputed over modules only once the largest 
   o.rules = accel::PlanRules::transformers;
   CHECK(json(accel::infer_auto_device_map(t, o)) == R"({"w1":0,"w2":1})");
 }
+
+TEST_CASE("budget_scale multiplies every budget after balancing, as a quantizer's adjust_max_memory", "[planner]") {
+  auto t = model_for_test();  // linear1 64 bytes, batchnorm 72 (with buffers), linear2 100
+  auto o = budgets("0=300,cpu=1000");
+  CHECK(json(accel::plan_device_map(t, accel::DeviceMapMode::sequential, o).device_map) == R"({"":0})");
+  o.budget_scale = 0.6;  // GPU 0 keeps 180: linear1 and the reserve for linear2 only
+  const auto plan = accel::plan_device_map(t, accel::DeviceMapMode::sequential, o);
+  CHECK(json(plan.device_map) == R"({"linear1":0,"batchnorm":"cpu","linear2":"cpu"})");
+  REQUIRE(plan.budgets.gpus.at(0) == 180);
+  REQUIRE(plan.budgets.cpu == 600);
+  REQUIRE_THAT(plan.balancing.back(), accel_test::contains("multiplied by 0.6"));
+  // Balanced modes scale what balancing gives.
+  auto b = budgets("0=300,1=300,cpu=1000");
+  const auto balanced = accel::plan_device_map(t, accel::DeviceMapMode::balanced, b).budgets;
+  b.budget_scale = 0.9;
+  const auto scaled = accel::plan_device_map(t, accel::DeviceMapMode::balanced, b).budgets;
+  REQUIRE(scaled.gpus.at(0) == static_cast<std::uint64_t>(static_cast<double>(balanced.gpus.at(0)) * 0.9));
+  REQUIRE(scaled.gpus.at(1) == static_cast<std::uint64_t>(static_cast<double>(balanced.gpus.at(1)) * 0.9));
+}
