@@ -149,6 +149,11 @@ inline int run_plan(std::span<char*> argv) {
   const auto plan = accel::plan_device_map(model.tree, sizes, mode, opts, defaulted);
   const auto report = accel::make_plan_report(plan, bw);
   const std::string quantization = quantized ? accel::quantization_summary(*quantized, opts.dtype) : std::string();
+  if (quantized && quantized->config.transformers_gpu_only &&
+      std::any_of(plan.device_map.begin(), plan.device_map.end(), [](const auto& e) { return !e.second.is_gpu(); }))
+    model.checkpoint->warnings.push_back(
+        "transformers refuses this map for a bitsandbytes checkpoint (modules on cpu or disk need "
+        "llm_int8_enable_fp32_cpu_offload in quantization_config); accel loads it as stored");
   if (auto svg_path = a.value("svg")) {
     std::vector<std::vector<KeySize>> keys(plan.devices.size());
     for (const auto& [key, where] : plan.device_map) {

@@ -73,6 +73,9 @@ struct QuantizationConfig {
   std::vector<std::string> keep_in_fp32{};
   /// transformers' adjust_max_memory: bitsandbytes plans with 90% of every budget.
   double budget_factor = 1.0;
+  /// transformers refuses a map placing any module on cpu or disk (bitsandbytes without
+  /// llm_int8_enable_fp32_cpu_offload); accel loads such a map, and says so.
+  bool transformers_gpu_only = false;
 };
 
 /// @brief Methods transformers 5 knows that accel does not plan or load (named in the error).
@@ -207,6 +210,7 @@ inline void parse_bitsandbytes(const nlohmann::json& q, QuantizationConfig& c) {
   c.method = four ? QuantMethod::bitsandbytes_4bit : QuantMethod::bitsandbytes_8bit;
   c.not_converted = quant_names(q, "llm_int8_skip_modules");
   c.budget_factor = 0.9;
+  c.transformers_gpu_only = !flag("llm_int8_enable_fp32_cpu_offload");
   if (four) {
     auto t = q.find("bnb_4bit_quant_type");
     c.format = t != q.end() && t->is_string() ? t->get<std::string>() : std::string("fp4");
