@@ -290,47 +290,48 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
   if (out.quantization)
     for (const auto& r : out.quantization->sized_as) resized.emplace(std::get<0>(r), &r);
   entry_source.reserve(ckpt.tensor_names.size());
-  for (std::size_t n = 0; n < ckpt.tensor_names.size(); ++n) {
-    const auto& loc = ckpt.locations.at(ckpt.tensor_names[n]);
-    const auto& e = ckpt.entry(loc);
-    const std::string& name = out.names.model[n];
-    if (auto block = detail::block_beyond(name, block_counts)) {
-      auto& [tensors, bytes] = beyond[std::string(*block)];
-      ++tensors;
-      bytes += e.size_bytes();
-      continue;
-    }
-    const bool quantized = out.quantization && out.quantization->stored[n];
-    const bool companion = quantized && out.quantization->companion[n];
-    if (auto [it, fresh] = fused.emplace(name, entries.size()); !fresh) {
-      // Several renamed tensors make one (experts), a quantized weight's state is part of it; a
-      // renamed one meeting a tensor already of that name is a folder holding both spellings.
-      auto& into = entries[it->second];
-      const auto& first = ckpt.tensor_names[entry_source[it->second]];
-      if (quantized && into.quantized && (companion || out.quantization->companion[entry_source[it->second]])) {
-        detail::fold_into(into, e);
+  // Shard by shard, in header order: the order of ckpt.tensor_names (n), with no name lookup.
+  for (std::size_t shard = 0, n = 0; shard < ckpt.headers.size(); ++shard)
+    for (std::size_t i = 0; i < ckpt.headers[shard].tensors.size(); ++i, ++n) {
+      const auto& e = ckpt.headers[shard].tensors[i];
+      const std::string& name = out.names.model[n];
+      if (auto block = detail::block_beyond(name, block_counts)) {
+        auto& [tensors, bytes] = beyond[std::string(*block)];
+        ++tensors;
+        bytes += e.size_bytes();
         continue;
       }
-      if (first == name || ckpt.tensor_names[n] == name)
-        detail::throw_error<checkpoint_error>("tensors '", first, "' and '", ckpt.tensor_names[n], "' are both the model's '",
-                                              name, "'; the folder mixes checkpoint and model names: keep one of them");
-      detail::fuse_into(entries[it->second], e, ckpt.tensor_names[n]);
-      continue;
+      const bool quantized = out.quantization && out.quantization->stored[n];
+      const bool companion = quantized && out.quantization->companion[n];
+      if (auto [it, fresh] = fused.emplace(name, entries.size()); !fresh) {
+        // Several renamed tensors make one (experts), a quantized weight's state is part of it; a
+        // renamed one meeting a tensor already of that name is a folder holding both spellings.
+        auto& into = entries[it->second];
+        const auto& first = ckpt.tensor_names[entry_source[it->second]];
+        if (quantized && into.quantized && (companion || out.quantization->companion[entry_source[it->second]])) {
+          detail::fold_into(into, e);
+          continue;
+        }
+        if (first == name || ckpt.tensor_names[n] == name)
+          detail::throw_error<checkpoint_error>("tensors '", first, "' and '", ckpt.tensor_names[n], "' are both the model's '",
+                                                name, "'; the folder mixes checkpoint and model names: keep one of them");
+        detail::fuse_into(entries[it->second], e, ckpt.tensor_names[n]);
+        continue;
+      }
+      entry_source.push_back(n);
+      detail::TreeEntry t{name, e.dtype, e.shape, shard, false, true, {}, 0, {}, quantized};
+      if (auto r = resized.find(n); r != resized.end())  // sized as transformers' model holds it, not as the file does
+        std::tie(t.dtype, t.shape) = std::tie(std::get<1>(*r->second), std::get<2>(*r->second));
+      if (arch) {
+        const auto dot = name.rfind('.');
+        const std::string_view path = dot == std::string::npos ? std::string_view{} : std::string_view(name).substr(0, dot);
+        const std::string_view local = dot == std::string::npos ? std::string_view(name) : std::string_view(name).substr(dot + 1);
+        const auto slot = detail::catalog_tensor_slot(*index, path, local);
+        if (slot) t.buffer = slot->first == 1;
+        t.catalog_position = slot ? slot->second : SIZE_MAX;
+      }
+      entries.push_back(std::move(t));
     }
-    entry_source.push_back(n);
-    detail::TreeEntry t{name, e.dtype, e.shape, loc.shard, false, true, {}, 0, {}, quantized};
-    if (auto r = resized.find(n); r != resized.end())  // sized as transformers' model holds it, not as the file does
-      std::tie(t.dtype, t.shape) = std::tie(std::get<1>(*r->second), std::get<2>(*r->second));
-    if (arch) {
-      const auto dot = name.rfind('.');
-      const std::string_view path = dot == std::string::npos ? std::string_view{} : std::string_view(name).substr(0, dot);
-      const std::string_view local = dot == std::string::npos ? std::string_view(name) : std::string_view(name).substr(dot + 1);
-      const auto slot = detail::catalog_tensor_slot(*index, path, local);
-      if (slot) t.buffer = slot->first == 1;
-      t.catalog_position = slot ? slot->second : SIZE_MAX;
-    }
-    entries.push_back(std::move(t));
-  }
   for (const auto& [block, count] : beyond)
     out.warnings.push_back(detail::concat(block, " (", text::plural(static_cast<long long>(count.first), "tensor"), ", ",
                                           text::format_bytes(count.second), ") is past the model's blocks, which the config "

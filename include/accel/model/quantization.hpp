@@ -625,7 +625,7 @@ class QuantModule {
   if (!parsed) return std::nullopt;
   std::vector<const TensorEntry*> tensors;
   tensors.reserve(checkpoint.tensor_names.size());
-  for (const auto& n : checkpoint.tensor_names) tensors.push_back(&checkpoint.entry(checkpoint.locations.at(n)));
+  checkpoint.for_each_entry([&](std::size_t, const TensorEntry& e) { tensors.push_back(&e); });
   return classify_quantized_tensors(*parsed, tensors);
 }
 

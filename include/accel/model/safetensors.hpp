@@ -449,6 +449,14 @@ inline bool parse_plain_index(std::string_view text, std::optional<std::uint64_t
   return idx;
 }
 
+namespace detail {
+// Hashes std::string and std::string_view alike, so lookups by view allocate nothing.
+struct NameHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+}  // namespace detail
+
 /// @brief Every tensor of a checkpoint (one file, an index with its shards, or a folder) and
 ///        where it lives; built from headers only.
 struct Checkpoint {
@@ -458,12 +466,20 @@ struct Checkpoint {
   std::vector<std::filesystem::path> shard_files;     ///< sorted by file name
   std::vector<SafetensorsHeader> headers;             ///< parallel to shard_files
   std::vector<std::string> tensor_names;              ///< shard order, then offset order
-  std::unordered_map<std::string, TensorLocation> locations;  ///< tensor name → location
+  std::unordered_map<std::string, TensorLocation, detail::NameHash, std::equal_to<>> locations;  ///< tensor name → location
 
   /// @brief Location of `name`, or nullptr when the checkpoint lacks it.
   [[nodiscard]] const TensorLocation* find(std::string_view name) const {
-    auto it = locations.find(std::string(name));
+    auto it = locations.find(name);
     return it == locations.end() ? nullptr : &it->second;
+  }
+  /// @brief Calls f(n, entry) for every tensor in Checkpoint::tensor_names order (n is its
+  ///        position there), without a name lookup.
+  template <class F>
+  void for_each_entry(F&& f) const {
+    std::size_t n = 0;
+    for (const auto& h : headers)
+      for (const auto& e : h.tensors) f(n++, e);
   }
   /// @brief The header entry at a location.
   [[nodiscard]] const TensorEntry& entry(const TensorLocation& loc) const { return headers[loc.shard].tensors[loc.entry]; }
@@ -554,6 +570,8 @@ inline void add_shard(Checkpoint& c, const std::filesystem::path& file) {
   if (!index.empty()) {
     auto idx = read_safetensors_index(index);
     c.index_file = index;
+    c.locations.reserve(idx.weight_map.size());
+    c.tensor_names.reserve(idx.weight_map.size());
     for (const auto& shard : idx.shard_names) detail::add_shard(c, c.directory / shard);
     for (const auto& [tensor, shard] : idx.weight_map) {
       const auto* loc = c.find(tensor);
