@@ -13,7 +13,6 @@ runs after a warm-up; median and p90 per side and the ratio of medians. Both map
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,13 +22,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 COMPAT = os.path.join(HERE, "..", "..", "tests", "compat")
 sys.path.insert(0, COMPAT)
 from gen_golden_maps import read_fixture, write_checkpoint_files  # noqa: E402
+sys.path.insert(0, HERE)
+from plan_hub_checkpoint import summary  # noqa: E402  (median and p90, as the other planning benchmark)
 
 FIXTURE = os.path.join(COMPAT, "fixtures", "quantized_published", "deepseek_v3_fp8.json.gz")
-
-
-def p90(xs):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(0.9 * (len(xs) - 1))))]
 
 
 def main():
@@ -69,11 +65,11 @@ def main():
         for _ in range(args.runs):
             times["accel"].append(run_accel()[0])
             times["transformers"].append(run_transformers()[0])
-    a, t = statistics.median(times["accel"]), statistics.median(times["transformers"])
+    (a, a90), (t, t90) = summary(times["accel"]), summary(times["transformers"])
     print(f"DeepSeek-V3 FP8 671B ({len(fixture['checkpoint_tensors'])} tensors), 8 x 141 GB, mode "
           f"{scenario['device_map']}, {args.runs} runs each; maps identical")
-    print(f"  accel plan (process):        median {a:9.1f} ms  p90 {p90(times['accel']):9.1f} ms")
-    print(f"  transformers from_pretrained: median {t:9.1f} ms  p90 {p90(times['transformers']):9.1f} ms")
+    print(f"  accel plan (process):        median {a:9.1f} ms  p90 {a90:9.1f} ms")
+    print(f"  transformers from_pretrained: median {t:9.1f} ms  p90 {t90:9.1f} ms")
     print(f"  ratio of medians: transformers / accel = {t / a:.1f}x")
     return 0
 
