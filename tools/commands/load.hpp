@@ -177,6 +177,7 @@ inline int run_load(std::span<char*> argv) {
     const bool defaulted = !a.has("max-memory");
     auto budgets = defaulted ? accel::measured_max_memory(*opts.devices) : accel::parse_max_memory(*a.value("max-memory"));
     auto plan = accel::load_plan_options(std::move(budgets), *opts.devices, opts);
+    plan.budget_scale = model.checkpoint->budget_scale();
     const auto blocks = choose_blocks(a, model, true, "load");
     plan.no_split = blocks.specs;
     plan.auto_no_split = blocks.automatic;

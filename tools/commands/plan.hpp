@@ -132,7 +132,7 @@ inline int run_plan(std::span<char*> argv) {
   // A quantized checkpoint: its weights count as stored (Tensor::quantized) and, as transformers'
   // quantizer adjusts max_memory, bitsandbytes plans with 90% of every budget.
   const auto* quantized = model.checkpoint && model.checkpoint->quantization ? &*model.checkpoint->quantization : nullptr;
-  if (quantized && like == "transformers") opts.budget_scale = quantized->config.budget_factor;
+  if (like == "transformers" && model.checkpoint) opts.budget_scale = model.checkpoint->budget_scale();
   opts.offload_buffers = a.has("offload-buffers");
   opts.fallback_allocation = a.has("fallback");
   if (auto n = a.value("gpu-reserve-layers"))

@@ -159,7 +159,7 @@ inline std::vector<std::pair<std::string, std::string>> tied_aliases(const Modul
   const bool defaulted = !options.max_memory;
   PlanOptions plan = load_plan_options(defaulted ? measured_max_memory(devices) : *options.max_memory, devices, options.load);
   if (!plan.dtype && model.config) plan.dtype = model.auto_dtype;
-  if (model.quantization) plan.budget_scale = model.quantization->config.budget_factor;
+  plan.budget_scale = model.budget_scale();
   for (auto& k : model.keep_in_fp32(plan.dtype))
     if (std::find(plan.keep_in_fp32.begin(), plan.keep_in_fp32.end(), k) == plan.keep_in_fp32.end())
       plan.keep_in_fp32.push_back(std::move(k));

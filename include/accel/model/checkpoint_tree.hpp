@@ -110,6 +110,9 @@ struct CheckpointModel {
   [[nodiscard]] std::vector<std::string> no_split_classes() const {
     return architecture ? architecture->no_split_modules : std::vector<std::string>{};
   }
+  /// @brief What budgets are multiplied by when planning it (PlanOptions::budget_scale): its
+  ///        quantization's memory adjustment, as transformers makes it (bitsandbytes 0.9), else 1.
+  [[nodiscard]] double budget_scale() const { return quantization ? quantization->config.budget_factor : 1.0; }
   /// @brief The catalog's keep-in-fp32 modules for a load dtype (transformers' rule: the plain
   ///        list for float16, the strict list for float16 and bfloat16).
   [[nodiscard]] std::vector<std::string> keep_in_fp32(std::optional<DType> load) const {
