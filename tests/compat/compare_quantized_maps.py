@@ -6,7 +6,9 @@ checkpoint in its method's layout, its config.json, and the maps transformers' f
 computed with the quantizer active: tests/compat/gen_quantized.py) with `accel plan --json`, and
 compares where each model parameter lands with where transformers put it. Also checks what
 from_pretrained checks (every parameter of the quantized model has a device; no key names
-nothing) and that `accel estimate-memory` counts the checkpoint at its stored bytes. The
+nothing), that every module's tensors (a weight with its scales, zero points or quant state)
+share a device under the map in checkpoint names, that `accel load` returns each quantized tensor
+byte for byte, and that `accel estimate-memory` counts the checkpoint at its stored bytes. The
 published-size set (fixtures/quantized_published: DeepSeek-V3's 671B FP8 headers, planned from a
 sparse headers-only folder) must also stay on the GPUs wherever transformers' map does. Fails on a
 scenario that is not parameter-identical unless KNOWN_DIFFERENCES lists it with the reason (each
@@ -112,6 +114,23 @@ def safetensors_tensors(path):
             for k, v in header.items() if k != "__metadata__"}
 
 
+def check_together(cmd, case, name, failures):
+    """Under the same plan written in checkpoint names (what the loader reads), every module's
+    tensors (a weight and its scales, zero points, quant state) share one device."""
+    run = subprocess.run(cmd + ["--names", "checkpoint"], capture_output=True, text=True)
+    if run.returncode != 0:
+        failures.append(f"{name}: accel plan --names checkpoint failed: {run.stderr.strip()}")
+        return
+    device_map = json.loads(run.stdout)
+    where = {}
+    for t in safetensors_tensors(os.path.join(case, "model.safetensors")):
+        module = t.split(".weight.")[0] if ".weight." in t else t.rsplit(".", 1)[0]
+        where.setdefault(module, set()).add(str(device_of(t, device_map)))
+    split = sorted(m for m, devices in where.items() if len(devices) > 1)
+    if split:
+        failures.append(f"{name}: {len(split)} modules have tensors on several devices, e.g. {split[:3]}")
+
+
 def check_load(accel, case, name, device_map, failures):
     """`accel load` of the case as float32 over host-simulated GPUs, cpu and disk: every quantized
     weight and companion must come back byte for byte in its stored dtype; dense floating tensors
@@ -204,6 +223,8 @@ def compare_case(accel, case, golden, failures, maps, maps_equal):
                 failures.append(f"{label}: now agrees; remove it from KNOWN_DIFFERENCES and the README")
             if scenario is golden["maps"][0] and os.path.isfile(os.path.join(case, "model.safetensors")):
                 check_load(accel, case, name, ours, failures)
+            if os.path.isfile(os.path.join(case, "model.safetensors")):
+                check_together(cmd, case, label, failures)
             off_gpu = {str(v) for v in ours.values()} & {"cpu", "disk"}
             if off_gpu and not known and not {str(v) for v in theirs.values()} & {"cpu", "disk"}:
                 failures.append(f"{label}: transformers keeps the model on the GPUs but accel's map uses {sorted(off_gpu)}")
