@@ -4,7 +4,7 @@
 // real processes on the CPU backend.
 //
 //   collectives_bench [--procs 2,4] [--quick]
-//       [--case raw_bytes|raw_bytes_into|struct_list|struct_fields|records_fields|records_fields_fresh|records_cbor|barrier|all_reduce] [--size BYTES]
+//       [--case raw_bytes|raw_bytes_into|struct_list|struct_fields|records_fields|records_fields_fresh|records_flat|records_flat_into|records_cbor|barrier|all_reduce] [--size BYTES]
 //
 // --case and --size (each repeatable) run only those cases and payload sizes (for profiling one).
 // --quick runs a tenth of the iterations.
@@ -186,6 +186,25 @@ int worker(bool quick, const Filter& only) {
         if (all.size() != static_cast<std::size_t>(n) || all.back().size() != count) std::abort();
       });
       report("records_fields_fresh", count, iters, t, 0);
+    }
+    // gather_object_flat (accelerate's gather_object on lists): one vector of every rank's records,
+    // fresh each call, and gather_object_flat_into reusing its result.
+    if (only.wants("records_flat", count)) {
+      const auto value = make_records<Record>(count, rank);
+      const Stats t = time_us(state, iters, [&] {
+        auto all = accel::gather_object_flat(state, value);
+        if (all.size() != count * static_cast<std::size_t>(n)) std::abort();
+      });
+      report("records_flat", count, iters, t, 0);
+    }
+    if (only.wants("records_flat_into", count)) {
+      const auto value = make_records<Record>(count, rank);
+      std::vector<Record> all;
+      const Stats t = time_us(state, iters, [&] {
+        accel::gather_object_flat_into(state, value, all);
+        if (all.size() != count * static_cast<std::size_t>(n)) std::abort();
+      });
+      report("records_flat_into", count, iters, t, 0);
     }
     if (only.wants("records_cbor", count)) {
       const auto value = make_records<CborRecord>(count, rank);

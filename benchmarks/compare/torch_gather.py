@@ -90,6 +90,15 @@ def worker(rank, world, port, quick, cases, sizes, queue):
             recs = make_records(count, rank)
             ri = 5 if quick else 200 if count <= 1000 else 20
             rows.append(("records", count, ri, timed(ri, lambda: dist.all_gather_object(out, recs))))
+    if wants("records_flat"):  # accelerate's gather_object on lists: all_gather_object, then one list
+        for count in (1000, 100000):
+            recs = make_records(count, rank)
+            ri = 5 if quick else 200 if count <= 1000 else 20
+
+            def gather_flat():
+                dist.all_gather_object(out, recs)
+                return [x for part in out for x in part]
+            rows.append(("records_flat", count, ri, timed(ri, gather_flat)))
     if wants("all_reduce"):
         for nbytes in (1 << 20, 16 << 20, 64 << 20):
             if sizes and nbytes not in sizes:
@@ -111,11 +120,12 @@ def worker(rank, world, port, quick, cases, sizes, queue):
 def torch_peer(case):
     """The torch case an accel case is compared with: struct_fields (the same items declared with
     ACCEL_DEFINE_FIELDS) against the list of dicts torch's struct_list sends, the records_* cases
-    (payload: records per process) against torch's same tuples, raw_bytes_into (gather_object_into)
+    (payload: records per process) against torch's same tuples (records_flat*: gather_object_flat
+    against all_gather_object and one list, as accelerate's gather_object), raw_bytes_into (gather_object_into)
     against torch's raw_bytes; the others against the torch case of their name."""
     if case == "struct_fields":
         return "struct_list"
-    for family in ("records", "raw_bytes"):
+    for family in ("records_flat", "records", "raw_bytes"):
         if case.startswith(family):
             return family
     return case

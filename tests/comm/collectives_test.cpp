@@ -102,6 +102,48 @@ TEST_CASE("gather_object_flat concatenates per-rank vectors in rank order, as ac
   }
 }
 
+namespace {
+// Rank r's records of each kind: uneven counts, some ranks empty.
+template <class T, class Make>
+std::vector<T> records_of(int rank, Make&& make) {
+  std::vector<T> out;
+  for (int i = 0; i < (rank * 2) % 3 + (rank == 4 ? 5 : 0); ++i) out.push_back(make(rank * 100 + i));
+  return out;
+}
+
+// gather_object_flat and gather_object_flat_into (into storage holding other records first) give
+// exactly the concatenation of gather_object's per-rank vectors.
+template <class T, class Make>
+void check_flat(Communicator& comm, Make&& make) {
+  const auto mine = records_of<T>(comm.rank(), make);
+  std::vector<T> concatenated;
+  for (auto& part : accel::gather_object(comm, mine)) concatenated.insert(concatenated.end(), part.begin(), part.end());
+  ACCEL_TEST_ENSURE(accel::gather_object_flat(comm, mine) == concatenated);
+  std::vector<T> out(7, make(999));  // other records, which the call replaces
+  accel::gather_object_flat_into(comm, mine, out);
+  ACCEL_TEST_ENSURE(out == concatenated);
+  out.clear();
+  accel::gather_object_flat_into(comm, mine, out);
+  ACCEL_TEST_ENSURE(out == concatenated);
+}
+}  // namespace
+
+TEST_CASE("gather_object_flat decodes every format straight into one vector, empty ranks and uneven counts", "[collectives]") {
+  for (int n : accel_test::world_sizes) {
+    run_world_ok(n, [](Communicator& comm) {
+      check_flat<int>(comm, [](int v) { return v; });                             // raw items
+      check_flat<std::string>(comm, [](int v) { return std::string(static_cast<std::size_t>(v % 7 + 20), static_cast<char>('a' + v % 26)); });
+      check_flat<demo::Scored>(comm, [](int v) {                                  // declared fields
+        return demo::Scored{v, "text " + std::to_string(v), std::vector<float>(static_cast<std::size_t>(v % 4), 0.5f)};
+      });
+      check_flat<std::pair<int, double>>(comm, [](int v) { return std::pair<int, double>{v, v * 0.25}; });
+      check_flat<demo::Completion>(comm, [](int v) {                              // CBOR
+        return demo::Completion{v, std::to_string(v), std::vector<float>(static_cast<std::size_t>(v % 3), 1.5f)};
+      });
+    });
+  }
+}
+
 TEST_CASE("gather_object with shards drops padding and restores the original order exactly", "[collectives]") {
   for (int n : accel_test::world_sizes)
     for (std::size_t length : {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{9}, std::size_t{17}})

@@ -307,7 +307,49 @@ std::vector<T> gather_object(DistributedState& state, const T& value) {
   return gather_object(communicator(state), value);
 }
 
-/// @brief Concatenation of every process's vector in rank order (accelerate's gather_object on lists).
+/// @brief gather_object_flat into storage the caller keeps: every rank's records decoded straight
+/// into `out`, sized once from the payloads' counts, reusing the memory `out` holds from an earlier
+/// call (capacity, and for strings or ACCEL_DEFINE_FIELDS structs every item's strings and vectors).
+///
+/// In:  rank 0 {a, b}, rank 1 {}, rank 2 {c}; `out` anything.   Out: out == {a, b, c} on every rank.
+/// @throws as gather_object; on an error `out` holds valid but unspecified values
+/// @note collective
+template <class T>
+void gather_object_flat_into(Communicator& comm, const std::vector<T>& values, std::vector<T>& out) {
+  const Blobs all = detail::gather_encoded(comm, values);
+  std::vector<detail::VectorItems<std::vector<T>>> parts;
+  parts.reserve(all.size());
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    detail::out_of_memory_as_error(comm, all[i].size(), static_cast<int>(i), [&] { parts.emplace_back(all[i], static_cast<int>(i)); });
+    total += parts.back().count();
+  }
+  if constexpr (std::is_default_constructible_v<T>) {
+    if (out.capacity() < total) {
+      out.reserve(total);
+      detail::advise_huge_pages(out.data(), total * sizeof(T));
+    }
+    out.resize(total);
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const auto n = parts[i].count();
+      detail::out_of_memory_as_error(comm, all[i].size(), static_cast<int>(i), [&] { parts[i].into(std::span<T>(out.data() + at, n)); });
+      at += n;
+    }
+  } else {  // only CBOR items can lack a default constructor: already decoded, moved over
+    out.clear();
+    out.reserve(total);
+    for (auto& part : parts) part.append_to(out);
+  }
+}
+/// @copydoc gather_object_flat_into(Communicator&, const std::vector<T>&, std::vector<T>&)
+template <class T>
+void gather_object_flat_into(DistributedState& state, const std::vector<T>& values, std::vector<T>& out) {
+  gather_object_flat_into(communicator(state), values, out);
+}
+
+/// @brief Concatenation of every process's vector in rank order (accelerate's gather_object on lists),
+///        decoded straight into one vector (see gather_object_flat_into).
 ///
 /// In:  rank 0 {a, b}, rank 1 {}, rank 2 {c}.   Out: {a, b, c} on every rank.
 /// @throws as gather_object
@@ -315,7 +357,7 @@ std::vector<T> gather_object(DistributedState& state, const T& value) {
 template <class T>
 std::vector<T> gather_object_flat(Communicator& comm, const std::vector<T>& values) {
   std::vector<T> out;
-  for (auto& part : gather_object(comm, values)) std::move(part.begin(), part.end(), std::back_inserter(out));
+  gather_object_flat_into(comm, values, out);
   return out;
 }
 /// @copydoc gather_object_flat(Communicator&, const std::vector<T>&)

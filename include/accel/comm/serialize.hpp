@@ -21,10 +21,12 @@
 #include <cxxabi.h>
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <span>
 #include <string>
@@ -349,6 +351,25 @@ T decode_cbor(std::span<const std::byte> rest, int source_rank) {
   }
 }
 
+// The binary format's header: padding, then the fingerprint of T's shape.
+template <class T>
+void check_binary_header(ByteSource& src, int source_rank, const std::string& type) {
+  src.take(7);
+  if (src.u64() != binary::fingerprint<T>())
+    throw_error<serialization_error>("value", from_rank(source_rank), " was encoded from a type of another shape than ", type,
+                                     " (do all ranks pass the same type, built from the same sources?)");
+}
+
+// The strings of a string-vector payload (lengths first, then the bytes) assigned to dst[0..n).
+inline void get_strings(ByteSource& src, std::span<const std::byte> lens, std::string* dst, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint64_t l = 0;
+    std::memcpy(&l, lens.data() + i * 8, 8);
+    auto b = src.take(static_cast<std::size_t>(l));
+    dst[i].assign(reinterpret_cast<const char*>(b.data()), b.size());
+  }
+}
+
 }  // namespace detail
 
 /// @brief Decodes what to_bytes<T> produced into `out`, reusing the memory it holds: a vector's
@@ -402,18 +423,10 @@ void from_bytes_into(std::span<const std::byte> bytes, T& out, int source_rank =
     const std::size_t n = src.count(8);
     const auto lens = src.take(n * 8);
     out.resize(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      std::uint64_t l = 0;
-      std::memcpy(&l, lens.data() + i * 8, 8);
-      auto b = src.take(static_cast<std::size_t>(l));
-      out[i].assign(reinterpret_cast<const char*>(b.data()), b.size());
-    }
+    detail::get_strings(src, lens, out.data(), n);
     src.end();
   } else if constexpr (f == PayloadFormat::binary) {
-    src.take(7);
-    if (src.u64() != detail::binary::fingerprint<T>())
-      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " was encoded from a type of another shape than ",
-                                               type, " (do all ranks pass the same type, built from the same sources?)");
+    detail::check_binary_header<T>(src, source_rank, type);
     detail::binary::get(src, out);
     src.end();
   } else {
@@ -435,5 +448,72 @@ T from_bytes(std::span<const std::byte> bytes, int source_rank = -1) {
     return out;
   }
 }
+
+namespace detail {
+
+/// @brief What to_bytes<std::vector<V>> produced, opened to be decoded straight into storage the
+/// caller sizes: count() first (checked against the bytes), then into(dst) with dst.size() ==
+/// count(), items decoded in place (reusing their strings' and vectors' memory). CBOR payloads
+/// are decoded on opening and moved out. Checks and messages are from_bytes_into's.
+template <class Vec>
+class VectorItems {
+ public:
+  using V = typename Vec::value_type;
+  static constexpr PayloadFormat format = format_of<Vec>();
+
+  VectorItems(std::span<const std::byte> bytes, int source_rank)
+      : type_(check_format<Vec>(bytes, source_rank)), src_(bytes.subspan(1), source_rank, type_) {
+    if constexpr (format == PayloadFormat::raw_vector) {
+      const std::uint64_t n = check_raw_header<V>(src_, source_rank, type_);
+      if (n != src_.remaining() / sizeof(V) || src_.remaining() % sizeof(V) != 0)
+        throw_error<serialization_error>("value", from_rank(source_rank), " announces ", n, " items of ", type_, " but ",
+                                         src_.remaining(), " bytes follow");
+      count_ = static_cast<std::size_t>(n);
+    } else if constexpr (format == PayloadFormat::string_vector) {
+      count_ = src_.count(8);
+      lens_ = src_.take(count_ * 8);
+    } else if constexpr (format == PayloadFormat::binary) {
+      check_binary_header<Vec>(src_, source_rank, type_);
+      count_ = src_.count(binary::min_size<V>());
+    } else {
+      decode_cbor_into(bytes.subspan(1), cbor_, source_rank);
+      count_ = cbor_.size();
+    }
+  }
+
+  [[nodiscard]] std::size_t count() const noexcept { return count_; }
+
+  void into(std::span<V> dst) {
+    if constexpr (format == PayloadFormat::raw_vector) {
+      if (count_) std::memcpy(static_cast<void*>(dst.data()), src_.take(count_ * sizeof(V)).data(), count_ * sizeof(V));
+    } else if constexpr (format == PayloadFormat::string_vector) {
+      get_strings(src_, lens_, dst.data(), count_);
+      src_.end();
+    } else if constexpr (format == PayloadFormat::binary) {
+      if constexpr (binary::block_copyable<V>()) {  // as binary::get reads a vector of them: one block
+        if (count_) std::memcpy(static_cast<void*>(dst.data()), src_.take(count_ * sizeof(V)).data(), count_ * sizeof(V));
+      } else {
+        for (auto& item : dst) binary::get(src_, item);
+      }
+      src_.end();
+    } else {
+      std::move(cbor_.begin(), cbor_.end(), dst.begin());
+    }
+  }
+  /// @brief The items appended to `out` (for item types that are not default-constructible).
+  void append_to(Vec& out) {
+    static_assert(format == PayloadFormat::cbor, "other formats decode into sized storage");
+    std::move(cbor_.begin(), cbor_.end(), std::back_inserter(out));
+  }
+
+ private:
+  const std::string& type_;
+  ByteSource src_;
+  std::size_t count_ = 0;
+  std::span<const std::byte> lens_{};
+  Vec cbor_{};
+};
+
+}  // namespace detail
 
 ACCEL_NAMESPACE_END
