@@ -128,6 +128,12 @@ bool await_gone(pid_t pid, int limit_s = 5) {
   return true;
 }
 
+std::vector<std::string> environment() {
+  std::vector<std::string> out;
+  for (char** e = environ; *e; ++e) out.emplace_back(*e);
+  return out;
+}
+
 std::map<std::string, std::string> env_lines(const std::string& text) {
   std::map<std::string, std::string> m;
   for (const auto& l : lines_of(text)) {
@@ -199,6 +205,43 @@ TEST_CASE("the launcher hosts the job's store and every rank reaches it through 
   CHECK_THAT(out, contains("got 'hello from 1'"));
   CHECK_THAT(out, contains("got 'hello from 2'"));
   CHECK_THAT(out, contains("got 'hello from 0'"));
+}
+
+TEST_CASE("a job needing more open files than the soft limit raises it; its ranks start with the old one", "[launch][mp][nofile]") {
+  TempDir dir;
+  // 60 ranks with --tee: a pidfd, two pipes and two store connections each, far above 128.
+  std::vector<std::string> args = {"--cpu", "--num_processes", "60", "--tee", children + "/store_ping"};
+  args.insert(args.begin(), {"-c", "ulimit -Sn 128 && exec \"$0\" launch \"$@\"", cli});
+  const std::string err_file = dir / "launcher.err";
+  const pid_t pid = accel_test::spawn_redirected([&] {
+    std::vector<std::string> argv = {"/bin/sh"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }(), environment(), "/dev/null", dir / "launcher.out", err_file);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  INFO(read_file(err_file));
+  REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  CHECK_THAT(read_file(err_file), contains("raised the open-file limit from 128 to"));
+  const std::string out = read_file(dir / "launcher.out");
+  for (int r = 0; r < 60; r += 59) CHECK_THAT(out, contains("[rank " + std::to_string(r) + "] rank " + std::to_string(r) + " store="));
+  CHECK_THAT(out, contains("nofile 128\n"));
+}
+
+TEST_CASE("a job needing more open files than even the hard limit fails before any rank starts", "[launch][mp][nofile]") {
+  TempDir dir;
+  const std::string marker = dir / "started";
+  const pid_t pid = accel_test::spawn_redirected(
+      {"/bin/sh", "-c", "ulimit -n 128 && exec \"$0\" launch --cpu --num_processes 60 --tee /bin/sh -c \"touch $1\"", cli, marker},
+      environment(), "/dev/null", dir / "launcher.out", dir / "launcher.err");
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  const std::string err = read_file(dir / "launcher.err");
+  INFO(err);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 8));
+  CHECK_THAT(err, contains("this job needs about"));
+  CHECK_THAT(err, contains("(60 local processes) but its open-file limit is 128 (hard limit 128)"));
+  CHECK_FALSE(exists(marker));
 }
 
 TEST_CASE("gpu_ids set CUDA_VISIBLE_DEVICES and the process count for every child", "[launch][mp]") {

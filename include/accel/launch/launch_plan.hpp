@@ -9,6 +9,8 @@
 /// command line is read by the accel tool (tools/commands/launch.hpp).
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -290,6 +292,31 @@ struct LaunchHooks {
   /// @brief Where the launcher's own messages go (default: stderr).
   std::function<void(const std::string&)> message;
 };
+
+/// @brief Open files the launcher holds at once for a job on this machine: its own (standard
+///        streams, signal and epoll descriptors, the store's listening socket, spares), per local
+///        process a pidfd, two pipes with `tee` or `log_dir` and two log files with `log_dir`, a
+///        spawn's transient pipes, and, when it hosts the store, two connections per rank of the job.
+[[nodiscard]] inline std::uint64_t launcher_open_files(const LaunchPlan& plan, const LaunchOptions& options, bool hosts_store) {
+  const std::uint64_t per_rank = 1 + (options.tee || options.log_dir ? 2 : 0) + (options.log_dir ? 2 : 0);
+  return 64 + per_rank * plan.ranks.size() + 4 + (hosts_store ? 2 * static_cast<std::uint64_t>(plan.world_size) : 0);
+}
+
+/// @brief The soft open-file limit to run a job under (a pure decision): unchanged (nullopt) when
+///        `needed` fits under `soft`; else raised toward `hard`, as servers and language runtimes
+///        raise theirs (twice what is needed, at most `hard`).
+/// @param hard the hard limit (RLIM_INFINITY counts as unbounded)
+/// @throws launch_error naming the files needed and both limits when even `hard` is too low
+[[nodiscard]] inline std::optional<std::uint64_t> raised_open_file_limit(std::uint64_t needed, std::uint64_t soft,
+                                                                         std::uint64_t hard, std::size_t local_processes) {
+  if (needed <= soft) return std::nullopt;
+  if (needed > hard)
+    accel::detail::throw_error<launch_error>("this job needs about ", needed, " open files in the launcher (", local_processes,
+                                             " local processes) but its open-file limit is ", soft, " (hard limit ", hard,
+                                             "); raise the hard limit (ulimit -Hn as root, LimitNOFILE= for a systemd "
+                                             "service, nofile in limits.conf) or start fewer processes per machine");
+  return std::min(hard, std::max(needed * 2, soft));
+}
 
 }  // namespace launch
 ACCEL_NAMESPACE_END

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -38,14 +39,37 @@ inline std::optional<std::string> getenv_opt(const char* name) {
   return v ? std::optional<std::string>(v) : std::nullopt;
 }
 
-/// @brief A job ready to start: its plan (store address included) and the program's full path.
+/// @brief A job ready to start: its plan (store address included), the program's full path, and
+///        the open-file limit its processes start with when the launcher raised its own.
 struct PreparedJob {
   LaunchPlan plan;
   std::string program_path;
+  std::optional<rlimit> child_open_files{};
 };
 
+/// @brief Raises the launcher's soft open-file limit when the job needs more descriptors than it
+///        allows (raised_open_file_limit decides); returns the limit the children start with.
+/// @throws launch_error before anything starts when even the hard limit is too low
+inline std::optional<rlimit> fit_open_file_limit(const LaunchPlan& plan, const LaunchOptions& options, bool hosts_store,
+                                                 const Say& say) {
+  rlimit now{};
+  if (::getrlimit(RLIMIT_NOFILE, &now) != 0) return std::nullopt;
+  const auto needed = launcher_open_files(plan, options, hosts_store);
+  const auto raised = raised_open_file_limit(needed, now.rlim_cur, now.rlim_max, plan.ranks.size());
+  if (!raised) return std::nullopt;
+  rlimit more = now;
+  more.rlim_cur = static_cast<rlim_t>(*raised);
+  if (::setrlimit(RLIMIT_NOFILE, &more) != 0)
+    accel::detail::throw_error<launch_error>("cannot raise the open-file limit from ", now.rlim_cur, " to ", *raised, " (",
+                                             accel::detail::proc::errno_text(errno), "); this job needs about ", needed,
+                                             "; raise it before starting (ulimit -n)");
+  say(accel::detail::concat("raised the open-file limit from ", now.rlim_cur, " to ", *raised, ": the launcher holds about ",
+                            needed, " for this job; its processes start with ", now.rlim_cur));
+  return now;
+}
+
 /// @brief Step 1, setup: plans the job for this machine (saying the checklist's warnings), finds
-///        the program, creates the log folder and hosts the store.
+///        the program, creates the log folder, hosts the store and fits the open-file limit.
 inline PreparedJob prepare_job(const LaunchOptions& options, const LaunchHooks& hooks, const Say& say) {
   using accel::detail::concat;
   namespace proc = accel::detail::proc;
@@ -70,8 +94,13 @@ inline PreparedJob prepare_job(const LaunchOptions& options, const LaunchHooks& 
                                                  ? ": no executable file at that path"
                                                  : concat(" on PATH; give its path, e.g. ./", program));
   if (options.log_dir) make_directories(*options.log_dir);
+  bool hosts_store = false;
   if (hooks.host_store)
-    if (auto address = hooks.host_store(job.plan)) set_store_address(job.plan, *address);
+    if (auto address = hooks.host_store(job.plan)) {
+      set_store_address(job.plan, *address);
+      hosts_store = true;
+    }
+  job.child_open_files = fit_open_file_limit(job.plan, options, hosts_store, say);
   return job;
 }
 
@@ -129,6 +158,7 @@ inline void start_children(const PreparedJob& job, const LaunchOptions& options,
     req.child_mask = signals.original_mask();
     req.reset_signals = signals.reset_list();
     req.exit_watch = sup.exit_watch();
+    req.open_files = job.child_open_files;
     auto output = child_output(options, r.rank, req);
     proc::Spawned started = proc::spawn_child(req);
     Child child;

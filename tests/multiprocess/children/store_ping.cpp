@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
 // Child for launch tests: connects to the job's store the way DistributedState users do, publishes
-// its rank, reads the next rank's key, and prints what it got and where the store was.
+// its rank, reads the next rank's key, and prints what it got, where the store was and the soft
+// open-file limit it started with.
 #include <accel/comm/store.hpp>
 #include <accel/runtime/env.hpp>
+
+#include <sys/resource.h>
 
 #include <cstdio>
 #include <string>
@@ -15,7 +18,10 @@ int main() {
     client->set("rank" + std::to_string(env.rank), "hello from " + std::to_string(env.rank));
     const int next = (env.rank + 1) % env.world_size;
     const std::string got = client->get_string("rank" + std::to_string(next));
-    std::printf("rank %d store=%s got '%s'\n", env.rank, env.store_address.value_or("none").c_str(), got.c_str());
+    rlimit files{};
+    ::getrlimit(RLIMIT_NOFILE, &files);
+    std::printf("rank %d store=%s got '%s' nofile %llu\n", env.rank, env.store_address.value_or("none").c_str(), got.c_str(),
+                static_cast<unsigned long long>(files.rlim_cur));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "store_ping: %s\n", e.what());

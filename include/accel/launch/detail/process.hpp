@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -24,6 +25,7 @@
 #include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -164,6 +166,8 @@ struct SpawnRequest {
   std::vector<int> reset_signals; ///< signals whose disposition goes back to SIG_DFL before exec
   int exit_watch = -1;            ///< epoll set that gets the child's pidfd (EPOLLIN | EPOLLONESHOT,
                                   ///< data.u64 = pid) before the program starts; -1 for none
+  std::optional<rlimit> open_files{};  ///< RLIMIT_NOFILE the program starts with (the launcher's own
+                                       ///< before it raised it); unset: inherited
 };
 
 /// @brief A started child: its pid, which is also its process-group id, and its pidfd, registered
@@ -204,6 +208,7 @@ inline Spawned spawn_child(const SpawnRequest& r) {
     if (::getppid() != launcher) ::_exit(127);  // the launcher died before prctl took effect
     for (int sig : r.reset_signals) ::sigaction(sig, &dfl, nullptr);
     ::sigprocmask(SIG_SETMASK, &r.child_mask, nullptr);
+    if (r.open_files) ::setrlimit(RLIMIT_NOFILE, &*r.open_files);
     if ((r.stdin_fd >= 0 && ::dup2(r.stdin_fd, 0) < 0) || (r.stdout_fd >= 0 && ::dup2(r.stdout_fd, 1) < 0) ||
         (r.stderr_fd >= 0 && ::dup2(r.stderr_fd, 2) < 0)) {
       const int err = errno;
