@@ -25,6 +25,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -364,7 +365,7 @@ inline bool is_float8(DType d) {
 // Checks and marks one module's tensors for one method; `find` looks up a local name.
 class QuantModule {
  public:
-  QuantModule(const QuantizationConfig& c, std::string_view module, std::vector<QuantLocal>& locals, QuantizedTensors& out)
+  QuantModule(const QuantizationConfig& c, std::string_view module, std::span<const QuantLocal> locals, QuantizedTensors& out)
       : c_(c), module_(module), locals_(locals), out_(out) {}
 
   const QuantLocal* find(std::string_view local) const {
@@ -583,7 +584,7 @@ class QuantModule {
 
   const QuantizationConfig& c_;
   std::string_view module_;
-  std::vector<QuantLocal>& locals_;
+  std::span<const QuantLocal> locals_;
   QuantizedTensors& out_;
 };
 
@@ -598,16 +599,26 @@ class QuantModule {
   out.config = config;
   out.stored.assign(tensors.size(), false);
   out.companion.assign(tensors.size(), false);
-  std::unordered_map<std::string_view, std::size_t> module_ids;
-  std::vector<std::pair<std::string_view, std::vector<detail::QuantLocal>>> modules;
+  // Tensors grouped by module in one array (a counting sort over module ids), not a vector each.
+  std::unordered_map<std::string_view, std::uint32_t> module_ids;
   module_ids.reserve(tensors.size() / 2 + 1);
+  std::vector<std::string_view> modules, locals(tensors.size());
+  std::vector<std::uint32_t> module_of(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const auto [module, local] = detail::quant_owner(tensors[i]->name);
-    auto [it, fresh] = module_ids.emplace(module, modules.size());
-    if (fresh) modules.emplace_back(module, std::vector<detail::QuantLocal>{});
-    modules[it->second].second.push_back({local, tensors[i], i});
+    auto [it, fresh] = module_ids.emplace(module, static_cast<std::uint32_t>(modules.size()));
+    if (fresh) modules.push_back(module);
+    module_of[i] = it->second;
+    locals[i] = local;
   }
-  for (auto& [module, locals] : modules) detail::QuantModule(config, module, locals, out).run();
+  std::vector<std::size_t> begin(modules.size() + 1, 0);
+  for (auto m : module_of) ++begin[m + 1];
+  for (std::size_t m = 0; m < modules.size(); ++m) begin[m + 1] += begin[m];
+  std::vector<detail::QuantLocal> grouped(tensors.size());
+  auto next = begin;
+  for (std::size_t i = 0; i < tensors.size(); ++i) grouped[next[module_of[i]]++] = {locals[i], tensors[i], i};
+  for (std::size_t m = 0; m < modules.size(); ++m)
+    detail::QuantModule(config, modules[m], std::span<const detail::QuantLocal>(grouped).subspan(begin[m], begin[m + 1] - begin[m]), out).run();
   if (out.modules == 0 && !tensors.empty())
     detail::throw_error<checkpoint_error>("config.json's quantization_config says ", config.description, " but no tensor of the "
                                           "checkpoint is stored that way (", tensors.front()->name, " is ",
