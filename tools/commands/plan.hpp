@@ -251,6 +251,11 @@ inline int run_estimate_memory(std::span<char*> argv) {
     const auto largest = accel::largest_layer(tree, sizes, no_split);
     out.push_back({{"dtype", row}, {"largest_layer", largest.name}, {"largest_layer_bytes", largest.bytes},
                    {"total_bytes", sizes.total()}});
+    if (model.checkpoint && model.checkpoint->quantization) {  // the quantized weights count as stored in every row
+      const auto& q = *model.checkpoint->quantization;
+      out.back()["quantization"] = {{"method", q.config.quant_method}, {"description", q.config.description},
+                                    {"stored_bytes", q.stored_bytes}, {"bytes_saved", q.bytes_saved(bits)}};
+    }
     std::string line = row;
     line.resize(12, ' ');
     std::string l = accel::text::format_bytes(largest.bytes) + " (" + (largest.name.empty() ? "-" : largest.name) + ")";

@@ -324,13 +324,17 @@ struct QuantizedTensors {
   std::uint64_t stored_bytes = 0;     ///< bytes of the tensors marked stored
   std::uint64_t weight_elements = 0;  ///< elements those weights have once dequantized
 
-  /// @brief Bytes the quantized weights would take if loaded in `dtype` instead.
-  [[nodiscard]] std::uint64_t dequantized_bytes(DType dtype) const { return weight_elements * bit_size(dtype) / 8; }
-  /// @brief Bytes the quantization saves against loading those weights in `dtype` (0 if none).
-  [[nodiscard]] std::uint64_t bytes_saved(DType dtype) const {
-    const auto d = dequantized_bytes(dtype);
+  /// @brief Bytes the quantized weights would take at `bits` per element instead.
+  [[nodiscard]] std::uint64_t dequantized_bytes(unsigned bits) const { return weight_elements * bits / 8; }
+  /// @brief ... if loaded in `dtype` instead.
+  [[nodiscard]] std::uint64_t dequantized_bytes(DType dtype) const { return dequantized_bytes(bit_size(dtype)); }
+  /// @brief Bytes the quantization saves against those weights at `bits` per element (0 if none).
+  [[nodiscard]] std::uint64_t bytes_saved(unsigned bits) const {
+    const auto d = dequantized_bytes(bits);
     return d > stored_bytes ? d - stored_bytes : 0;
   }
+  /// @brief ... against loading them in `dtype`.
+  [[nodiscard]] std::uint64_t bytes_saved(DType dtype) const { return bytes_saved(bit_size(dtype)); }
   /// @brief The names of the tensors marked stored (for LoadOptions::stored_dtype_tensors).
   [[nodiscard]] std::vector<std::string> stored_names(const std::vector<std::string>& tensor_names) const {
     std::vector<std::string> out;
