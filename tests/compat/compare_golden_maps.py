@@ -148,7 +148,7 @@ def main():
             for over in over_budget(tensors, ours, scenario, fp32[arch], model_name):
                 failures.append(f"{label} {scenario['name']}: accel's map is over budget at the loaded dtype on {over}")
             if agree == len(tensors) and known:
-                failures.append(f"{label} {scenario['name']}: now agrees; remove it from KNOWN_DIFFERENCES and the README")
+                failures.append(f"{label} {scenario['name']}: now agrees; remove it from KNOWN_DIFFERENCES and tests/compat/README.md")
     print(f"golden maps: {maps_equal}/{maps} maps agree on every tensor; {agree_all}/{total_all} tensors agree")
     for f in failures:
         print("FAIL " + f)

@@ -220,7 +220,7 @@ def compare_case(accel, case, golden, failures, maps, maps_equal):
                                 + ", ".join(f"{p} (accel {device_of(p, ours)}, transformers {device_of(p, theirs)})"
                                             for p in differ[:3]))
             if not differ and known:
-                failures.append(f"{label}: now agrees; remove it from KNOWN_DIFFERENCES and the README")
+                failures.append(f"{label}: now agrees; remove it from KNOWN_DIFFERENCES and tests/compat/README.md")
             if scenario is golden["maps"][0] and os.path.isfile(os.path.join(case, "model.safetensors")):
                 check_load(accel, case, name, ours, failures)
             if os.path.isfile(os.path.join(case, "model.safetensors")):

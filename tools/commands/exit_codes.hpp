@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
-// Exit codes of the accel command, one per error category (documented in the README).
+// Exit codes of the accel command, one per error category (documented in docs/exit-codes.md).
 #pragma once
 
 #include <string>

@@ -28,7 +28,7 @@ struct SkeletonReader {
 
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
     throw_error<config_error>("malformed model skeleton '", label, "': ", field, " ", what,
-                              "; see the skeleton format (modules/parameters/buffers/tied) in the README");
+                              "; see the skeleton format (modules/parameters/buffers/tied) in docs/planning.md");
   }
 
   const nlohmann::json* optional_array(const nlohmann::json& root, const char* key) const {
