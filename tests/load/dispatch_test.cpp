@@ -675,6 +675,15 @@ TEST_CASE("a quantized checkpoint loads byte-exact: float8 weights and float32 s
   }
   REQUIRE(model.at("model.layers.1.mlp.up_proj.weight").storage == Storage::mmap_view);  // as stored: a view, no offload file
 
+  // A map splitting a weight from its scale is refused before anything is allocated.
+  const auto split = accel::DeviceMap::from_json(R"({"model.embed_tokens": 0, "model.layers.0.mlp.up_proj.weight": 1,
+    "model.layers.0.mlp.up_proj.weight_scale_inv": "cpu", "model.layers.0.post_attention_layernorm": 1, "model.layers.1": 1, "lm_head": 0})");
+  const auto allocations = fake(devices[1]).allocations();
+  REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), split, options),
+                      accel_test::contains("puts 'model.layers.0.mlp.up_proj.weight' on 1 and 'model.layers.0.mlp.up_proj.weight_scale_inv' "
+                                           "on cpu; a quantized weight and its scales must share a device"));
+  REQUIRE(fake(devices[1]).allocations() == allocations);
+
   // Before: the float8 weight was converted like any floating tensor, and refused.
   auto dense = options;
   accel_test::write_text(dir.path() / "config.json", R"({"architectures":["LlamaForCausalLM"],"model_type":"llama"})");

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -35,6 +36,23 @@ ACCEL_NAMESPACE_BEGIN
 
 namespace detail {
 
+// A quantized weight and its scales, zero points or quant state are one thing to a kernel: a map
+// that puts them on different devices is refused, naming both (the planner never does that).
+inline void require_quantized_together(const LoadPlan& plan, const QuantizedTensors& q, const Checkpoint& checkpoint) {
+  std::vector<std::size_t> base(checkpoint.headers.size() + 1, 0);  // shard -> its first tensor's position
+  for (std::size_t s = 0; s < checkpoint.headers.size(); ++s) base[s + 1] = base[s] + checkpoint.headers[s].tensors.size();
+  std::unordered_map<std::string_view, const PlannedTensor*> first;  // quantized module -> its first tensor
+  for (const auto& t : plan.tensors) {
+    const std::size_t n = base[t.location.shard] + t.location.entry;
+    if (n >= q.stored.size() || !q.stored[n]) continue;
+    const auto [it, fresh] = first.emplace(quant_owner(t.name).first, &t);
+    if (!fresh && it->second->placement != t.placement)
+      throw_error<config_error>("the device map puts '", it->second->name, "' on ", it->second->placement.to_string(), " and '",
+                                t.name, "' on ", t.placement.to_string(), "; a quantized weight and its scales must share a "
+                                "device: map their module '", it->first, "' (or a module holding it) as a whole");
+  }
+}
+
 // Plan, then carry the plan out; `start` is when the caller's load began. A map in the model's
 // names (what accel plan writes by default and from_pretrained takes) is read in the checkpoint's;
 // a quantized checkpoint's quantized tensors are loaded as stored.
@@ -50,6 +68,7 @@ inline DispatchedModel plan_and_load(const Checkpoint& checkpoint, const DeviceM
       if (std::find(opts.keep_in_fp32.begin(), opts.keep_in_fp32.end(), k) == opts.keep_in_fp32.end()) opts.keep_in_fp32.push_back(k);
   }
   LoadPlan plan = plan_load(checkpoint, model_names ? to_checkpoint_names(map, naming.names) : map, opts, devices.size());
+  if (naming.quantization) require_quantized_together(plan, *naming.quantization, checkpoint);
   return LoadExecutor(checkpoint, std::move(plan), std::move(devices), opts, start).run();
 }
 
