@@ -261,16 +261,15 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
                                           : match.reason;
   }
   out.architecture = arch;
-  if (out.config) out.quantization = checkpoint_quantization(ckpt, out.config->json);
   std::optional<TemplateIndex> index;
   if (arch) index.emplace(*arch);
 
-  // The names: the model's (transformers' renames of a Hub folder's names), else the checkpoint's.
-  const ClassNames* class_names = nullptr;
-  if (out.config && opts.model_names && !out.config->architectures.empty())
-    class_names = find_class_names(out.config->architectures.front());
-  out.names = name_table(class_names, ckpt.tensor_names);
-  if (out.quantization) quantized_model_names(out.names, *out.quantization);
+  // The names: the model's (transformers' renames of a Hub folder's names), else the checkpoint's;
+  // and what its quantization stores as is.
+  auto naming = checkpoint_naming(ckpt, out.config ? &*out.config : nullptr, opts.model_names);
+  out.names = std::move(naming.names);
+  out.quantization = std::move(naming.quantization);
+  const ClassNames* class_names = naming.class_names;
   if (class_names && !class_names->exact)
     out.warnings.push_back(detail::concat("transformers' renames of ", class_names->class_name,
                                           " are not all reproduced by accel's rules (", class_names->first_difference,

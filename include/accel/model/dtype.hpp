@@ -199,6 +199,32 @@ inline std::string accepted_dtype_names() {
   return total / 8;
 }
 
+namespace detail {
+/// @brief Whether `pattern` matches a prefix of `text` that `ends_ok(end)` accepts: `*` any run,
+///        `.` any one character, everything else literal (the patterns transformers writes as
+///        regular expressions). Greedy with one backtrack point, the last star: linear in practice.
+template <class EndsOk>
+[[nodiscard]] constexpr bool glob_prefix_matches(std::string_view pattern, std::string_view text, EndsOk&& ends_ok) noexcept {
+  std::size_t p = 0, t = 0, star = std::string_view::npos, mark = 0;
+  for (;;) {
+    if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = t;
+      continue;
+    }
+    if (p == pattern.size() && ends_ok(t)) return true;
+    if (p < pattern.size() && t < text.size() && (pattern[p] == '.' || pattern[p] == text[t])) {
+      ++p;
+      ++t;
+      continue;
+    }
+    if (star == std::string_view::npos || mark >= text.size()) return false;
+    p = star + 1;
+    t = ++mark;
+  }
+}
+}  // namespace detail
+
 /// @name The load dtype: one decision for the planner (sizes) and the loader (conversion)
 ///@{
 /// @brief Whether a keep-in-fp32 pattern matches a tensor name, as transformers matches its
@@ -207,30 +233,9 @@ inline std::string accepted_dtype_names() {
 /// @note So `wo` matches `decoder.block.0.layer.2.DenseReluDense.wo.weight`, and `lm_head` matches
 ///       `lm_head.weight`. The planner, the loader and `accel load`/`accel plan` all use this.
 [[nodiscard]] constexpr bool keep_in_fp32_matches(std::string_view pattern, std::string_view name) noexcept {
-  // Anchored glob at `start`: `*` any run, `.` any character, everything else literal.
-  auto anchored = [](std::string_view pat, std::string_view text) {
-    std::size_t p = 0, t = 0, star = std::string_view::npos, mark = 0;
-    while (p < pat.size() || t < text.size()) {
-      if (p < pat.size() && pat[p] == '*') {
-        star = p++;
-        mark = t;
-        continue;
-      }
-      if (p == pat.size()) return true;  // unanchored at the end: the rest of the name is free
-      if (t < text.size() && (pat[p] == '.' || pat[p] == text[t])) {
-        ++p;
-        ++t;
-        continue;
-      }
-      if (star == std::string_view::npos || mark >= text.size()) return false;
-      p = star + 1;
-      t = ++mark;
-    }
-    return true;
-  };
   if (pattern.empty()) return true;
-  for (std::size_t start = 0; start <= name.size(); ++start)
-    if (anchored(pattern, name.substr(start))) return true;
+  for (std::size_t start = 0; start <= name.size(); ++start)  // unanchored at both ends: the rest of the name is free
+    if (detail::glob_prefix_matches(pattern, name.substr(start), [](std::size_t) { return true; })) return true;
   return false;
 }
 

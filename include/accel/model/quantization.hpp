@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -88,6 +89,11 @@ namespace detail {
 
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return b > 0 ? (a + b - 1) / b : 0; }
 
+inline std::string ascii_lower(std::string s) {
+  for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
 [[noreturn]] inline void bad_quant_config(std::string_view field, const nlohmann::json& v, std::string_view want) {
   throw_error<checkpoint_error>("config.json: quantization_config.", field, " is ", json_excerpt(v), ", not ", want,
                                 "; fix config.json (it must describe the tensors as stored)");
@@ -142,8 +148,7 @@ inline void parse_gptq_awq(const nlohmann::json& q, QuantizationConfig& c) {
   if (c.group_size == 0) bad_quant_config("group_size", q.at("group_size"), "-1 or a positive integer");
   if (c.method == QuantMethod::awq) {
     auto v = q.find("version");
-    c.format = v != q.end() && v->is_string() ? v->get<std::string>() : std::string("gemm");
-    for (auto& ch : c.format) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    c.format = v != q.end() && v->is_string() ? ascii_lower(v->get<std::string>()) : std::string("gemm");
     c.description = concat("awq (", c.format, ", ", c.bits, "-bit, ", group_text(c.group_size), ")");
   } else {
     c.description = concat("gptq (", c.bits, "-bit, ", group_text(c.group_size), ")");
@@ -249,8 +254,7 @@ inline void parse_bitsandbytes(const nlohmann::json& q, QuantizationConfig& c) {
     if (!m->is_string()) detail::bad_quant_config("quant_method", *m, "a method name");
     c.quant_method = m->get<std::string>();
   }
-  std::string method = c.quant_method;
-  for (auto& ch : method) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const std::string method = detail::ascii_lower(c.quant_method);
   if (method == "fp8") {
     c.method = QuantMethod::fp8;
     detail::parse_fp8(q, c);
@@ -286,26 +290,10 @@ inline void parse_bitsandbytes(const nlohmann::json& q, QuantizationConfig& c) {
 [[nodiscard]] inline bool quant_module_listed(std::string_view pattern, std::string_view module) {
   if (pattern.empty()) return false;
   if (module.ends_with(pattern)) return true;
-  // Anchored at 0, `*` any run, `.` any character; the match must end at a module boundary. Greedy
-  // with one backtrack point (the last star), as glob matchers do: linear in practice.
-  auto boundary = [&](std::size_t at) { return at == module.size() || module[at] == '.' || (at > 0 && module[at - 1] == '.'); };
-  std::size_t p = 0, t = 0, star = std::string_view::npos, mark = 0;
-  for (;;) {
-    if (p < pattern.size() && pattern[p] == '*') {
-      star = p++;
-      mark = t;
-      continue;
-    }
-    if (p == pattern.size() && boundary(t)) return true;
-    if (p < pattern.size() && t < module.size() && (pattern[p] == '.' || pattern[p] == module[t])) {
-      ++p;
-      ++t;
-      continue;
-    }
-    if (star == std::string_view::npos || mark >= module.size()) return false;
-    p = star + 1;
-    t = ++mark;
-  }
+  // From the start; the match must end at a module boundary.
+  return detail::glob_prefix_matches(pattern, module, [&](std::size_t at) {
+    return at == module.size() || module[at] == '.' || (at > 0 && module[at - 1] == '.');
+  });
 }
 
 /// @brief Which checkpoint tensors a quantization stores quantized, and what that saves.
@@ -693,23 +681,31 @@ inline void quantized_model_names(NameTable& names, const QuantizedTensors& q) {
 struct CheckpointNaming {
   NameTable names;                                 ///< the model name of every checkpoint tensor
   std::optional<QuantizedTensors> quantization{};  ///< unset: a dense checkpoint
+  const ClassNames* class_names = nullptr;         ///< whose rules renamed them (nullptr: none)
 };
 
-/// @brief The names (for the class config.json names; none, or a class transformers lacks:
-///        unchanged) and the quantization of a checkpoint, as model_from_checkpoint decides them.
-/// @param config_file config.json when it does not sit next to the checkpoint
-/// @throws accel::checkpoint_error for an unreadable config.json or a quantization it contradicts
-[[nodiscard]] inline CheckpointNaming checkpoint_naming(const Checkpoint& checkpoint,
-                                                       const std::optional<std::filesystem::path>& config_file = {}) {
+/// @brief The names and the quantization of a checkpoint under a config already read: the rules of
+///        the class it names (none, or a class transformers lacks: unchanged; `model_names` false:
+///        the checkpoint's names are kept), quantized companions named as transformers names them.
+/// @param config nullptr: no config.json, so neither renames nor a quantization
+/// @throws accel::checkpoint_error for a quantization the tensors contradict
+[[nodiscard]] inline CheckpointNaming checkpoint_naming(const Checkpoint& checkpoint, const ModelConfig* config,
+                                                       bool model_names = true) {
   CheckpointNaming out;
-  const auto path = config_file ? config_file : checkpoint.config_file;
-  std::optional<ModelConfig> config;
-  if (path) config = read_model_config(*path);
-  const ClassNames* names = config && !config->architectures.empty() ? find_class_names(config->architectures.front()) : nullptr;
-  out.names = name_table(names, checkpoint.tensor_names);
+  if (config && model_names && !config->architectures.empty()) out.class_names = find_class_names(config->architectures.front());
+  out.names = name_table(out.class_names, checkpoint.tensor_names);
   if (config) out.quantization = checkpoint_quantization(checkpoint, config->json);
   if (out.quantization) quantized_model_names(out.names, *out.quantization);
   return out;
+}
+
+/// @brief As above, reading config.json (`config_file`, else the one next to the checkpoint).
+/// @throws accel::checkpoint_error for an unreadable config.json or a quantization it contradicts
+[[nodiscard]] inline CheckpointNaming checkpoint_naming(const Checkpoint& checkpoint,
+                                                       const std::optional<std::filesystem::path>& config_file = {}) {
+  const auto path = config_file ? config_file : checkpoint.config_file;
+  const std::optional<ModelConfig> config = path ? std::optional<ModelConfig>(read_model_config(*path)) : std::nullopt;
+  return checkpoint_naming(checkpoint, config ? &*config : nullptr);
 }
 
 ACCEL_NAMESPACE_END
