@@ -360,6 +360,16 @@ void check_binary_header(ByteSource& src, int source_rank, const std::string& ty
                                      " (do all ranks pass the same type, built from the same sources?)");
 }
 
+// A raw vector's header, and its item count checked against the bytes that follow.
+template <class V>
+std::size_t raw_vector_count(ByteSource& src, int source_rank, const std::string& type) {
+  const std::uint64_t n = check_raw_header<V>(src, source_rank, type);
+  if (n != src.remaining() / sizeof(V) || src.remaining() % sizeof(V) != 0)
+    throw_error<serialization_error>("value", from_rank(source_rank), " announces ", n, " items of ", type, " but ",
+                                     src.remaining(), " bytes follow");
+  return static_cast<std::size_t>(n);
+}
+
 // The strings of a string-vector payload (lengths first, then the bytes) assigned to dst[0..n).
 inline void get_strings(ByteSource& src, std::span<const std::byte> lens, std::string* dst, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) {
@@ -399,11 +409,7 @@ void from_bytes_into(std::span<const std::byte> bytes, T& out, int source_rank =
     out.assign(reinterpret_cast<const char*>(rest.data()), rest.size());
   } else if constexpr (f == PayloadFormat::raw_vector) {
     using V = typename T::value_type;
-    const std::uint64_t n64 = detail::check_raw_header<V>(src, source_rank, type);
-    if (n64 != src.remaining() / sizeof(V) || src.remaining() % sizeof(V) != 0)
-      detail::throw_error<serialization_error>("value", detail::from_rank(source_rank), " announces ", n64, " items of ", type,
-                                               " but ", src.remaining(), " bytes follow");
-    const auto n = static_cast<std::size_t>(n64);
+    const std::size_t n = detail::raw_vector_count<V>(src, source_rank, type);
     const auto data = src.take(n * sizeof(V));
     // Into a vector without the room: aligned data (shared memory is page-aligned) is copied
     // once, straight into fresh memory; otherwise the items are zero-constructed and then filled.
@@ -464,11 +470,7 @@ class VectorItems {
   VectorItems(std::span<const std::byte> bytes, int source_rank)
       : type_(check_format<Vec>(bytes, source_rank)), src_(bytes.subspan(1), source_rank, type_) {
     if constexpr (format == PayloadFormat::raw_vector) {
-      const std::uint64_t n = check_raw_header<V>(src_, source_rank, type_);
-      if (n != src_.remaining() / sizeof(V) || src_.remaining() % sizeof(V) != 0)
-        throw_error<serialization_error>("value", from_rank(source_rank), " announces ", n, " items of ", type_, " but ",
-                                         src_.remaining(), " bytes follow");
-      count_ = static_cast<std::size_t>(n);
+      count_ = raw_vector_count<V>(src_, source_rank, type_);
     } else if constexpr (format == PayloadFormat::string_vector) {
       count_ = src_.count(8);
       lens_ = src_.take(count_ * 8);
