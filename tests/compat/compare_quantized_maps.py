@@ -27,7 +27,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from compare_golden_maps import device_of  # noqa: E402  (pure Python; needs no torch)
-from gen_golden_maps import read_fixture, write_checkpoint_files  # noqa: E402
+from gen_golden_maps import read_fixture, read_safetensors, write_checkpoint_files  # noqa: E402
 
 FIXTURES = os.path.join(HERE, "fixtures", "quantized")
 PUBLISHED = os.path.join(HERE, "fixtures", "quantized_published")
@@ -103,17 +103,6 @@ TORCH_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float8_e
                "int8": "I8", "uint8": "U8", "int64": "I64"}
 
 
-def safetensors_tensors(path):
-    """name -> (dtype, shape, bytes) of a safetensors file (the format is 8 bytes of header length,
-    the JSON header, the data)."""
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-        data = f.read()
-    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in header.items() if k != "__metadata__"}
-
-
 def check_together(cmd, case, name, failures):
     """Under the same plan written in checkpoint names (what the loader reads), every module's
     tensors (a weight and its scales, zero points, quant state) share one device."""
@@ -123,7 +112,7 @@ def check_together(cmd, case, name, failures):
         return
     device_map = json.loads(run.stdout)
     where = {}
-    for t in safetensors_tensors(os.path.join(case, "model.safetensors")):
+    for t in read_safetensors(os.path.join(case, "model.safetensors")):
         module = t.split(".weight.")[0] if ".weight." in t else t.rsplit(".", 1)[0]
         where.setdefault(module, set()).add(str(device_of(t, device_map)))
     split = sorted(m for m, devices in where.items() if len(devices) > 1)
@@ -144,7 +133,7 @@ def check_load(accel, case, name, device_map, failures):
             return
         with open(os.path.join(dump, "index.json")) as f:
             index = json.load(f)
-        stored = safetensors_tensors(os.path.join(case, "model.safetensors"))
+        stored = read_safetensors(os.path.join(case, "model.safetensors"))
         quantized_modules = {n.rsplit(".", 1)[0] for n, (d, _, _) in stored.items() if d in ("F8_E4M3", "I32", "U8", "I8")}
         wrong, kept = [], 0
         for t, (dtype, shape, data) in stored.items():

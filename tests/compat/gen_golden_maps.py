@@ -88,6 +88,18 @@ def write_headers_only(path, tensors):
         f.truncate(8 + len(blob) + offset)
 
 
+def read_safetensors(path):
+    """{name: (dtype, shape, data bytes)} of a safetensors file, in data order (the format: 8 bytes
+    of header length, the JSON header, the data)."""
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    header.pop("__metadata__", None)
+    items = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
+    return {k: (v["dtype"], list(v["shape"]), data[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in items}
+
+
 def tensor_bytes(dtype, shape):
     n = SIZES[dtype]
     for d in shape:

@@ -99,18 +99,6 @@ def torch_name(dtype):
     return str(dtype).removeprefix("torch.")
 
 
-def read_tensors(path):
-    """[[name, dtype, shape], ...] of a safetensors file, in file order, and the data bytes."""
-    import struct
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    items = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
-    total = max((v["data_offsets"][1] for _, v in items), default=0)
-    return [[k, v["dtype"], list(v["shape"])] for k, v in items], total
-
-
 def save_safetensors(path, tensors):
     from safetensors.torch import save_file
     save_file({k: v.contiguous() for k, v in tensors.items()}, path, metadata={"format": "pt"})
@@ -654,7 +642,9 @@ def record_case(case, method, arch, folder, layout_source):
     import accelerate
     import torch
     import transformers
-    tensors, stored = read_tensors(os.path.join(folder, "model.safetensors"))
+    entries = gen_golden_maps.read_safetensors(os.path.join(folder, "model.safetensors"))
+    tensors = [[name, dtype, shape] for name, (dtype, shape, _) in entries.items()]
+    stored = sum(len(data) for _, _, data in entries.values())
     with open(os.path.join(folder, "config.json")) as f:
         config = json.load(f)
     fixture = {
