@@ -52,6 +52,36 @@ enum class PlanRules : std::uint8_t {
   transformers,
 };
 
+/// @brief What a device map is planned for.
+enum class PlanObjective : std::uint8_t {
+  /// "does it fit?": transformers' (or accelerate's) map exactly, as from_pretrained computes it.
+  fit,
+  /// the least weight traffic per forward pass within the same budgets: an untied input embedding
+  /// leaves the GPUs first (its rows are read, not the table), the largest-layer reserve is kept
+  /// only for layers that are actually offloaded, GPUs are packed fuller, cpu before disk. Never
+  /// streams more than the fit map (both are computed; the better one is kept).
+  speed,
+};
+
+/// @brief Parses "fit" or "speed".
+/// @throws accel::usage_error naming the string and the accepted ones
+[[nodiscard]] inline PlanObjective parse_plan_objective(std::string_view s) {
+  if (s == "fit") return PlanObjective::fit;
+  if (s == "speed") return PlanObjective::speed;
+  detail::throw_error<usage_error>("unknown plan objective '", s, "'; use fit or speed");
+}
+
+/// @brief "fit" or "speed".
+[[nodiscard]] constexpr std::string_view plan_objective_name(PlanObjective o) noexcept {
+  return o == PlanObjective::speed ? "speed" : "fit";
+}
+
+/// @brief Transfer rates the streaming estimates assume (defaults, measured ones, or given ones).
+struct Bandwidths {
+  double host_to_device = 25e9;  ///< bytes/s pinned host → GPU (PCIe 4.0 x16 in practice ≈ 25 GB/s)
+  double disk_read = 2e9;        ///< bytes/s reading the offload folder (a fast NVMe SSD ≈ 2 GB/s)
+};
+
 /// @brief Options of infer_auto_device_map / plan_device_map.
 struct PlanOptions {
   MaxMemory max_memory{};                 ///< budgets (required): GPUs, optional cpu, optional disk cap
@@ -76,6 +106,9 @@ struct PlanOptions {
                                           ///< offloaded blocks (LoadOptions::fetch_slots = 2), so
                                           ///< plan with 2 to leave room for both fetch buffers
   std::ostream* verbose = nullptr;        ///< trace of every decision (accelerate's verbose lines)
+  PlanObjective objective = PlanObjective::fit;  ///< fit: transformers' map, unchanged; speed: see
+                                                 ///< PlanObjective (mode-taking plan_device_map only)
+  Bandwidths bandwidths{};                ///< rates the speed objective weighs cpu against disk with
 };
 
 /// @brief What one device received.
@@ -90,6 +123,40 @@ struct DevicePlan {
   std::optional<std::uint64_t> required{};  ///< it received nothing: bytes the first module needed
 };
 
+/// @brief Weight bytes that cross to the execution GPU on every forward pass, and their time.
+///
+/// Counted: weights on cpu (copied host → GPU) and on disk (read, then copied host → GPU), as
+/// make_plan_report counts them; an offloaded module's buffers stay resident unless
+/// offload_buffers. Not counted: an input embedding read by rows (row_read_embeddings: a pass
+/// reads the rows of its token ids, a few KiB, counted as 0), activations, KV cache, kernel time,
+/// overlap of copies with compute.
+struct StreamingCost {
+  std::uint64_t from_cpu = 0;   ///< bytes copied host → GPU per pass (0 without a GPU: it runs there)
+  std::uint64_t from_disk = 0;  ///< bytes read from disk per pass
+  std::uint64_t row_read = 0;   ///< bytes of row-read input embeddings off the GPUs (not streamed)
+  double seconds = 0;           ///< from_cpu / host_to_device + from_disk / disk_read (+ / host_to_device with a GPU)
+  /// @brief Bytes streamed per forward pass.
+  [[nodiscard]] std::uint64_t streamed() const noexcept { return from_cpu + from_disk; }
+};
+
+/// @brief A module (or tensor) the speed objective placed elsewhere than the fit map, and why.
+struct ModuleMove {
+  std::string module{};  ///< a unit the planner moves whole (block, leaf module, loose tensor)
+  Placement from{};      ///< its device in the fit map
+  Placement to{};        ///< its device in the speed map
+  std::string why{};     ///< e.g. "input embedding: rows are read, not the table"
+};
+
+/// @brief Both objectives' streaming cost for one model and one set of budgets.
+struct ObjectiveComparison {
+  StreamingCost fit{};                 ///< the fit map's
+  StreamingCost speed{};               ///< the speed map's (the fit map's when no better one exists)
+  bool speed_map_differs = false;      ///< the speed objective keeps a map other than the fit map
+  std::vector<ModuleMove> moves{};     ///< what the speed map moved, model order (empty when it is the fit map)
+  std::vector<std::string> row_read{}; ///< the tensors counted as read by rows
+  Bandwidths bandwidths{};             ///< the rates the seconds assume
+};
+
 /// @brief A device map with its accounting.
 struct PlanResult {
   DeviceMap device_map{};                 ///< HF device map, model order
@@ -100,6 +167,8 @@ struct PlanResult {
   std::vector<std::string> warnings{};    ///< e.g. offloaded buffers that fit no GPU
   std::vector<std::string> info{};        ///< e.g. devices that received nothing
   std::vector<std::string> balancing{};   ///< balanced modes: each GPU budget lowered, from what to what and why
+  PlanObjective objective = PlanObjective::fit;  ///< what the map was planned for
+  std::optional<ObjectiveComparison> objectives{};  ///< PlanObjective::speed: both objectives' cost
 };
 
 /// @brief The size accounting the planner uses for these options (dtype, special dtypes, fp32 modules).

@@ -19,12 +19,6 @@
 
 ACCEL_NAMESPACE_BEGIN
 
-/// @brief Transfer rates the estimates assume (override with measured ones).
-struct Bandwidths {
-  double host_to_device = 25e9;  ///< bytes/s pinned host → GPU (PCIe 4.0 x16 in practice ≈ 25 GB/s)
-  double disk_read = 2e9;        ///< bytes/s reading the offload folder (a fast NVMe SSD ≈ 2 GB/s)
-};
-
 /// @brief Per-forward-pass streaming cost of a plan.
 struct PlanReport {
   std::optional<Placement> execution_device{};  ///< first GPU of the map (none: runs on CPU)

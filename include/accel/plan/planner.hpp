@@ -32,6 +32,7 @@
 #include <accel/plan/max_memory.hpp>
 #include <accel/model/module_tree.hpp>
 #include <accel/plan/detail/placement_engine.hpp>
+#include <accel/plan/objective.hpp>
 #include <accel/plan/plan_options.hpp>
 
 ACCEL_NAMESPACE_BEGIN
@@ -241,7 +242,9 @@ inline std::vector<std::string> explain_balancing(const ModuleTree& tree, const 
 }
 
 /// @brief Plans with a string strategy from module sizes already computed; sizes serve both the
-///        balancing and the placement.
+///        balancing and the placement. With PlanObjective::speed the fit map is planned first,
+///        then plan_speed_objective within its budgets; the cheaper map is returned with
+///        PlanResult::objectives set (the balancing lines are the fit plan's).
 /// @param sizes compute_module_sizes(tree, size_options(opts))
 /// @throws as plan_device_map(tree, opts); accel::usage_error when `sizes` do not belong to `tree`
 [[nodiscard]] inline PlanResult plan_device_map(const ModuleTree& tree, const ModuleSizes& sizes, DeviceMapMode mode,
@@ -257,6 +260,12 @@ inline std::vector<std::string> explain_balancing(const ModuleTree& tree, const 
   if (opts.budget_scale != 1.0)
     result.balancing.push_back(detail::concat("every budget then multiplied by ", opts.budget_scale,
                                               " (the quantization's memory adjustment, as transformers makes it)"));
+  if (opts.objective == PlanObjective::speed) {
+    auto speed = plan_speed_objective(tree, sizes, opts, result);
+    speed.plan.balancing = std::move(result.balancing);
+    speed.plan.objectives = std::move(speed.comparison);
+    return std::move(speed.plan);
+  }
   return result;
 }
 

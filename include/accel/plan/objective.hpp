@@ -1,0 +1,259 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file objective.hpp
+/// @brief The speed objective: a device map that streams the fewest weight bytes per forward
+///        pass within the budgets a fit map used, with what it costs beside the fit map.
+///
+/// A map with cpu or disk entries copies those weights to the execution GPU (the lowest GPU of the
+/// map) on every forward pass. The speed objective places the same units under the same budgets
+/// and no-split rules, but:
+/// - an input embedding not tied to an output layer leaves the GPUs first: a pass reads only the
+///   rows of its token ids (DispatchedModel::read_rows), so it costs no table copy (counted as 0);
+/// - the largest-layer reserve (gpu_reserve_layers × the largest layer) is kept only on the
+///   execution GPU and only for layers actually offloaded; none when nothing streams;
+/// - GPUs are packed fuller (several packings are tried; the cheapest is kept), cpu before disk,
+///   tied tensors together, blocks whole.
+/// The fit map is always a candidate: the speed map never streams more bytes, and is checked
+/// against every budget before it is kept.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/text.hpp>
+#include <accel/model/module_tree.hpp>
+#include <accel/plan/device_map.hpp>
+#include <accel/plan/max_memory.hpp>
+#include <accel/plan/plan_options.hpp>
+#include <accel/plan/detail/speed_placement.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+
+/// @brief Which tensors are input embeddings a forward pass reads by rows.
+///
+/// A module without children whose local name is one transformers gives token embeddings
+/// (`embed_tokens`, `wte`, `word_embeddings`, `shared`, `embed_in`, `tok_embeddings`,
+/// `token_embedding`, `word_embedding`), whose class, when known, names an embedding
+/// (`Embedding`, `LlamaEmbedding`, `Gemma3TextScaledWordEmbedding`, ...), and whose only parameter
+/// is a 2-D `weight`. A weight tied to anything but such embeddings (an LM head: GPT-2, Gemma, T5)
+/// is read whole by that module, so it is not row-read.
+/// @return one flag per tensor id (every name of a row-read tensor is flagged)
+[[nodiscard]] inline std::vector<bool> row_read_embeddings(const ModuleTree& tree) {
+  const auto& mods = tree.modules();
+  const auto& tens = tree.tensors();
+  std::vector<bool> out(tens.size(), false);
+  auto embedding_weight = [&](std::size_t t) {
+    const auto& mod = mods[tens[t].module];
+    if (tens[t].module == 0 || !mod.children.empty() || !detail::input_embedding_local_name(mod.name)) return false;
+    if (!mod.class_name.empty() && !detail::names_an_embedding(mod.class_name)) return false;
+    return mod.parameters.size() == 1 && mod.parameters[0] == t && tens[t].shape.size() == 2 && !tens[t].buffer &&
+           tens[t].name.ends_with(".weight");
+  };
+  std::vector<bool> tied(tens.size(), false);
+  const auto index = tree.index();
+  for (const auto& group : index->tied_groups) {
+    const bool all = std::all_of(group.begin(), group.end(), [&](auto t) { return embedding_weight(t); });
+    for (auto t : group) {
+      tied[t] = true;
+      out[t] = all;
+    }
+  }
+  for (std::size_t t = 0; t < tens.size(); ++t)
+    if (!tied[t]) out[t] = embedding_weight(t);
+  return out;
+}
+
+/// @brief What `map` streams per forward pass (see StreamingCost for what is counted).
+/// @param sizes compute_module_sizes(tree, size_options(opts))
+/// @param opts offload_buffers and bandwidths are read
+[[nodiscard]] inline StreamingCost streaming_cost(const ModuleTree& tree, const ModuleSizes& sizes, const DeviceMap& map,
+                                                  const PlanOptions& opts) {
+  StreamingCost c;
+  const auto index = tree.index();
+  const auto row_read = row_read_embeddings(tree);
+  const auto placements = map.devices();
+  const bool gpu = std::any_of(placements.begin(), placements.end(), [](const Placement& p) { return p.is_gpu(); });
+  for (std::size_t t = 0; t < tree.tensors().size(); ++t) {
+    if (index->canonical[t] != t || sizes.tensor[t] == 0) continue;
+    const auto& ten = tree.tensors()[t];
+    const auto p = map.placement_of(ten.name);
+    if (!p || p->is_gpu() || (ten.buffer && !opts.offload_buffers)) continue;
+    if (row_read[t]) c.row_read += sizes.tensor[t];
+    else if (p->is_disk()) c.from_disk += sizes.tensor[t];
+    else if (gpu) c.from_cpu += sizes.tensor[t];
+  }
+  const auto& bw = opts.bandwidths;
+  c.seconds = static_cast<double>(c.from_cpu) / bw.host_to_device + static_cast<double>(c.from_disk) / bw.disk_read +
+              (gpu ? static_cast<double>(c.from_disk) / bw.host_to_device : 0.0);
+  return c;
+}
+
+/// @brief The speed objective's map and how it compares with the fit map.
+struct SpeedPlan {
+  PlanResult plan;                 ///< the map kept for speed: a better one, or the fit map itself
+  ObjectiveComparison comparison;  ///< both maps' cost and what moved
+};
+
+namespace detail {
+// True when `a` streams less than `b`: no more bytes, no more time, and less of one.
+inline bool cheaper(const StreamingCost& a, const StreamingCost& b) {
+  const bool time_ok = a.seconds <= b.seconds * (1 + 1e-12);
+  return a.streamed() <= b.streamed() && time_ok && (a.streamed() < b.streamed() || a.seconds < b.seconds * (1 - 1e-12));
+}
+
+// Why the packing moved one unit, relative to the fit map.
+inline std::string move_reason(bool row_read, Placement from, Placement to, const std::string& room_freed) {
+  if (row_read && !to.is_gpu()) return "input embedding: rows are read, not the table";
+  if (to.is_gpu() && !from.is_gpu()) return "room freed by " + room_freed;
+  if (to.is_gpu()) return "GPUs repacked to hold more";
+  if (from.is_gpu()) return "its GPU room holds larger layers that would otherwise stream";
+  if (to.is_cpu()) return "host before disk: cpu room freed";
+  return "cpu room given to larger layers";
+}
+}  // namespace detail
+
+/// @brief Plans for the speed objective within the budgets `fit` was placed with, and compares.
+/// @param sizes compute_module_sizes(tree, size_options(opts))
+/// @param opts the options `fit` was planned with (budgets are taken from fit.budgets: after
+///        balancing and budget_scale); gpu_reserve_layers, offload_buffers, no-split rules and
+///        bandwidths are read
+/// @param fit the fit map (plan_device_map with PlanObjective::fit)
+/// @return the map kept (`fit` unchanged when no packing streams less) and both costs
+/// @code
+/// auto fit = accel::plan_device_map(tree, sizes, accel::DeviceMapMode::automatic, opts);
+/// auto speed = accel::plan_speed_objective(tree, sizes, opts, fit);
+/// std::printf("%llu bytes per pass instead of %llu\n", speed.comparison.speed.streamed(), speed.comparison.fit.streamed());
+/// @endcode
+[[nodiscard]] inline SpeedPlan plan_speed_objective(const ModuleTree& tree, const ModuleSizes& sizes, const PlanOptions& opts,
+                                                    const PlanResult& fit) {
+  PlanOptions o = opts;
+  o.max_memory = fit.budgets;
+  o.verbose = nullptr;
+  const auto row_read = row_read_embeddings(tree);
+  SpeedPlan out{fit, {}};
+  out.plan.objective = PlanObjective::speed;
+  auto& cmp = out.comparison;
+  cmp.bandwidths = o.bandwidths;
+  cmp.fit = streaming_cost(tree, sizes, fit.device_map, o);
+  cmp.speed = cmp.fit;
+  for (std::size_t t = 0; t < row_read.size(); ++t)
+    if (row_read[t] && tree.index()->canonical[t] == t) cmp.row_read.push_back(tree.tensors()[t].name);
+  if (cmp.fit.streamed() == 0 || o.max_memory.gpus.empty()) return out;
+
+  const detail::SpeedPacking packing(tree, sizes, o, row_read);
+  const auto& devices = packing.devices();
+  const std::uint64_t layers = std::max<std::uint64_t>(o.gpu_reserve_layers, 1);
+  std::optional<detail::SpeedAssignment> best;
+  DeviceMap best_map;
+  std::uint64_t best_reserve = 0, best_disk_reserve = 0;
+  for (const auto reserve : packing.reserve_candidates())
+    for (const bool by_size : {true, false})
+      for (const bool row_read_off : {true, false}) {
+        auto a = packing.pack(reserve, by_size, row_read_off);
+        if (!a) continue;
+        // The budgets, checked on the result: the execution GPU (the lowest GPU holding anything)
+        // keeps room for the largest layer that streams, cpu for the largest one on disk.
+        const auto [used, buffers] = packing.usage(*a);
+        const auto gpu_reserve = packing.largest_layer_off_gpus(*a, false) * layers;
+        const auto on_disk = packing.largest_layer_off_gpus(*a, true);
+        const auto disk_reserve = on_disk > 0 && packing.cpu_keeps_reserve() ? on_disk : 0;
+        bool ok = true, exec_seen = false;
+        for (std::size_t d = 0; d < devices.size(); ++d) {
+          std::uint64_t need = used[d];
+          if (devices[d].is_gpu() && used[d] > 0 && !exec_seen) {
+            need += gpu_reserve;
+            exec_seen = true;
+          }
+          if (devices[d].is_cpu()) need += disk_reserve;
+          ok = ok && need <= static_cast<std::uint64_t>(packing.budget(d));
+        }
+        if (!ok) continue;
+        auto map = packing.to_map(*a);
+        const auto cost = streaming_cost(tree, sizes, map, o);
+        if (!detail::cheaper(cost, cmp.speed)) continue;
+        cmp.speed = cost;
+        best = std::move(a);
+        best_map = std::move(map);
+        best_reserve = gpu_reserve;
+        best_disk_reserve = disk_reserve;
+      }
+  if (!best) return out;
+
+  // The plan: same devices and budgets as the fit plan, this map's accounting.
+  PlanResult& r = out.plan;
+  r.device_map = std::move(best_map);
+  r.warnings.clear();
+  r.info.clear();
+  const auto [used, buffers] = packing.usage(*best);
+  std::optional<std::size_t> exec;
+  r.devices.clear();
+  for (std::size_t d = 0; d < devices.size(); ++d) {
+    DevicePlan p;
+    p.device = devices[d];
+    if (!devices[d].is_disk() || o.max_memory.disk) p.budget = static_cast<std::uint64_t>(packing.budget(d));
+    p.placed = used[d];
+    p.buffers = o.offload_buffers ? 0 : buffers[d];
+    if (devices[d].is_gpu() && used[d] > 0 && !exec) {
+      exec = d;
+      p.main = true;
+      p.reserve = best_reserve;
+    }
+    if (devices[d].is_cpu()) {
+      p.main = packing.cpu_keeps_reserve();
+      p.reserve = best_disk_reserve;
+    }
+    r.devices.push_back(std::move(p));
+  }
+  for (const auto& [key, where] : r.device_map)
+    for (auto& p : r.devices)
+      if (p.device == where) p.modules.push_back(key);
+  cmp.speed_map_differs = true;
+
+  // Why each unit moved: what the fit map spent GPU room on that this one does not.
+  std::uint64_t embedding_freed = 0, fit_reserve = 0, fit_gap = 0;
+  std::vector<std::string> embeddings;
+  for (const auto& p : fit.devices)
+    if (p.device.is_gpu()) {
+      if (p.main) fit_reserve = p.reserve;
+      if (p.budget && *p.budget > p.placed + (p.main ? p.reserve : 0)) fit_gap += *p.budget - p.placed - (p.main ? p.reserve : 0);
+    }
+  const auto& atoms = packing.atoms();
+  std::vector<std::pair<std::uint32_t, Placement>> fit_moved;  // atom, fit placement
+  for (std::uint32_t a = 0; a < atoms.size(); ++a) {
+    const auto name = packing.atom_name(a);
+    const auto& item = packing.items()[packing.item_of_atom(a)];
+    if (item.bytes == 0) continue;
+    const auto from = fit.device_map.placement_of(name);
+    const auto to = devices[static_cast<std::size_t>(best->device[packing.item_of_atom(a)])];
+    if (!from || *from == to) continue;
+    if (item.row_read && from->is_gpu() && !to.is_gpu()) {
+      embedding_freed += item.bytes;
+      embeddings.push_back(name);
+    }
+    fit_moved.emplace_back(a, *from);
+  }
+  std::vector<std::string> parts;
+  if (embedding_freed)
+    parts.push_back(text::quoted_list(embeddings) + " leaving the GPUs (" + text::format_bytes(embedding_freed) + ")");
+  if (exec && fit_reserve > best_reserve)
+    parts.push_back("the reserve on GPU " + devices[*exec].to_string() + " shrinking from " + text::format_bytes(fit_reserve) + " to " +
+                    text::format_bytes(best_reserve));
+  if (fit_gap) parts.push_back(text::format_bytes(fit_gap) + " the fit map left unused on the GPUs");
+  std::string room;
+  for (std::size_t k = 0; k < parts.size(); ++k) room += (k ? (k + 1 == parts.size() ? " and " : ", ") : "") + parts[k];
+  if (room.empty()) room = "a tighter packing";
+  for (const auto& [a, from] : fit_moved) {
+    const auto& item = packing.items()[packing.item_of_atom(a)];
+    const auto to = devices[static_cast<std::size_t>(best->device[packing.item_of_atom(a)])];
+    cmp.moves.push_back({packing.atom_name(a), from, to, detail::move_reason(item.row_read, from, to, room)});
+  }
+  return out;
+}
+
+ACCEL_NAMESPACE_END
