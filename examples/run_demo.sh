@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # The README's demo: installs what it needs, builds the accel command and the examples, then runs
-# the seed program as two processes on this machine (CPU when there is no GPU).
+# the seed program as two processes on this machine (CPU when there is no GPU), plans and loads a
+# small checkpoint, and ends by running a small Llama over accel's placement (llama_generate).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build="$root/build/demo"
@@ -17,3 +18,8 @@ echo
 echo "== accel load: the same plan, loaded (without a GPU: two host-simulated GPUs exactly as large as the budgets)"
 "$build/bin/accel" load --checkpoint "$build/demo-llama" --max-memory '0=1536KiB,1=1536KiB,cpu=1MiB' \
   --simulate-gpus 1536KiB,1536KiB --offload-folder "$build/demo-llama/offload" --quiet
+echo
+echo "== llama_generate: a small Llama decoding over accel's placement (two host-simulated GPUs, CPU, disk), checked against transformers"
+fixture="$root/tests/compat/fixtures/forward/llama"
+"$build/examples/llama_generate" --checkpoint "$fixture" --simulate-gpus 2MiB,2MiB \
+  --max-memory '0=1000KiB,1=500KiB,cpu=700KiB' --expect "$fixture/golden.json"

@@ -41,7 +41,7 @@ command -v ninja >/dev/null && args+=(-G Ninja)
 step "configure + build (CUDA/NCCL ON)"
 cmake -S "$root" -B "$build" "${args[@]}" >"$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
 grep -E "accel: CUDA|google benchmark" "$build.configure.log"
-targets=(accel-cli)
+targets=(accel-cli accel_example_llama_generate)
 for src in "$root"/tests/gpu/*_test.cpp; do targets+=("accel_gpu_$(basename "$src" .cpp)"); done
 [[ -d "$root/benchmarks" ]] && targets+=(accel_load_bench)
 if ! cmake --build "$build" -j "$(nproc)" --target "${targets[@]}" >"$build.build.log" 2>&1; then
@@ -56,6 +56,13 @@ for t in "$build"/tests/accel_gpu_*; do
   [ -x "$t" ] || continue
   echo "-- $(basename "$t")"
   timeout 120 "$t" "[gpu]" --durations yes || status=1
+done
+step "forward pass over real device buffers (examples/llama_generate vs transformers' golden logits)"
+fixture="$root/tests/compat/fixtures/forward/llama"
+for budget in "0=8MiB,cpu=8MiB" "0=900KiB,cpu=500KiB"; do
+  echo "-- --max-memory $budget"
+  timeout 60 "$build/examples/llama_generate" --checkpoint "$fixture" --expect "$fixture/golden.json" \
+    --max-memory "$budget" --offload-folder "$build/forward-offload" || status=1
 done
 step "GPU benchmarks"
 if [ -x "$build/benchmarks/load_bench" ]; then

@@ -424,6 +424,79 @@ TEST_CASE("without a GPU, fetch returns host views and prefetch does nothing", "
   REQUIRE(b.tensors()[0].data == m.at("b.w").host.data());
 }
 
+namespace {
+// Rows `rows` of `bytes` (a row-major tensor of `count` rows), one after another.
+std::vector<std::byte> rows_of(const std::vector<std::byte>& bytes, std::size_t count, const std::vector<std::int64_t>& rows) {
+  const std::size_t row = bytes.size() / count;
+  std::vector<std::byte> out;
+  for (auto r : rows) out.insert(out.end(), bytes.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * row),
+                                 bytes.begin() + static_cast<std::ptrdiff_t>((static_cast<std::size_t>(r) + 1) * row));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("read_rows copies chosen rows of cpu and disk tensors to the execution GPU, or to the host without one",
+          "[dispatch][rows]") {
+  accel_test::TempDir dir;
+  // 22-byte rows (four per 96-byte staging buffer) and 200-byte rows (larger than a staging buffer).
+  const std::vector<TensorSpec> specs{{"embed.weight", DType::BF16, {37, 11}, {}}, {"wide.weight", DType::F32, {3, 50}, {}},
+                                      {"gpu.weight", DType::F32, {4, 4}, {}}, {"scalar", DType::F32, {}, {}}};
+  accel_test::write_safetensors(dir / "model.safetensors", specs);
+  const std::vector<std::int64_t> ids{36, 0, 5, 5, 17, 2, 36, 9, 1};  // unordered, repeated, > one buffer
+  const std::vector<std::int64_t> wide_ids{2, 0, 2};
+  for (auto memory : {accel::CpuMemory::pageable, accel::CpuMemory::pinned, accel::CpuMemory::zero_copy}) {
+    for (const char* where : {"cpu", "disk"}) {
+      INFO(where << " memory " << static_cast<int>(memory));
+      auto devices = sim(1 << 20, 1 << 20);
+      auto opts = small_staging(devices);
+      opts.cpu_memory = memory;
+      const auto map = accel::DeviceMap::from_json(std::string(R"({"gpu": 0, "scalar": 0, "embed": ")") + where +
+                                                   R"(", "wide": ")" + where + "\"}");
+      auto model = accel::load_checkpoint_and_dispatch(dir.path(), map, opts);
+      accel::DeviceBuffer out(devices[0], 22 * ids.size());
+      accel::Stream compute(devices[0]);
+      model.read_rows("embed.weight", ids, out.get(), compute.get());
+      REQUIRE(device_bytes(out.get(), 22 * ids.size(), devices[0]) == rows_of(stored_bytes(specs[0]), 37, ids));
+      accel::DeviceBuffer wide(devices[0], 200 * wide_ids.size());
+      model.read_rows("wide.weight", wide_ids, wide.get());  // host waits
+      REQUIRE(device_bytes(wide.get(), 600, devices[0]) == rows_of(stored_bytes(specs[1]), 3, wide_ids));
+    }
+  }
+  SECTION("without a GPU the rows land in host memory") {
+    accel::LoadOptions opts;
+    opts.devices = std::vector<accel::DeviceMemoryPtr>{};
+    opts.progress = false;
+    auto model = accel::load_checkpoint_and_dispatch(dir.path(), accel::DeviceMap::from_json(R"({"": "disk"})"), opts);
+    std::vector<std::byte> out(22 * ids.size());
+    model.read_rows("embed.weight", ids, out.data());
+    REQUIRE(out == rows_of(stored_bytes(specs[0]), 37, ids));
+  }
+  SECTION("bad requests are refused by name before anything is copied") {
+    auto devices = sim(1 << 20, 1 << 20);
+    auto model = accel::load_checkpoint_and_dispatch(
+        dir.path(), accel::DeviceMap::from_json(R"({"gpu": 0, "scalar": "cpu", "embed": "cpu", "wide": "cpu"})"),
+        small_staging(devices));
+    accel::DeviceBuffer out(devices[0], 22 * 2);
+    const std::vector<std::int64_t> bad{3, 37};
+    const auto copies = fake(devices[0]).copies();
+    REQUIRE_THROWS_WITH(model.read_rows("embed.weight", bad, out.get()), accel_test::contains("row 37 is out of range (the tensor has 37 rows)"));
+    const std::vector<std::int64_t> negative{-1};
+    REQUIRE_THROWS_WITH(model.read_rows("embed.weight", negative, out.get()), accel_test::contains("row -1 is out of range"));
+    REQUIRE(fake(devices[0]).copies() == copies);
+    REQUIRE_THROWS_WITH(model.read_rows("gpu.weight", ids, out.get()), accel_test::contains("lives on GPU 0; read its rows there"));
+    REQUIRE_THROWS_WITH(model.read_rows("scalar", ids, out.get()), accel_test::contains("is a scalar"));
+    REQUIRE_THROWS_WITH(model.read_rows("nope.weight", ids, out.get()), accel_test::contains("no tensor 'nope.weight' was loaded"));
+  }
+  SECTION("a disk tensor whose shard shrank is a checkpoint error") {
+    auto devices = sim(1 << 20, 1 << 20);
+    auto model = accel::load_checkpoint_and_dispatch(dir.path(), accel::DeviceMap::from_json(R"({"": "disk"})"),
+                                                     small_staging(devices));
+    fs::resize_file(dir / "model.safetensors", 100);
+    accel::DeviceBuffer out(devices[0], 22 * ids.size());
+    REQUIRE_THROWS_AS(model.read_rows("embed.weight", ids, out.get()), accel::checkpoint_error);
+  }
+}
+
 TEST_CASE("progress is reported up to the total of copied bytes", "[dispatch]") {
   accel_test::TempDir dir;
   accel_test::write_sharded(dir.path(), model_shards());

@@ -5,8 +5,10 @@
 ///        load report) with fetch/prefetch of offloaded blocks into fetch buffers on the execution GPU.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -107,6 +109,7 @@ struct ModelState {
   std::unordered_map<std::string, std::string> aliases;
   std::unordered_map<std::string, std::vector<std::size_t>> module_cache;
   std::optional<int> execution_gpu;
+  std::unique_ptr<Event> rows_ready;  // read_rows' copies, recorded on the execution GPU's staging stream
   std::uint64_t clock = 0;
   LoadReport report;
 };
@@ -244,6 +247,76 @@ class DispatchedModel {
   void prefetch(std::string_view module) {
     const auto& members = members_of(module);
     (void)stage(module, members, /*for_prefetch=*/true);
+  }
+
+  /// @brief Copies rows of a host-resident (cpu or disk) tensor to the execution device: what an
+  ///        input embedding left off the GPUs costs a forward pass is the rows of its token ids, not
+  ///        the table.
+  /// @param tensor the tensor's name (tied aliases resolve); its first dimension indexes the rows
+  /// @param rows row indexes, any order, repeats allowed; row `rows[k]` lands at `dst + k × row bytes`
+  /// @param dst `rows.size()` × row bytes (TensorHandle::size_bytes / shape[0]) on the execution
+  ///        device, or host memory when there is none (execution_device() is nullopt)
+  /// @param stream as fetch(): the compute stream is made to wait for the copies (the host does not
+  ///        block); nullptr: the host waits until they are done
+  /// @throws accel::usage_error naming the tensor when it is not loaded, is a scalar, or lives on a
+  ///         GPU (index it there), or naming the first row out of range (before anything is copied)
+  /// @throws accel::checkpoint_error when a disk tensor's shard shrank after loading
+  /// @note rows are gathered on the host into pinned staging buffers and copied in as few transfers
+  ///       as those buffers allow; not thread-safe (shares fetch's staging)
+  /// @code
+  /// std::vector<std::int64_t> ids{1, 15043, 29871};
+  /// model.read_rows("model.embed_tokens.weight", ids, hidden_states, stream);
+  /// @endcode
+  void read_rows(std::string_view tensor, std::span<const std::int64_t> rows, void* dst, StreamHandle stream = nullptr) {
+    const TensorHandle& t = at(tensor);
+    if (t.shape.empty())
+      detail::throw_error<usage_error>("read_rows('", tensor, "'): the tensor is a scalar; it has no rows");
+    if (t.storage == Storage::device)
+      detail::throw_error<usage_error>("read_rows('", tensor, "'): the tensor lives on GPU ", t.placement.index,
+                                       "; read its rows there (TensorHandle::device_ptr) instead");
+    const auto count = static_cast<std::uint64_t>(t.shape[0]);
+    for (const auto r : rows)
+      if (r < 0 || static_cast<std::uint64_t>(r) >= count)
+        detail::throw_error<usage_error>("read_rows('", tensor, "'): row ", r, " is out of range (the tensor has ",
+                                         count, " rows)");
+    const std::uint64_t row_bytes = count ? t.size_bytes / count : 0;
+    const auto index = static_cast<std::size_t>(&t - s_->tensors.data());
+    // Bytes [from, from + n) of row r into out: from the shard with pread for a disk view (a shrunken
+    // file is an error, not a SIGBUS), else from the tensor's host memory.
+    auto copy_row = [&](std::int64_t r, std::uint64_t from, std::uint64_t n, std::byte* out) {
+      const std::uint64_t at = static_cast<std::uint64_t>(r) * row_bytes + from;
+      if (t.storage == Storage::mmap_view && index < s_->shard_spans.size()) {
+        const auto& span = s_->shard_spans[index];
+        s_->shards[span.shard]->read_exact({out, static_cast<std::size_t>(n)}, span.offset + at);
+      } else {
+        std::memcpy(out, t.host.data() + at, n);
+      }
+    };
+    auto* out = static_cast<std::byte*>(dst);
+    if (!s_->execution_gpu) {
+      for (std::size_t k = 0; k < rows.size(); ++k) copy_row(rows[k], 0, row_bytes, out + k * row_bytes);
+      return;
+    }
+    const int gpu = *s_->execution_gpu;
+    auto& stager = *s_->stagers.at(gpu);
+    if (row_bytes > 0 && row_bytes <= stager.buffer_bytes()) {
+      // Whole rows gathered into each staging buffer: one transfer per buffer, not per row.
+      stager.stage(dst, rows.size() * row_bytes, row_bytes, [&](std::byte* buf, std::uint64_t at, std::uint64_t n) {
+        for (std::uint64_t k = 0; k < n / row_bytes; ++k)
+          copy_row(rows[static_cast<std::size_t>(at / row_bytes + k)], 0, row_bytes, buf + k * row_bytes);
+        return n;
+      }, [](std::uint64_t) {});
+    } else {
+      for (std::size_t k = 0; k < rows.size() && row_bytes > 0; ++k)  // rows larger than a staging buffer
+        stager.stage(out + k * row_bytes, row_bytes, 1, [&](std::byte* buf, std::uint64_t at, std::uint64_t n) {
+          copy_row(rows[k], at, n, buf);
+          return n;
+        }, [](std::uint64_t) {});
+    }
+    if (!s_->rows_ready) s_->rows_ready = std::make_unique<Event>(s_->devices[static_cast<std::size_t>(gpu)]);
+    s_->rows_ready->record(stager.stream());
+    if (stream) s_->devices[static_cast<std::size_t>(gpu)]->stream_wait_event(stream, s_->rows_ready->get());
+    else s_->rows_ready->wait();
   }
 
  private:
