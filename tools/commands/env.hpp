@@ -15,6 +15,7 @@
 #include <accel/state.hpp>
 
 #include "args.hpp"
+#include "bandwidth.hpp"
 #include "exit_codes.hpp"
 
 #if ACCEL_HAS_CUDA()
@@ -26,7 +27,14 @@
 
 namespace accel_cli {
 
-inline constexpr const char* env_help = R"(usage: accel env [--help]
+inline constexpr OptionSpec env_options[] = {
+    {"measure-bandwidth", OptionKind::flag, "", "measure the host-to-GPU and disk read rates (under 2 s), cache them "
+                                                "for accel plan, print them, and exit"},
+    {"disk-dir", OptionKind::text, "DIR", "folder whose disk --measure-bandwidth reads (default: the current folder; "
+                                          "give the offload folder)"},
+};
+
+inline constexpr const char* env_help = R"(usage: accel env [--measure-bandwidth [--disk-dir DIR]]
 
 Prints what this process sees, to paste into a bug report:
   - accel's version and the features compiled in (CUDA runtime, NCCL, with versions)
@@ -35,8 +43,30 @@ Prints what this process sees, to paste into a bug report:
   - which launcher's variables are set (accel launch, torchrun, MPI, SLURM) and what they mean
   - the device this process would use, and the checks that would fail
 
-Exit status: 0, or 3 when the launcher variables are malformed (the error is printed).
-)";
+With --measure-bandwidth it instead measures the rates accel plan estimates transfer times with:
+host to GPU (cudaMemcpy from pinned memory to GPU 0; without CUDA or a GPU, a host memory copy
+stands in, and says so) and disk read (a temporary file in --disk-dir, written, dropped from the
+page cache, read back, deleted), and caches them in $XDG_CACHE_HOME/accel/bandwidth.json (else
+~/.cache/accel/bandwidth.json), where accel plan finds them when no --bandwidth is given.
+
+Exit status: 0, or 3 when the launcher variables are malformed or the cache cannot be written.)";
+
+// `accel env --measure-bandwidth`: measure, print, cache.
+inline int run_measure_bandwidth(const ParsedArgs& a) {
+  const std::filesystem::path dir = a.value("disk-dir").value_or(".");
+  const auto m = measure_bandwidths(default_bandwidth_probe(), dir);
+  std::printf("host to GPU: %s/s (%s)\n", accel::text::format_bytes(m.rates.host_to_device).c_str(), m.host_source.c_str());
+  std::printf("disk read:   %s/s (%s)\n", accel::text::format_bytes(m.rates.disk_read).c_str(), m.disk_source.c_str());
+  const auto path = bandwidth_cache_path(accel::process_env());
+  if (!path) throw accel::config_error("env: neither XDG_CACHE_HOME nor HOME is set; nowhere to cache the rates");
+  std::error_code ec;
+  std::filesystem::create_directories(path->parent_path(), ec);
+  std::ofstream out(*path, std::ios::trunc);
+  out << bandwidth_cache_json(m);
+  if (!out) throw accel::config_error("env: cannot write the bandwidth cache '" + path->string() + "'; check the folder's permissions");
+  std::printf("cached in %s (accel plan uses it when no --bandwidth is given)\n", path->string().c_str());
+  return 0;
+}
 
 inline std::string gib(std::uint64_t bytes) {
   char buf[32];
@@ -45,10 +75,13 @@ inline std::string gib(std::uint64_t bytes) {
 }
 
 inline int run_env(std::span<char*> args) {
-  if (parse_args(args, {}).help()) {
-    std::fputs(env_help, stdout);
+  const auto a = parse_args(args, {env_options});
+  if (a.help()) {
+    std::fputs(format_help(env_help, env_options).c_str(), stdout);
     return 0;
   }
+  if (a.has("measure-bandwidth")) return run_measure_bandwidth(a);
+  if (a.has("disk-dir")) throw accel::usage_error("env: --disk-dir is for --measure-bandwidth; add it");
   std::printf("accel %s\n", accel::version_string);
 #if ACCEL_HAS_CUDA()
   int runtime = 0;

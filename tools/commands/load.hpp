@@ -38,6 +38,8 @@ inline constexpr OptionSpec load_options[] = {
                                             "them, or the checkpoint's), or a mode: auto (default), balanced, "
                                             "balanced_low_0, sequential"},
     {"max-memory", OptionKind::text, "BUDGETS", "budgets for planning modes: '0=20GiB,cpu=64GiB' or JSON; default: measured"},
+    {"objective", OptionKind::text, "WHAT", "planning modes: fit (default: transformers' map) or speed (the fewest weight "
+                                            "bytes streamed per forward pass within the same budgets)"},
     {"no-split", OptionKind::text, "CLASS_OR_GLOB", "planning: never split these modules (class name, module name or glob; "
                                                     "'none': no blocks); default: the catalog's classes", true},
     {"dtype", OptionKind::text, "DTYPE", "load floating tensors as float32, float16, bfloat16 or auto (the config's; "
@@ -148,6 +150,7 @@ inline int run_load(std::span<char*> argv) {
   // The device map: a file, inline JSON, or planned. A given map is parsed before the checkpoint's
   // headers are read, so a bad map is reported before a bad checkpoint.
   const std::string map_arg = a.value("device-map").value_or("auto");
+  const auto objective = accel::parse_plan_objective(a.value("objective").value_or("fit"));
   accel::DeviceMap map;
   std::string map_source;
   std::optional<accel::DeviceMapMode> mode;
@@ -164,6 +167,9 @@ inline int run_load(std::span<char*> argv) {
   } else {
     mode = accel::parse_device_map_mode(map_arg);
   }
+  if (!mode && a.has("objective"))
+    throw accel::usage_error("load: --objective plans a map; it has no effect with a given --device-map (" + map_source +
+                             "); drop one of them");
 
   // The model as `accel plan` builds it (model_args.hpp): its dtype decision is the one the
   // planner sizes with, so a map planned with the same arguments fits what is loaded.
@@ -178,12 +184,14 @@ inline int run_load(std::span<char*> argv) {
     auto budgets = defaulted ? accel::measured_max_memory(*opts.devices) : accel::parse_max_memory(*a.value("max-memory"));
     auto plan = accel::load_plan_options(std::move(budgets), *opts.devices, opts);
     plan.budget_scale = model.checkpoint->budget_scale();
+    plan.objective = objective;
     const auto blocks = choose_blocks(a, model, true, "load");
     plan.no_split = blocks.specs;
     plan.auto_no_split = blocks.automatic;
     blocks_note = blocks.note;
     map = accel::plan_device_map(model.tree, *mode, plan, defaulted).device_map;
-    map_source = "planned (" + map_arg + ", budgets " + plan.max_memory.to_string() + ")";
+    map_source = "planned (" + map_arg + (objective == accel::PlanObjective::speed ? ", objective speed" : "") + ", budgets " +
+                 plan.max_memory.to_string() + ")";
   }
 
   auto loaded = accel::load_checkpoint_and_dispatch(checkpoint, map, opts);

@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -22,10 +24,12 @@
 #include <accel/model/checkpoint_tree.hpp>
 #include <accel/model/module_tree.hpp>
 #include <accel/model/skeleton.hpp>
+#include <accel/plan/objective.hpp>
 #include <accel/plan/plan_report.hpp>
 #include <accel/plan/planner.hpp>
 
 #include "args.hpp"
+#include "bandwidth.hpp"
 #include "model_args.hpp"
 #include "plan_svg.hpp"
 
@@ -56,6 +60,12 @@ inline constexpr OptionSpec plan_options[] = {
     {"verbose", OptionKind::flag, "", "trace every placement decision on stderr"},
     {"h2d-bandwidth", OptionKind::text, "RATE", "host-to-GPU bytes/s for the estimate (default 25GB)"},
     {"disk-bandwidth", OptionKind::text, "RATE", "disk read bytes/s for the estimate (default 2GB)"},
+    {"objective", OptionKind::text, "WHAT", "fit (default: transformers' map) or speed (the fewest weight bytes streamed "
+                                            "per forward pass within the same budgets; never more than fit)"},
+    {"bandwidth", OptionKind::text, "RATES", "'cpu=25GB/s,disk=3GB/s' (GB/s, GiB/s, MB/s, MiB/s) for the estimates; "
+                                             "default: accel env --measure-bandwidth's cache, else cpu=25GB/s,disk=2GB/s"},
+    {"json-report", OptionKind::flag, "", "print the map with both objectives' bytes and time per forward pass, the "
+                                          "moves and the rates as one JSON object"},
 };
 
 inline constexpr const char* plan_usage = R"(usage: accel plan (--checkpoint PATH | --skeleton FILE) [options]
@@ -89,6 +99,62 @@ inline double parse_rate(const std::optional<std::string>& v, double fallback, c
   const auto bytes = accel::parse_byte_size(*v);
   if (bytes == 0) throw accel::usage_error("plan: --" + std::string(option) + " must be positive (got '" + *v + "')");
   return static_cast<double>(bytes);
+}
+
+// The rates for the estimates, and where they came from: --bandwidth, the older per-rate options,
+// accel env --measure-bandwidth's cache, or the defaults.
+inline std::pair<accel::Bandwidths, std::string> choose_bandwidths(const ParsedArgs& a) {
+  accel::Bandwidths bw;
+  if (a.has("bandwidth")) {
+    if (a.has("h2d-bandwidth") || a.has("disk-bandwidth"))
+      throw accel::usage_error("plan: give the rates with --bandwidth or with --h2d-bandwidth/--disk-bandwidth, not both");
+    return {accel::parse_bandwidths(*a.value("bandwidth")), "rates from --bandwidth"};
+  }
+  if (a.has("h2d-bandwidth") || a.has("disk-bandwidth")) {
+    bw.host_to_device = parse_rate(a.value("h2d-bandwidth"), bw.host_to_device, "h2d-bandwidth");
+    bw.disk_read = parse_rate(a.value("disk-bandwidth"), bw.disk_read, "disk-bandwidth");
+    return {bw, "rates given"};
+  }
+  const auto cache = bandwidth_cache_path(accel::process_env());
+  std::error_code ec;
+  if (cache && std::filesystem::is_regular_file(*cache, ec)) {
+    try {
+      return {parse_bandwidth_cache(accel::read_text_file(*cache, "bandwidth cache"), cache->string()).rates,
+              "rates measured, from " + cache->string()};
+    } catch (const accel::error& e) {
+      return {bw, std::string("default rates; cache ignored: ") + e.what()};
+    }
+  }
+  return {bw, "default rates; measure with accel env --measure-bandwidth"};
+}
+
+inline nlohmann::ordered_json cost_json(const accel::StreamingCost& c) {
+  return {{"bytes", c.streamed()}, {"from_cpu", c.from_cpu}, {"from_disk", c.from_disk}, {"row_read_bytes", c.row_read},
+          {"seconds", c.seconds}};
+}
+
+// --json-report: the map with everything the text report says about streaming.
+inline nlohmann::ordered_json plan_report_json(const accel::PlanResult& plan, const accel::DeviceMap& written,
+                                               const accel::ObjectiveComparison& c, const std::string& rates_note) {
+  nlohmann::ordered_json j;
+  j["objective"] = std::string(accel::plan_objective_name(plan.objective));
+  j["device_map"] = written.to_json();
+  j["streamed_per_forward_pass"] = {{"fit", cost_json(c.fit)}, {"speed", cost_json(c.speed)}};
+  j["speed_map_differs"] = c.speed_map_differs;
+  j["row_read"] = c.row_read;
+  nlohmann::ordered_json moves = nlohmann::ordered_json::array();
+  for (const auto& m : c.moves) moves.push_back({{"module", m.module}, {"from", m.from.to_json()}, {"to", m.to.to_json()}, {"why", m.why}});
+  j["moves"] = std::move(moves);
+  j["bandwidths"] = {{"host_to_device", c.bandwidths.host_to_device}, {"disk_read", c.bandwidths.disk_read}, {"source", rates_note}};
+  nlohmann::ordered_json devices = nlohmann::ordered_json::array();
+  for (const auto& d : plan.devices) {
+    nlohmann::ordered_json e = {{"device", d.device.to_json()}, {"placed", d.placed}, {"reserve", d.main ? d.reserve : 0}};
+    e["budget"] = d.budget ? nlohmann::ordered_json(*d.budget) : nlohmann::ordered_json(nullptr);
+    devices.push_back(std::move(e));
+  }
+  j["devices"] = std::move(devices);
+  j["total_bytes"] = plan.total_bytes;
+  return j;
 }
 
 inline accel::MaxMemory measured_budgets() {
@@ -139,15 +205,19 @@ inline int run_plan(std::span<char*> argv) {
     opts.gpu_reserve_layers = static_cast<std::uint32_t>(parse_int_option("--gpu-reserve-layers", *n, 1, 64));
   opts.clean_result = !a.has("no-clean");
   if (a.has("verbose")) opts.verbose = &std::cerr;
-  accel::Bandwidths bw;
-  bw.host_to_device = parse_rate(a.value("h2d-bandwidth"), bw.host_to_device, "h2d-bandwidth");
-  bw.disk_read = parse_rate(a.value("disk-bandwidth"), bw.disk_read, "disk-bandwidth");
+  opts.objective = accel::parse_plan_objective(a.value("objective").value_or("fit"));
+  const auto [bw, rates_note] = choose_bandwidths(a);
+  opts.bandwidths = bw;
 
   // Computed once: the balancing, the placement and the drawing all use them.
   const auto sizes = accel::compute_module_sizes(model.tree, accel::size_options(opts));
   const auto budgets = opts.max_memory;
   const auto plan = accel::plan_device_map(model.tree, sizes, mode, opts, defaulted);
   const auto report = accel::make_plan_report(plan, bw);
+  // Both objectives side by side: the speed plan carries the comparison; for fit it is computed here.
+  const accel::ObjectiveComparison objectives =
+      plan.objectives ? *plan.objectives : accel::plan_speed_objective(model.tree, sizes, opts, plan).comparison;
+  const std::string objectives_text = accel::format_objective_comparison(objectives, plan.objective, rates_note);
   const std::string quantization = quantized ? accel::quantization_summary(*quantized, opts.dtype) : std::string();
   if (quantized && quantized->config.transformers_gpu_only &&
       std::any_of(plan.device_map.begin(), plan.device_map.end(), [](const auto& e) { return !e.second.is_gpu(); }))
@@ -166,7 +236,8 @@ inline int run_plan(std::span<char*> argv) {
     std::ofstream out(*svg_path, std::ios::trunc);
     out << render_plan_svg(plan, report, keys,
                            "accel plan: " + model.label + " (" + std::string(a.value("device-map").value_or("auto")) + ")" +
-                               (quantized ? "; " + quantization : std::string()));
+                               (quantized ? "; " + quantization : std::string()),
+                           objectives_text.substr(0, objectives_text.find('\n')));
     if (!out)
       throw accel::usage_error("plan: cannot write the SVG to '" + *svg_path + "'; check the path");
   }
@@ -174,6 +245,12 @@ inline int run_plan(std::span<char*> argv) {
   const auto written = names == accel::MapNames::checkpoint && renamed
                            ? accel::to_checkpoint_names(plan.device_map, model.checkpoint->names)
                            : plan.device_map;
+  if (a.has("json-report")) {
+    std::printf("%s\n", plan_report_json(plan, written, objectives, rates_note).dump(2).c_str());
+    if (model.checkpoint)
+      for (const auto& w : model.checkpoint->warnings) std::fprintf(stderr, "accel plan: warning: %s\n", w.c_str());
+    return 0;
+  }
   if (a.has("json")) {
     std::printf("%s\n", written.to_json_string(2).c_str());
     if (model.checkpoint)
@@ -194,6 +271,7 @@ inline int run_plan(std::span<char*> argv) {
   for (const auto& line : plan.balancing) std::printf("  %s\n", line.c_str());
   std::printf("\n");
   std::fputs(accel::format_plan_table(plan, report).c_str(), stdout);
+  std::fputs(objectives_text.c_str(), stdout);
   const char* usable = names == accel::MapNames::model ? "from_pretrained's device_map=" : "load_checkpoint_and_dispatch";
   if (written.size() <= 40)
     std::printf("\ndevice map (HF JSON, %s names, usable as %s):\n%s\n", std::string(accel::map_names_name(names)).c_str(),

@@ -42,7 +42,8 @@ struct KeySize {
 /// Renders the plan as an SVG document. `keys_per_device[i]` are the keys placed on
 /// plan.devices[i] with their sizes, in model order.
 inline std::string render_plan_svg(const accel::PlanResult& plan, const accel::PlanReport& report,
-                                   const std::vector<std::vector<KeySize>>& keys_per_device, std::string_view title) {
+                                   const std::vector<std::vector<KeySize>>& keys_per_device, std::string_view title,
+                                   std::string_view objectives_line = {}) {
   constexpr double width = 980, left = 150, bar_w = 600, row_h = 64, bar_h = 30, top = 86;
   std::vector<std::size_t> rows;
   for (std::size_t i = 0; i < plan.devices.size(); ++i)
@@ -137,6 +138,8 @@ inline std::string render_plan_svg(const accel::PlanResult& plan, const accel::P
              accel::text::fixed(report.bandwidths.disk_read / 1e9, 1) + " GB/s disk";
   }
   s += "<text x=\"20\" y=\"" + num(fy) + "\" font-size=\"13\">" + xml_escape(stream) + "</text>\n";
+  if (!objectives_line.empty())  // both objectives' bytes and time per pass, side by side
+    s += "<text x=\"20\" y=\"" + num(fy + 20) + "\" font-size=\"12\" fill=\"#333\">" + xml_escape(objectives_line) + "</text>\n";
   s += "</svg>\n";
   return s;
 }

@@ -29,6 +29,7 @@
 #include <accel/model/module_tree.hpp>
 #include <accel/model/names.hpp>
 #include <accel/plan/max_memory.hpp>
+#include <accel/plan/objective.hpp>
 #include <accel/plan/plan_options.hpp>
 #include <accel/plan/planner.hpp>
 #include <accel/load/device_memory.hpp>
@@ -40,6 +41,9 @@ ACCEL_NAMESPACE_BEGIN
 
 /// @brief Options of the one-call load: how to plan the device map, and how to load.
 struct AutoDispatchOptions {
+  /// What the map is planned for: fit (transformers' map) or speed (the fewest weight bytes
+  /// streamed per forward pass within the same budgets; see <accel/plan/objective.hpp>).
+  PlanObjective objective = PlanObjective::fit;
   /// "auto", "balanced", "balanced_low_0" or "sequential" (accelerate's strategies).
   std::string device_map = "auto";
   /// Budgets per GPU, cpu and disk (parse_max_memory("0=20GiB,cpu=64GiB") or set directly). Unset:
@@ -119,6 +123,22 @@ inline std::vector<std::pair<std::string, std::string>> tied_aliases(const Modul
   return out;
 }
 
+// The checkpoint names of the row-read input embeddings (row_read_embeddings) the map puts off
+// the GPUs: the speed objective plans no fetch-buffer reserve for them (LoadOptions::row_read_tensors).
+inline std::vector<std::string> row_read_offloaded(const ModuleTree& tree, const NameTable& names, const DeviceMap& map) {
+  const auto row_read = row_read_embeddings(tree);
+  std::unordered_map<std::string_view, std::string_view> stored;  // tree name -> checkpoint name
+  for (std::size_t i = 0; i < names.model.size(); ++i) stored.emplace(names.model[i], names.checkpoint[i]);
+  std::vector<std::string> out;
+  for (std::size_t t = 0; t < tree.tensors().size(); ++t) {
+    if (!row_read[t]) continue;
+    const auto& name = tree.tensors()[t].name;
+    const auto where = map.placement_of(name);
+    if (const auto it = stored.find(name); it != stored.end() && where && !where->is_gpu()) out.emplace_back(it->second);
+  }
+  return out;
+}
+
 }  // namespace detail
 
 /// @brief The planner options a load plans with (before the model's no-split blocks): `accel plan`'s
@@ -160,6 +180,7 @@ inline std::vector<std::pair<std::string, std::string>> tied_aliases(const Modul
   PlanOptions plan = load_plan_options(defaulted ? measured_max_memory(devices) : *options.max_memory, devices, options.load);
   if (!plan.dtype && model.config) plan.dtype = model.auto_dtype;
   plan.budget_scale = model.budget_scale();
+  plan.objective = options.objective;
   for (auto& k : model.keep_in_fp32(plan.dtype))
     if (std::find(plan.keep_in_fp32.begin(), plan.keep_in_fp32.end(), k) == plan.keep_in_fp32.end())
       plan.keep_in_fp32.push_back(std::move(k));
@@ -176,6 +197,8 @@ inline std::vector<std::pair<std::string, std::string>> tied_aliases(const Modul
   out.load.config_file = options.config_file;
   out.load.dtype = plan.dtype;
   out.load.keep_in_fp32 = plan.keep_in_fp32;
+  if (plan.objective == PlanObjective::speed)
+    out.load.row_read_tensors = detail::row_read_offloaded(model.tree, model.names, out.plan.device_map);
   for (auto& tie : detail::tied_aliases(model.tree, model.names))
     if (std::none_of(out.load.tied.begin(), out.load.tied.end(), [&](const auto& t) { return t.first == tie.first; }))
       out.load.tied.push_back(std::move(tie));

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include <accel/runtime/config.hpp>
+#include <accel/runtime/error.hpp>
 #include <accel/runtime/text.hpp>
 #include <accel/model/module_tree.hpp>
 #include <accel/plan/device_map.hpp>
@@ -34,6 +36,48 @@
 #include <accel/plan/detail/speed_placement.hpp>
 
 ACCEL_NAMESPACE_BEGIN
+
+/// @brief Parses transfer rates: "cpu=25GB/s,disk=3GB/s" (either key may be left out and keeps
+///        its value from `defaults`). Units GB/s and MB/s (powers of 10), GiB/s and MiB/s (powers
+///        of 2); `cpu` is the host → GPU rate, `disk` the offload folder's read rate.
+/// @throws accel::config_error naming the piece that is wrong and how to write it
+[[nodiscard]] inline Bandwidths parse_bandwidths(std::string_view text, Bandwidths defaults = {}) {
+  struct Unit {
+    std::string_view suffix;
+    double factor;
+  };
+  static constexpr Unit units[] = {{"GiB/s", 1073741824.0}, {"MiB/s", 1048576.0}, {"GB/s", 1e9}, {"MB/s", 1e6}};
+  const auto bad = [&](std::string_view piece, std::string_view why) {
+    detail::throw_error<config_error>("bandwidth '", piece, "' in '", text, "' ", why,
+                                      "; write cpu=RATE,disk=RATE with RATE like 25GB/s, 3.5GiB/s or 800MB/s");
+  };
+  if (text::trim(text).empty()) bad(text, "is empty");
+  Bandwidths out = defaults;
+  bool seen_cpu = false, seen_disk = false;
+  for (std::size_t start = 0; start <= text.size();) {
+    const auto comma = text.find(',', start);
+    const auto piece = text::trim(text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+    start = comma == std::string_view::npos ? text.size() + 1 : comma + 1;
+    const auto eq = piece.find('=');
+    if (eq == std::string_view::npos) bad(piece, "has no '='");
+    const auto key = text::trim(piece.substr(0, eq)), value = text::trim(piece.substr(eq + 1));
+    if (key != "cpu" && key != "disk") bad(piece, "names neither cpu nor disk");
+    if ((key == "cpu" && seen_cpu) || (key == "disk" && seen_disk)) bad(piece, "repeats a key");
+    const Unit* unit = nullptr;
+    for (const auto& u : units)
+      if (value.size() > u.suffix.size() && value.ends_with(u.suffix)) unit = &u;
+    if (!unit) bad(piece, "has no unit GB/s, GiB/s, MB/s or MiB/s");
+    const std::string number(text::trim(value.substr(0, value.size() - unit->suffix.size())));
+    char* end = nullptr;
+    const double v = std::strtod(number.c_str(), &end);
+    if (number.empty() || end != number.c_str() + number.size() || !(v > 0) || v > 1e6 ||
+        number.find_first_of("xXnNiI") != std::string::npos)
+      bad(piece, "is not a positive number with a unit");
+    (key == "cpu" ? out.host_to_device : out.disk_read) = v * unit->factor;
+    (key == "cpu" ? seen_cpu : seen_disk) = true;
+  }
+  return out;
+}
 
 /// @brief Which tensors are input embeddings a forward pass reads by rows.
 ///

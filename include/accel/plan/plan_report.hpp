@@ -5,6 +5,7 @@
 ///        to the execution GPU on every forward pass from CPU and disk, with estimated times.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -33,6 +34,8 @@ struct PlanReport {
 
 /// @brief Computes the streaming cost: weights on cpu/disk are copied to the execution device on
 ///        every forward pass (buffers of offloaded modules stay resident unless offload_buffers).
+///        A plan made for PlanObjective::speed counts as its comparison does (a row-read input
+///        embedding costs nothing).
 [[nodiscard]] inline PlanReport make_plan_report(const PlanResult& plan, const Bandwidths& bw = {}) {
   PlanReport r;
   r.bandwidths = bw;
@@ -45,6 +48,10 @@ struct PlanReport {
     const std::uint64_t weights = d.placed > d.buffers ? d.placed - d.buffers : 0;
     if (d.device.is_cpu() && r.execution_device) r.streamed_from_cpu += weights;
     if (d.device.is_disk()) r.streamed_from_disk += weights;
+  }
+  if (plan.objectives) {  // the speed objective counts a row-read input embedding as 0 (StreamingCost)
+    r.streamed_from_cpu = plan.objectives->speed.from_cpu;
+    r.streamed_from_disk = plan.objectives->speed.from_disk;
   }
   r.seconds_cpu = static_cast<double>(r.streamed_from_cpu) / bw.host_to_device;
   r.seconds_disk = static_cast<double>(r.streamed_from_disk) / bw.disk_read +
@@ -130,6 +137,42 @@ inline std::string summarize_keys(const std::vector<std::string>& keys, std::siz
   }
   for (const auto& w : plan.warnings) out += "warning: " + w + "\n";
   for (const auto& i : plan.info) out += "note: " + i + "\n";
+  return out;
+}
+
+/// @brief The "streamed per forward pass" line: both objectives' bytes and time side by side, and
+///        for the speed objective each move relative to the fit map ("model.layers.30-33: cpu ->
+///        GPU 1 (room freed by ...)"), grouped by where from, where to and why.
+/// @param chosen the objective the printed map was planned for
+/// @param rates_note where the rates came from ("defaults", a cache file), appended when given
+[[nodiscard]] inline std::string format_objective_comparison(const ObjectiveComparison& c, PlanObjective chosen,
+                                                             std::string_view rates_note = {}) {
+  auto cost = [](const StreamingCost& s) {
+    return text::format_bytes(s.streamed()) + " (" + text::format_seconds(s.seconds) + ")";
+  };
+  std::string out = "streamed per forward pass: fit " + cost(c.fit) + ", speed " + cost(c.speed) + "; this map: " +
+                    std::string(plan_objective_name(chosen)) + "; at " + text::fixed(c.bandwidths.host_to_device / 1e9, 1) +
+                    " GB/s host-to-GPU, " + text::fixed(c.bandwidths.disk_read / 1e9, 1) + " GB/s disk" +
+                    (rates_note.empty() ? std::string() : " (" + std::string(rates_note) + ")");
+  if (!c.row_read.empty()) out += "; " + text::quoted_list(c.row_read, 3) + " read by rows, counted 0";
+  out += "\n";
+  if (chosen != PlanObjective::speed) return out;
+  if (!c.speed_map_differs) return out + "speed: the fit map already streams the least it can; kept\n";
+  struct Group {
+    Placement from, to;
+    std::string why;
+    std::vector<std::string> modules;
+  };
+  std::vector<Group> groups;
+  for (const auto& m : c.moves) {
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const Group& x) { return x.from == m.from && x.to == m.to && x.why == m.why; });
+    if (g == groups.end()) g = groups.insert(groups.end(), Group{m.from, m.to, m.why, {}});
+    g->modules.push_back(m.module);
+  }
+  auto where = [](Placement p) { return p.is_gpu() ? "GPU " + p.to_string() : p.to_string(); };
+  out += "moved relative to the fit map:\n";
+  for (const auto& g : groups)
+    out += "  " + summarize_keys(g.modules, 6) + ": " + where(g.from) + " -> " + where(g.to) + " (" + g.why + ")\n";
   return out;
 }
 
