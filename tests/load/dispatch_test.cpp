@@ -497,6 +497,40 @@ TEST_CASE("read_rows copies chosen rows of cpu and disk tensors to the execution
   }
 }
 
+TEST_CASE("tensors listed as read by rows do not size the fetch buffers", "[dispatch][rows][fetch]") {
+  accel_test::TempDir dir;
+  const std::vector<TensorSpec> specs{{"embed.weight", DType::BF16, {37, 11}, {}}, {"layers.0.w", DType::F32, {20}, {}},
+                                      {"gpu.weight", DType::F32, {4, 4}, {}}};
+  accel_test::write_safetensors(dir / "model.safetensors", specs);
+  const auto map = accel::DeviceMap::from_json(R"({"gpu": 0, "embed": "cpu", "layers": "cpu"})");
+  {
+    auto model = accel::load_checkpoint_and_dispatch(dir.path(), map, small_staging(sim(1 << 20, 1 << 20)));
+    REQUIRE(model.fetch_buffer_bytes() == accel::arena_layout({37 * 11 * 2}).total);  // the table sizes them
+  }
+  auto devices = sim(1 << 20, 1 << 20);
+  auto opts = small_staging(devices);
+  opts.row_read_tensors = {"embed.weight"};
+  auto model = accel::load_checkpoint_and_dispatch(dir.path(), map, opts);
+  REQUIRE(model.fetch_buffer_bytes() == accel::arena_layout({20 * 4}).total);
+  REQUIRE(model.fetch_buffer_count() == 2);
+  const std::vector<std::int64_t> ids{4, 36};
+  accel::DeviceBuffer out(devices[0], 44);
+  model.read_rows("embed.weight", ids, out.get());
+  REQUIRE(device_bytes(out.get(), 44, devices[0]) == rows_of(stored_bytes(specs[0]), 37, ids));
+  REQUIRE(device_bytes(model.fetch("layers.0").tensors()[0].data, 80, devices[0]) == stored_bytes(specs[1]));
+  REQUIRE_THROWS_WITH(model.fetch("embed"), accel_test::contains("'embed.weight' was loaded to be read by rows") &&
+                                               accel_test::contains("use read_rows"));
+  SECTION("with nothing else offloaded, no fetch buffer is made at all") {
+    auto exact = sim(accel::arena_layout({64}).total + accel::arena_layout({80}).total, 1 << 20);  // the arenas, no more
+    auto o = small_staging(exact);
+    o.row_read_tensors = {"embed.weight"};
+    auto only_rows = accel::load_checkpoint_and_dispatch(
+        dir.path(), accel::DeviceMap::from_json(R"({"gpu": 0, "embed": "cpu", "layers": 0})"), o);
+    REQUIRE(only_rows.fetch_buffer_count() == 0);
+    REQUIRE(only_rows.fetch_buffer_bytes() == 0);
+  }
+}
+
 TEST_CASE("progress is reported up to the total of copied bytes", "[dispatch]") {
   accel_test::TempDir dir;
   accel_test::write_sharded(dir.path(), model_shards());

@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -108,6 +109,7 @@ struct ModelState {
   std::unordered_map<std::string, std::size_t> by_name;
   std::unordered_map<std::string, std::string> aliases;
   std::unordered_map<std::string, std::vector<std::size_t>> module_cache;
+  std::unordered_set<std::string> row_read;  // LoadOptions::row_read_tensors: not in the fetch buffers' size
   std::optional<int> execution_gpu;
   std::unique_ptr<Event> rows_ready;  // read_rows' copies, recorded on the execution GPU's staging stream
   std::uint64_t clock = 0;
@@ -348,10 +350,16 @@ class DispatchedModel {
       if (s_->tensors[i].storage != Storage::device) sizes.push_back(s_->tensors[i].size_bytes);
     if (sizes.empty()) return nullptr;
     const auto layout = arena_layout(sizes);
-    if (layout.total > s_->slot_bytes)
+    if (layout.total > s_->slot_bytes) {
+      for (auto i : members)
+        if (s_->row_read.count(s_->tensors[i].name))
+          detail::throw_error<usage_error>("fetch('", module, "'): '", s_->tensors[i].name, "' was loaded to be read by rows "
+                                           "(LoadOptions::row_read_tensors), so no fetch buffer holds it whole; use "
+                                           "read_rows, or load without listing it");
       detail::throw_error<usage_error>("fetch('", module, "'): its offloaded tensors need ", layout.total,
                                        " bytes but each fetch buffer holds ", s_->slot_bytes,
                                        " (the largest offloaded layer); fetch its layers one at a time");
+    }
     detail::FetchSlot* slot = nullptr;
     for (auto& c : s_->slots)
       if (c->holds == 0 && (!slot || c->last_use < slot->last_use)) slot = c.get();

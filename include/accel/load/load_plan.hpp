@@ -71,6 +71,11 @@ struct LoadOptions {
   /// checkpoint's quantized weights and their scales (quantization.hpp). load_checkpoint_and_dispatch
   /// adds the ones config.json's quantization_config implies; list more here.
   std::vector<std::string> stored_dtype_tensors{};
+  /// Offloaded tensors a forward pass reads only by rows (DispatchedModel::read_rows): an input
+  /// embedding left off the GPUs. They do not size the fetch buffers (fetching one whole is then
+  /// refused unless it fits a buffer). plan_auto_dispatch lists the row-read embeddings it moved
+  /// off the GPUs for PlanObjective::speed, which plans no reserve for them.
+  std::vector<std::string> row_read_tensors{};
   /// The model's tensor names (e.g. from a ModuleTree); when given, checkpoint tensors outside it
   /// are unexpected and listed names absent from the checkpoint are missing.
   std::vector<std::string> expected_tensors{};
@@ -252,11 +257,13 @@ inline void pack_arenas(LoadPlan& plan) {
   }
 }
 
-// Bytes of the largest fetch unit held off the GPUs, packed as a fetch buffer packs it.
-inline std::uint64_t largest_offloaded_layer(const std::vector<PlannedTensor>& tensors) {
+// Bytes of the largest fetch unit held off the GPUs, packed as a fetch buffer packs it; tensors
+// only read by rows do not count.
+inline std::uint64_t largest_offloaded_layer(const std::vector<PlannedTensor>& tensors, const LoadOptions& options) {
+  const std::unordered_set<std::string_view> row_read(options.row_read_tensors.begin(), options.row_read_tensors.end());
   std::map<std::string, std::vector<std::uint64_t>> sizes;
   for (const auto& t : tensors)
-    if (!t.placement.is_gpu()) sizes[std::string(fetch_unit(t.name, t.block))].push_back(t.bytes);
+    if (!t.placement.is_gpu() && !row_read.count(t.name)) sizes[std::string(fetch_unit(t.name, t.block))].push_back(t.bytes);
   std::uint64_t largest = 0;
   for (const auto& [unit, s] : sizes) largest = std::max(largest, arena_layout(s).total);
   return largest;
@@ -326,7 +333,7 @@ inline void refuse_mismatch_when_strict(const LoadPlan& plan, const LoadOptions&
     }
   }
   detail::pack_arenas(plan);
-  plan.largest_offloaded_layer = detail::largest_offloaded_layer(plan.tensors);
+  plan.largest_offloaded_layer = detail::largest_offloaded_layer(plan.tensors, options);
   for (const auto& [k, p] : map.entries()) {
     if (!used_keys.count(k)) plan.unused_keys.push_back(k);
     if (p.is_gpu() && (!plan.execution_gpu || p.index < *plan.execution_gpu)) plan.execution_gpu = p.index;

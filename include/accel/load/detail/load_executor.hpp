@@ -129,6 +129,7 @@ class LoadExecutor {
 
   // Fetch buffers on the execution GPU, each the size of the largest offloaded layer.
   void allocate_fetch_buffers() {
+    state_->row_read.insert(options_.row_read_tensors.begin(), options_.row_read_tensors.end());
     if (!plan_.execution_gpu || plan_.largest_offloaded_layer == 0) return;
     auto dev = state_->devices[static_cast<std::size_t>(*plan_.execution_gpu)];
     state_->slot_bytes = plan_.largest_offloaded_layer;
