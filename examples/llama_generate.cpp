@@ -184,21 +184,29 @@ struct Weight {
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = element(data, dtype, i);
     return out;
   }
-  // y = W x (each row converted to float once, then a dot product with four running sums)
+  // Row r as floats: in place for float32, else converted into `buf`.
+  const float* row(std::size_t r, std::vector<float>& buf) const {
+    const std::byte* src = data + r * cols * (dtype == accel::DType::F32 ? 4 : 2);
+    if (dtype == accel::DType::F32) return reinterpret_cast<const float*>(src);  // loads are 256-byte aligned
+    buf.resize(cols);
+    for (std::size_t c = 0; c < cols; ++c) {
+      std::uint16_t h;
+      std::memcpy(&h, src + 2 * c, 2);
+      buf[c] = dtype == accel::DType::BF16 ? accel::bf16_to_float(h) : accel::half_to_float(h);
+    }
+    return buf.data();
+  }
+  // y = W x (a dot product per row with eight running sums)
   void matvec(const float* x, float* y) const {
-    std::vector<float> converted(dtype == accel::DType::F32 ? 0 : cols);
+    std::vector<float> buf;
     for (std::size_t r = 0; r < rows; ++r) {
-      const float* w = reinterpret_cast<const float*>(data) + r * cols;  // loads are 256-byte aligned
-      if (dtype != accel::DType::F32) {
-        for (std::size_t c = 0; c < cols; ++c) converted[c] = element(data, dtype, r * cols + c);
-        w = converted.data();
-      }
-      float acc[4] = {0, 0, 0, 0};
+      const float* w = row(r, buf);
+      float acc[8] = {};
       std::size_t c = 0;
-      for (; c + 4 <= cols; c += 4)
-        for (std::size_t k = 0; k < 4; ++k) acc[k] += w[c + k] * x[c + k];
+      for (; c + 8 <= cols; c += 8)
+        for (std::size_t k = 0; k < 8; ++k) acc[k] += w[c + k] * x[c + k];
       for (; c < cols; ++c) acc[0] += w[c] * x[c];
-      y[r] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+      y[r] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     }
   }
 };
@@ -239,6 +247,8 @@ Weight weight_of(const accel::FetchedModule& module, const std::string& name, Ho
   const accel::FetchedTensor* t = module.find(name);
   if (!t) fail("the checkpoint has no tensor '" + name + "'");
   const auto& h = *t->handle;
+  if (h.dtype != accel::DType::F32 && h.dtype != accel::DType::BF16 && h.dtype != accel::DType::F16)
+    fail("'" + name + "' is " + std::string(accel::torch_name(h.dtype)) + "; this example reads float32, bfloat16 and float16");
   // Resident tensors stay on their own GPU; offloaded ones arrived in a fetch buffer on the execution GPU.
   const std::optional<int> gpu = h.storage == accel::Storage::device ? std::optional<int>(h.placement.index) : execution_gpu;
   Weight w{views.view(t->data, h.size_bytes, gpu), h.dtype, static_cast<std::size_t>(h.shape.empty() ? 1 : h.shape[0]), 1};
