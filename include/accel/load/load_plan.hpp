@@ -158,20 +158,7 @@ namespace detail {
 /// device-map key covering it when that is deeper. The planner's largest-layer reserve counts the
 /// same units (numbered children are blocks), so a plan's reserve holds one fetch buffer.
 inline std::string_view fetch_unit(std::string_view tensor, std::string_view key) {
-  std::string_view unit;
-  for (std::size_t start = 0;;) {
-    const std::size_t dot = tensor.find('.', start);
-    if (dot == std::string_view::npos) {  // the last component names the tensor itself
-      unit = tensor.substr(0, start == 0 ? 0 : start - 1);
-      break;
-    }
-    const auto part = tensor.substr(start, dot - start);
-    if (!part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      unit = tensor.substr(0, dot);
-      break;
-    }
-    start = dot + 1;
-  }
+  const std::string_view unit = layer_of(tensor);
   return key.size() > unit.size() ? key : unit;
 }
 

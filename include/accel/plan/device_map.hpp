@@ -60,6 +60,21 @@ struct Placement {
   }
 };
 
+/// @brief The layer a tensor belongs to: its name up to its first numeric component
+///        ("model.layers.3" for "model.layers.3.mlp.up_proj.weight"), else its module ("lm_head" for
+///        "lm_head.weight"; "" for a top-level tensor). What a forward pass fetches as one unit and
+///        what the planner's largest-layer reserve counts.
+[[nodiscard]] inline std::string_view layer_of(std::string_view tensor) {
+  for (std::size_t start = 0;;) {
+    const std::size_t dot = tensor.find('.', start);
+    if (dot == std::string_view::npos) return tensor.substr(0, start == 0 ? 0 : start - 1);  // the last part names the tensor
+    const auto part = tensor.substr(start, dot - start);
+    if (!part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return tensor.substr(0, dot);
+    start = dot + 1;
+  }
+}
+
 /// @brief Parses a device-map value: a non-negative integer, "cpu", "disk", "cuda:N" or "N".
 /// @param value the JSON value
 /// @param key the map key, for the message

@@ -26,21 +26,6 @@
 ACCEL_NAMESPACE_BEGIN
 namespace detail {
 
-// The layer a forward pass fetches a tensor with, at its coarsest: the name up to its first
-// numeric component ("model.layers.3"), else its module ("lm_head"). The loader's fetch unit
-// (load_plan.hpp's fetch_unit) is this or a deeper device-map key, never coarser, so a reserve
-// sized with these units holds every fetch buffer the loader makes.
-inline std::string_view layer_unit(std::string_view tensor) {
-  for (std::size_t start = 0;;) {
-    const std::size_t dot = tensor.find('.', start);
-    if (dot == std::string_view::npos) return tensor.substr(0, start == 0 ? 0 : start - 1);
-    const auto part = tensor.substr(start, dot - start);
-    if (!part.empty() && std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      return tensor.substr(0, dot);
-    start = dot + 1;
-  }
-}
-
 // Local names an untied input embedding goes by in transformers' models (token ids → rows).
 inline bool input_embedding_local_name(std::string_view module) {
   const auto dot = module.rfind('.');
@@ -69,7 +54,7 @@ struct SpeedItem {
   std::uint64_t bytes = 0;           // counted against a budget: weights and buffers
   std::uint64_t buffers = 0;         // buffer bytes among them
   std::uint64_t streamed = 0;        // what crosses to the GPU per pass when it is off the GPUs
-  std::uint64_t layer = 0;           // the largest layer (layer_unit, all of it) it belongs to
+  std::uint64_t layer = 0;           // the largest layer (layer_of, all of it; the loader's fetch unit is this or a deeper map key, never coarser) it belongs to
   bool row_read = false;             // only row-read input embeddings (free anywhere)
 };
 
@@ -207,7 +192,7 @@ class SpeedPacking {
     return map;
   }
 
-  // The largest layer (layer_unit) by its streamed bytes off the GPUs (or on disk only), summed
+  // The largest layer (layer_of) by its streamed bytes off the GPUs (or on disk only), summed
   // over what sits there: the loader fetches a layer's offloaded tensors into one buffer.
   [[nodiscard]] std::uint64_t largest_layer_off_gpus(const SpeedAssignment& a, bool disk_only) const {
     std::vector<std::uint64_t> per_unit(unit_count_, 0);
@@ -306,7 +291,7 @@ class SpeedPacking {
     tensor_unit_.assign(tree_.tensors().size(), 0);
     std::vector<std::uint64_t> unit_bytes;
     for (std::size_t t = 0; t < tree_.tensors().size(); ++t) {
-      const auto [it, fresh] = unit_ids.try_emplace(layer_unit(tree_.tensors()[t].name), static_cast<std::uint32_t>(unit_bytes.size()));
+      const auto [it, fresh] = unit_ids.try_emplace(layer_of(tree_.tensors()[t].name), static_cast<std::uint32_t>(unit_bytes.size()));
       if (fresh) unit_bytes.push_back(0);
       tensor_unit_[t] = it->second;
       if (streams(t)) unit_bytes[it->second] += sizes_.tensor[t];
