@@ -166,3 +166,43 @@ TEST_CASE("the one-call form reads as the README writes it (designated initializ
   CHECK(model.at("model.layers.3.mlp.up_proj.weight").dtype == DType::BF16);
   CHECK(placements(model) == std::set<Placement>{Placement::gpu(0), Placement::gpu(1)});
 }
+
+TEST_CASE("the speed objective moves an untied embedding off the GPUs and loads it without a fetch buffer",
+          "[auto_dispatch][objective]") {
+  accel_test::TempDir dir;
+  auto tensors = llama_tensors();
+  tensors.push_back({"lm_head.weight", DType::F32, {32, 16}, {}});
+  accel_test::write_safetensors(dir / "model.safetensors", tensors);
+  std::ofstream(dir / "config.json") << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16,
+    "num_attention_heads": 2, "num_hidden_layers": 4, "tie_word_embeddings": false, "torch_dtype": "float16"})";
+  // float16: embedding and head 1024 bytes each, a layer 1536, the norm 32. GPU 0's budget holds
+  // everything but the embedding (7200 bytes), with no room for a reserve.
+  const auto checkpoint = accel::resolve_checkpoint(dir.path());
+  auto devices = accel::host_simulated_devices({7200 + 64});  // the map, and the two rows read below
+  auto o = options(devices, "sequential", "0=7200,cpu=4096");
+  const auto fit = accel::plan_auto_dispatch(checkpoint, o);
+  REQUIRE(fit.load.row_read_tensors.empty());
+  REQUIRE(fit.plan.device_map.placement_of("model.layers.3.mlp.up_proj.weight") != Placement::gpu(0));  // fit streams
+  o.objective = accel::PlanObjective::speed;
+  const auto speed = accel::plan_auto_dispatch(checkpoint, o);
+  REQUIRE(speed.plan.device_map.placement_of("model.embed_tokens.weight") == Placement::cpu());
+  for (const auto& t : tensors)
+    if (t.name != "model.embed_tokens.weight") REQUIRE(speed.plan.device_map.placement_of(t.name) == Placement::gpu(0));
+  REQUIRE(speed.load.row_read_tensors == std::vector<std::string>{"model.embed_tokens.weight"});
+
+  // A fetch buffer for the embedding (1024 bytes) would not fit beside the map: none is made.
+  auto model = accel::load_checkpoint_and_dispatch(checkpoint, speed.plan.device_map, speed.load);
+  REQUIRE(model.fetch_buffer_count() == 0);
+  const auto& table = model.at("model.embed_tokens.weight");
+  REQUIRE(table.dtype == DType::F16);
+  const std::vector<std::int64_t> ids{31, 2};
+  accel::DeviceBuffer rows(devices[0], 64);
+  model.read_rows(table.name, ids, rows.get());
+  std::vector<std::byte> got(64), want;
+  accel::Stream s(devices[0]);
+  devices[0]->copy_to_host_async(got.data(), rows.get(), 64, s.get());
+  devices[0]->synchronize(s.get());
+  for (auto r : ids) want.insert(want.end(), table.host.begin() + r * 32, table.host.begin() + (r + 1) * 32);
+  REQUIRE(got == want);
+  REQUIRE_THROWS_WITH(model.fetch("model.embed_tokens"), accel_test::contains("use read_rows"));
+}

@@ -214,10 +214,14 @@ inline int run_plan(std::span<char*> argv) {
   const auto budgets = opts.max_memory;
   const auto plan = accel::plan_device_map(model.tree, sizes, mode, opts, defaulted);
   const auto report = accel::make_plan_report(plan, bw);
-  // Both objectives side by side: the speed plan carries the comparison; for fit it is computed here.
+  // Both objectives side by side: the speed plan carries the comparison; for fit it is computed here,
+  // unless only the map is printed (--json alone).
+  const bool map_only = a.has("json") && !a.has("json-report") && !a.has("svg");
   const accel::ObjectiveComparison objectives =
-      plan.objectives ? *plan.objectives : accel::plan_speed_objective(model.tree, sizes, opts, plan).comparison;
-  const std::string objectives_text = accel::format_objective_comparison(objectives, plan.objective, rates_note);
+      plan.objectives ? *plan.objectives
+      : map_only      ? accel::ObjectiveComparison{}
+                      : accel::plan_speed_objective(model.tree, sizes, opts, plan).comparison;
+  const std::string objectives_text = map_only ? std::string() : accel::format_objective_comparison(objectives, plan.objective, rates_note);
   const std::string quantization = quantized ? accel::quantization_summary(*quantized, opts.dtype) : std::string();
   if (quantized && quantized->config.transformers_gpu_only &&
       std::any_of(plan.device_map.begin(), plan.device_map.end(), [](const auto& e) { return !e.second.is_gpu(); }))
