@@ -19,7 +19,11 @@ echo "== accel load: the same plan, loaded (without a GPU: two host-simulated GP
 "$build/bin/accel" load --checkpoint "$build/demo-llama" --max-memory '0=1536KiB,1=1536KiB,cpu=1MiB' \
   --simulate-gpus 1536KiB,1536KiB --offload-folder "$build/demo-llama/offload" --quiet
 echo
-echo "== llama_generate: a small Llama decoding over accel's placement (two host-simulated GPUs, CPU, disk), checked against transformers"
+echo "== llama_generate: a small Llama decoding over accel's placement (two host-simulated GPUs as large as their budgets, CPU, disk), checked against transformers"
 fixture="$root/tests/compat/fixtures/forward/llama"
-"$build/examples/llama_generate" --checkpoint "$fixture" --simulate-gpus 2MiB,2MiB \
+"$build/examples/llama_generate" --checkpoint "$fixture" --simulate-gpus 1000KiB,500KiB \
   --max-memory '0=1000KiB,1=500KiB,cpu=700KiB' --expect "$fixture/golden.json"
+echo
+echo "== the same budgets planned for speed: the GPUs packed fuller, only the embedding's rows cross per token"
+"$build/examples/llama_generate" --checkpoint "$fixture" --simulate-gpus 1000KiB,500KiB \
+  --max-memory '0=1000KiB,1=500KiB,cpu=700KiB' --objective speed --expect "$fixture/golden.json"
