@@ -104,9 +104,15 @@ inline void require_budgeted_gpus(const MaxMemory& budgets, const std::vector<De
 // Names the tree ties to a tensor the checkpoint holds, which the checkpoint itself lacks
 // (a tied LM head): {alias, source} for LoadOptions::tied, the source in the checkpoint's name
 // (`names`: the tree's name of every checkpoint tensor, so also what the checkpoint holds).
-inline std::vector<std::pair<std::string, std::string>> tied_aliases(const ModuleTree& tree, const NameTable& names) {
-  std::unordered_map<std::string_view, std::string_view> stored;  // tree name -> checkpoint name
+// The checkpoint name of every tensor the checkpoint holds, by its tree name.
+inline std::unordered_map<std::string_view, std::string_view> checkpoint_names_by_model(const NameTable& names) {
+  std::unordered_map<std::string_view, std::string_view> stored;
   for (std::size_t i = 0; i < names.model.size(); ++i) stored.emplace(names.model[i], names.checkpoint[i]);
+  return stored;
+}
+
+inline std::vector<std::pair<std::string, std::string>> tied_aliases(const ModuleTree& tree, const NameTable& names) {
+  const auto stored = checkpoint_names_by_model(names);
   auto checkpoint_name = [&](const std::string& n) -> const std::string_view* {
     auto it = stored.find(n);
     return it != stored.end() ? &it->second : nullptr;
@@ -127,8 +133,7 @@ inline std::vector<std::pair<std::string, std::string>> tied_aliases(const Modul
 // the GPUs: the speed objective plans no fetch-buffer reserve for them (LoadOptions::row_read_tensors).
 inline std::vector<std::string> row_read_offloaded(const ModuleTree& tree, const NameTable& names, const DeviceMap& map) {
   const auto row_read = row_read_embeddings(tree);
-  std::unordered_map<std::string_view, std::string_view> stored;  // tree name -> checkpoint name
-  for (std::size_t i = 0; i < names.model.size(); ++i) stored.emplace(names.model[i], names.checkpoint[i]);
+  const auto stored = checkpoint_names_by_model(names);
   std::vector<std::string> out;
   for (std::size_t t = 0; t < tree.tensors().size(); ++t) {
     if (!row_read[t]) continue;

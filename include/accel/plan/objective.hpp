@@ -113,14 +113,13 @@ ACCEL_NAMESPACE_BEGIN
   return out;
 }
 
-/// @brief What `map` streams per forward pass (see StreamingCost for what is counted).
-/// @param sizes compute_module_sizes(tree, size_options(opts))
-/// @param opts offload_buffers and bandwidths are read
-[[nodiscard]] inline StreamingCost streaming_cost(const ModuleTree& tree, const ModuleSizes& sizes, const DeviceMap& map,
-                                                  const PlanOptions& opts) {
+namespace detail {
+// streaming_cost with the row-read flags already computed (row_read_embeddings), for callers that
+// cost several maps of one tree.
+inline StreamingCost streaming_cost(const ModuleTree& tree, const ModuleSizes& sizes, const DeviceMap& map,
+                                    const PlanOptions& opts, const std::vector<bool>& row_read) {
   StreamingCost c;
   const auto index = tree.index();
-  const auto row_read = row_read_embeddings(tree);
   const auto placements = map.devices();
   const bool gpu = std::any_of(placements.begin(), placements.end(), [](const Placement& p) { return p.is_gpu(); });
   for (std::size_t t = 0; t < tree.tensors().size(); ++t) {
@@ -136,6 +135,15 @@ ACCEL_NAMESPACE_BEGIN
   c.seconds = static_cast<double>(c.from_cpu) / bw.host_to_device + static_cast<double>(c.from_disk) / bw.disk_read +
               (gpu ? static_cast<double>(c.from_disk) / bw.host_to_device : 0.0);
   return c;
+}
+}  // namespace detail
+
+/// @brief What `map` streams per forward pass (see StreamingCost for what is counted).
+/// @param sizes compute_module_sizes(tree, size_options(opts))
+/// @param opts offload_buffers and bandwidths are read
+[[nodiscard]] inline StreamingCost streaming_cost(const ModuleTree& tree, const ModuleSizes& sizes, const DeviceMap& map,
+                                                  const PlanOptions& opts) {
+  return detail::streaming_cost(tree, sizes, map, opts, row_read_embeddings(tree));
 }
 
 /// @brief The speed objective's map and how it compares with the fit map.
@@ -184,7 +192,7 @@ inline std::string move_reason(bool row_read, Placement from, Placement to, cons
   out.plan.objective = PlanObjective::speed;
   auto& cmp = out.comparison;
   cmp.bandwidths = o.bandwidths;
-  cmp.fit = streaming_cost(tree, sizes, fit.device_map, o);
+  cmp.fit = detail::streaming_cost(tree, sizes, fit.device_map, o, row_read);
   cmp.speed = cmp.fit;
   for (std::size_t t = 0; t < row_read.size(); ++t)
     if (row_read[t] && tree.index()->canonical[t] == t) cmp.row_read.push_back(tree.tensors()[t].name);
@@ -219,7 +227,7 @@ inline std::string move_reason(bool row_read, Placement from, Placement to, cons
         }
         if (!ok) continue;
         auto map = packing.to_map(*a);
-        const auto cost = streaming_cost(tree, sizes, map, o);
+        const auto cost = detail::streaming_cost(tree, sizes, map, o, row_read);
         if (!detail::cheaper(cost, cmp.speed)) continue;
         cmp.speed = cost;
         best = std::move(a);
