@@ -2,7 +2,8 @@
 // SPDX-FileCopyrightText: accel contributors
 // libFuzzer harness for model.safetensors.index.json: any text either parses into an index whose
 // every tensor names a listed, safe shard, or throws accel::checkpoint_error; nothing else. The
-// DOM-free fast path declines or reads what the strict parser reads.
+// DOM-free fast paths (the index and resolve_checkpoint's summary of it) decline or read what
+// the strict parser reads.
 #include <accel/model/safetensors.hpp>
 
 #include <cstdint>
@@ -15,6 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   const auto verdict = accel_test::plain_index_verdict(text);
   accel_fuzz::check(verdict == "declined" || verdict == "agrees");
+  const auto summary = accel_test::index_summary_verdict(text);
+  accel_fuzz::check(summary == "declined" || summary == "agrees");
   try {
     const auto idx = accel::parse_safetensors_index(text, "fuzz");
     accel_fuzz::check(!idx.weight_map.empty() && !idx.shard_names.empty());

@@ -265,6 +265,28 @@ TEST_CASE("bad checkpoint paths and stale or malformed indexes are checkpoint er
   REQUIRE_THROWS_AS(accel::resolve_checkpoint(dir.path()), accel::checkpoint_error);
 }
 
+TEST_CASE("an index that lists as many pairs as its shards hold, but not the same ones, is stale", "[safetensors]") {
+  // The common index is only summarized (shards and a fingerprint of its pairs); a mismatch of any
+  // kind sends it to the exact comparison, which names the tensor.
+  using accel_test::contains;
+  accel_test::TempDir dir;
+  accel_test::write_safetensors(dir / "s1.safetensors", {{"x", DType::U8, {1}, {}}});
+  accel_test::write_safetensors(dir / "s2.safetensors", {{"y", DType::U8, {1}, {}}});
+  const auto idx = dir / "model.safetensors.index.json";
+  accel_test::write_text(idx, R"({"weight_map": {"y": "s2.safetensors", "x": "s1.safetensors"}})");
+  CHECK(accel::resolve_checkpoint(dir.path()).tensor_names == std::vector<std::string>{"x", "y"});
+  accel_test::write_text(idx, R"({"weight_map": {"x": "s2.safetensors", "y": "s1.safetensors"}})");
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(dir.path()),
+                      contains("places tensor 'x' in 's2.safetensors', which does not hold it (it is in 's1.safetensors')"));
+  accel_test::write_text(idx, R"({"weight_map": {"x": "s1.safetensors", "w": "s2.safetensors"}})");
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(dir.path()), contains("places tensor 'w' in 's2.safetensors', which does not hold it"));
+  accel_test::write_text(idx, R"({"weight_map": {"x": "s1.safetensors", "x": "s1.safetensors", "y": "s2.safetensors"}})");
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(dir.path()), contains("duplicate key 'x'"));
+  accel_test::write_safetensors(dir / "s2.safetensors", {{"y", DType::U8, {1}, {}}, {"x", DType::U8, {1}, {}}});
+  accel_test::write_text(idx, R"({"weight_map": {"x": "s1.safetensors", "y": "s2.safetensors"}})");
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(dir.path()), contains("tensor 'x' is stored twice"));
+}
+
 TEST_CASE("property: corrupted headers either parse or throw checkpoint_error, never anything else", "[safetensors][property]") {
   const auto good = accel_test::safetensors_bytes(
       {{"a.weight", DType::F16, {3, 5}, {}}, {"b", DType::I64, {2}, {}}, {"c", DType::BOOL, {7}, {}}}, {{"format", "pt"}});
@@ -354,7 +376,7 @@ struct TextMaker {
 
 TEST_CASE("the DOM-free header and index readers decline or agree with the strict parser on any text", "[safetensors][fast]") {
   TextMaker make{std::mt19937_64(20261203)};
-  std::map<std::string, int> headers, indexes;
+  std::map<std::string, int> headers, indexes, summaries;
   for (int i = 0; i < 4000; ++i) {
     const auto h = make.header();
     const auto x = make.index();
@@ -369,6 +391,9 @@ TEST_CASE("the DOM-free header and index readers decline or agree with the stric
       INFO(text);
       REQUIRE((verdict == "declined" || verdict == "agrees"));
       ++indexes[verdict];
+      const auto summary = accel_test::index_summary_verdict(text);
+      REQUIRE((summary == "declined" || summary == "agrees"));
+      ++summaries[summary];
     }
   }
   // Both outcomes are common: the fast path serves ordinary files and leaves the rest alone.
@@ -376,6 +401,8 @@ TEST_CASE("the DOM-free header and index readers decline or agree with the stric
   CHECK(headers["declined"] > 2000);
   CHECK(indexes["agrees"] > 2000);
   CHECK(indexes["declined"] > 2000);
+  CHECK(summaries["agrees"] > 2000);
+  CHECK(summaries["declined"] > 2000);
 }
 
 TEST_CASE("files the fast path declines still parse, or fail with the strict parser's words", "[safetensors][fast]") {

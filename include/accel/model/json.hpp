@@ -275,10 +275,14 @@ inline std::string read_text_file(const std::filesystem::path& path, std::string
                                           "; check the path and its permissions");
   std::string text;
   try {  // a read error (EISDIR, EIO) can surface as std::ios_base::failure from the stream buffer
-    // In blocks, not character by character (an index of 90k tensors is megabytes); the size is
-    // not asked first, so pipes and /proc files read too.
+    // In blocks, not character by character (an index of 90k tensors is megabytes): the first as
+    // large as the file says it is, plus one byte to see its end (fresh memory is slow to touch,
+    // so no doubling for a regular file); pipes and /proc files, which say 0, grow as they read.
+    std::error_code size_ec;
+    const auto size = std::filesystem::file_size(path, size_ec);
+    const std::size_t first = size_ec ? 0 : static_cast<std::size_t>(std::min<std::uintmax_t>(size, 1u << 30)) + 1;
     for (std::size_t got = 0;;) {
-      text.resize(std::max<std::size_t>(text.size() * 2, 64 * 1024));
+      text.resize(std::max<std::size_t>({text.size() * 2, 64 * 1024, first}));
       got += static_cast<std::size_t>(in.rdbuf()->sgetn(text.data() + got, static_cast<std::streamsize>(text.size() - got)));
       if (got < text.size()) {
         text.resize(got);

@@ -37,6 +37,7 @@
 #include <accel/runtime/bytes.hpp>
 #include <accel/runtime/config.hpp>
 #include <accel/model/json.hpp>
+#include <accel/model/detail/name_index.hpp>
 #include <accel/model/dtype.hpp>
 #include <accel/runtime/error.hpp>
 
@@ -66,12 +67,12 @@ struct SafetensorsHeader {
   std::uint64_t header_size = 0;                 ///< N, the JSON length
   std::uint64_t data_offset = 0;                 ///< 8 + N: file offset of the data section
   std::uint64_t file_size = 0;                   ///< whole file, bytes
-  std::unordered_map<std::string, std::size_t> by_name;  ///< tensor name → index in `tensors`
+  detail::NameIndex name_index;                  ///< tensor name → index in `tensors` (see find)
 
   /// @brief The entry called `name`, or nullptr.
   [[nodiscard]] const TensorEntry* find(std::string_view name) const {
-    auto it = by_name.find(std::string(name));
-    return it == by_name.end() ? nullptr : &tensors[it->second];
+    const auto id = name_index.find(name, detail::name_hash(name), [&](std::uint32_t i) { return std::string_view(tensors[i].name); });
+    return id ? &tensors[*id] : nullptr;
   }
   /// @brief Absolute file offset of a tensor's first byte.
   [[nodiscard]] std::uint64_t file_offset(const TensorEntry& t) const noexcept { return data_offset + t.begin; }
@@ -175,7 +176,6 @@ inline TensorEntry parse_tensor_entry(const std::string& name, const nlohmann::j
 inline std::optional<std::vector<TensorEntry>> parse_plain_header(std::string_view text, std::map<std::string, std::string>& metadata) {
   PlainJsonCursor c(text);
   std::vector<TensorEntry> tensors;
-  std::unordered_set<std::string_view> names;
   std::vector<std::uint64_t> shape, offsets;
   bool seen_metadata = false;
   const auto give_up = [](const std::string&) { throw std::invalid_argument("fails a check"); };
@@ -195,7 +195,7 @@ inline std::optional<std::vector<TensorEntry>> parse_plain_header(std::string_vi
       if (field == "data_offsets" && !have_offsets) return have_offsets = c.unsigned_array(offsets);
       return false;
     });
-    if (!read || !dname || !have_shape || !have_offsets || offsets.size() != 2 || !names.insert(key).second) return false;
+    if (!read || !dname || !have_shape || !have_offsets || offsets.size() != 2) return false;
     const auto dtype = safetensors_dtype(*dname);
     if (!dtype) return false;
     TensorEntry t;
@@ -268,16 +268,28 @@ inline void parse_json_header(std::string_view text, std::string_view file_label
   h.data_offset = 8 + n;
   h.file_size = file_size;
   std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8), static_cast<std::size_t>(n));
-  if (auto plain = detail::parse_plain_header(text, h.metadata)) {
-    h.tensors = std::move(*plain);
-  } else {
+  // Ties (empty tensors at one offset) in name order, whichever parser read them; then the names'
+  // index, which finds a key given twice (the fast parser does not look for one: the strict parser
+  // then rejects the header, with its message).
+  const auto index = [&] {
+    std::sort(h.tensors.begin(), h.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.end != b.end ? a.end < b.end : a.name < b.name;
+    });
+    h.name_index = {};
+    h.name_index.reserve(h.tensors.size());
+    const auto name_of = [&](std::uint32_t i) { return std::string_view(h.tensors[i].name); };
+    for (std::size_t i = 0; i < h.tensors.size(); ++i)
+      if (h.name_index.insert(detail::name_hash(h.tensors[i].name), static_cast<std::uint32_t>(i), name_of)) return false;
+    return true;
+  };
+  auto plain = detail::parse_plain_header(text, h.metadata);
+  if (plain) h.tensors = std::move(*plain);
+  if (!plain || !index()) {
+    h.tensors.clear();
     h.metadata.clear();
     detail::parse_json_header(text, file_label, h);
+    if (!index()) detail::safetensors_fail(file_label, "a tensor name is given twice (rule: names are unique)");
   }
-  // Ties (empty tensors at one offset) in name order, whichever parser read them.
-  std::sort(h.tensors.begin(), h.tensors.end(), [](const TensorEntry& a, const TensorEntry& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end != b.end ? a.end < b.end : a.name < b.name;
-  });
   std::uint64_t expected = 0;
   for (const auto& t : h.tensors) {
     if (t.begin != expected)
@@ -292,8 +304,6 @@ inline void parse_json_header(std::string_view text, std::string_view file_label
     detail::safetensors_fail(file_label, detail::concat("tensors cover ", expected, " data bytes but the data section is ",
                                                         data_size, " bytes (", expected < data_size ? "trailing bytes" : "truncated data",
                                                         "; rule: offsets cover exactly file size - 8 - header length)"));
-  h.by_name.reserve(h.tensors.size());
-  for (std::size_t i = 0; i < h.tensors.size(); ++i) h.by_name.emplace(h.tensors[i].name, i);
   return h;
 }
 
@@ -345,6 +355,58 @@ struct SafetensorsIndex {
 };
 
 namespace detail {
+// A shard name that is not a file name relative to the index's folder (empty, absolute, `..`).
+inline bool unsafe_shard_name(std::string_view name) {
+  const std::filesystem::path p(name);
+  bool unsafe = name.empty() || p.is_absolute();
+  for (const auto& part : p) unsafe = unsafe || part == "..";
+  return unsafe;
+}
+
+// What resolving a sharded checkpoint needs of its index, read in one pass without a string per
+// tensor: the distinct shard names (sorted) and the fingerprint of the (tensor, shard) pairs that
+// the shards' headers must reproduce.
+struct IndexSummary {
+  std::vector<std::string> shard_names;
+  PairPrint pairs;
+};
+
+// The index in its common form as parse_plain_index reads it; false otherwise, and
+// parse_safetensors_index then decides. A key given twice is not looked for: the shards' headers
+// hold each name once, so such an index cannot reproduce their pairs.
+inline bool summarize_plain_index(std::string_view text, IndexSummary& out) {
+  PlainJsonCursor c(text);
+  bool seen_metadata = false, seen_map = false;
+  // The shard of the previous entry (most entries repeat it), then a search of those seen.
+  std::vector<std::pair<std::string_view, std::uint64_t>> shards;
+  std::size_t last = SIZE_MAX;
+  const bool read = c.object([&](std::string_view key) {
+    if (key == "metadata" && !std::exchange(seen_metadata, true)) {
+      std::unordered_set<std::string_view> keys;
+      return c.null() || c.object([&](std::string_view k) {
+        return keys.insert(k).second && (c.string().has_value() || c.unsigned_integer().has_value());
+      });
+    }
+    if (key == "weight_map" && !std::exchange(seen_map, true))
+      return c.object([&](std::string_view tensor) {
+        const auto shard = c.string();
+        if (!shard) return false;
+        if (last == SIZE_MAX || shards[last].first != *shard) {
+          last = 0;
+          while (last < shards.size() && shards[last].first != *shard) ++last;
+          if (last == shards.size()) shards.emplace_back(*shard, name_hash(*shard));
+        }
+        out.pairs.add(name_hash(tensor), shards[last].second);
+        return true;
+      });
+    return false;
+  });
+  if (!read || !seen_map || out.pairs.count == 0 || !c.at_end()) return false;
+  for (const auto& shard : shards) out.shard_names.emplace_back(shard.first);
+  std::sort(out.shard_names.begin(), out.shard_names.end());
+  return true;
+}
+
 // An index in its common form (plain ASCII names, metadata of strings and unsigned integers, a
 // non-empty weight map, each key once) read without building a DOM; false as soon as the text
 // leaves that form, and the strict parser then decides. `entries` come out in tensor-name order.
@@ -418,11 +480,9 @@ inline bool parse_plain_index(std::string_view text, std::optional<std::uint64_t
   std::map<std::string, std::size_t, std::less<>> shard_ids;
   for (const auto& [tensor, name] : entries) {
     if (!shard_ids.emplace(name, 0).second) continue;  // each shard name is checked once
-    const std::filesystem::path p(name);
-    bool unsafe = name.empty() || p.is_absolute();
-    for (const auto& part : p) unsafe = unsafe || part == "..";
-    if (unsafe) fail(detail::concat("weight_map entry '", tensor, "' names shard '", name,
-                                    "', which is not a file name relative to the index's folder"));
+    if (detail::unsafe_shard_name(name))
+      fail(detail::concat("weight_map entry '", tensor, "' names shard '", name,
+                          "', which is not a file name relative to the index's folder"));
   }
   for (auto& [name, id] : shard_ids) {
     id = idx.shard_names.size();
@@ -433,29 +493,26 @@ inline bool parse_plain_index(std::string_view text, std::optional<std::uint64_t
   return idx;
 }
 
+namespace detail {
+inline void check_shards_exist(const std::filesystem::path& index, const std::vector<std::string>& shard_names) {
+  const auto dir = index.parent_path();
+  for (const auto& shard : shard_names) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(dir / shard, ec))
+      throw_error<checkpoint_error>("checkpoint index '", index.string(), "' names shard '", shard, "', which does not exist in '",
+                                    dir.string(), "'; the download is incomplete or the index is stale");
+  }
+}
+}  // namespace detail
+
 /// @brief Reads a sharded-checkpoint index and checks that every shard it names exists.
 /// @throws accel::checkpoint_error as parse_safetensors_index, or naming a missing shard
 [[nodiscard]] inline SafetensorsIndex read_safetensors_index(const std::filesystem::path& path) {
   auto idx = parse_safetensors_index(read_text_file(path, "checkpoint index"), path.string());
   idx.index_file = path;
-  const auto dir = path.parent_path();
-  for (const auto& shard : idx.shard_names) {
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(dir / shard, ec))
-      detail::throw_error<checkpoint_error>("checkpoint index '", path.string(), "' names shard '", shard,
-                                            "', which does not exist in '", dir.string(),
-                                            "'; the download is incomplete or the index is stale");
-  }
+  detail::check_shards_exist(path, idx.shard_names);
   return idx;
 }
-
-namespace detail {
-// Hashes std::string and std::string_view alike, so lookups by view allocate nothing.
-struct NameHash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
-};
-}  // namespace detail
 
 /// @brief Every tensor of a checkpoint (one file, an index with its shards, or a folder) and
 ///        where it lives; built from headers only.
@@ -466,12 +523,13 @@ struct Checkpoint {
   std::vector<std::filesystem::path> shard_files;     ///< sorted by file name
   std::vector<SafetensorsHeader> headers;             ///< parallel to shard_files
   std::vector<std::string> tensor_names;              ///< shard order, then offset order
-  std::unordered_map<std::string, TensorLocation, detail::NameHash, std::equal_to<>> locations;  ///< tensor name → location
+  std::vector<TensorLocation> locations;              ///< parallel to tensor_names
+  detail::NameIndex name_index;                       ///< tensor name → position in tensor_names (see find)
 
   /// @brief Location of `name`, or nullptr when the checkpoint lacks it.
   [[nodiscard]] const TensorLocation* find(std::string_view name) const {
-    auto it = locations.find(name);
-    return it == locations.end() ? nullptr : &it->second;
+    const auto id = name_index.find(name, detail::name_hash(name), [&](std::uint32_t i) { return std::string_view(tensor_names[i]); });
+    return id ? &locations[*id] : nullptr;
   }
   /// @brief Calls f(n, entry) for every tensor in Checkpoint::tensor_names order (n is its
   ///        position there), without a name lookup.
@@ -494,19 +552,43 @@ struct Checkpoint {
 
 namespace detail {
 
-inline void add_shard(Checkpoint& c, const std::filesystem::path& file) {
+// Reads one shard's header into the checkpoint; `pairs` gathers its (tensor, shard) pairs under
+// the shard's name `shard_hash` for the comparison with an index.
+inline void add_shard(Checkpoint& c, const std::filesystem::path& file, PairPrint* pairs = nullptr, std::uint64_t shard_hash = 0) {
   c.headers.push_back(read_safetensors_header(file));
   c.shard_files.push_back(file);
   const std::size_t shard = c.shard_files.size() - 1;
   const auto& h = c.headers.back();
+  c.name_index.reserve(c.tensor_names.size() + h.tensors.size());
+  const auto name_of = [&](std::uint32_t i) { return std::string_view(c.tensor_names[i]); };
   for (std::size_t i = 0; i < h.tensors.size(); ++i) {
     const auto& name = h.tensors[i].name;
-    auto [it, fresh] = c.locations.emplace(name, TensorLocation{shard, i});
-    if (!fresh)
-      throw_error<checkpoint_error>("tensor '", name, "' is stored twice, in '", c.shard_files[it->second.shard].string(),
-                                    "' and '", file.string(), "'; remove the duplicate file or load one file");
+    const auto hash = name_hash(name);
+    const auto id = static_cast<std::uint32_t>(c.tensor_names.size());
     c.tensor_names.push_back(name);
+    if (const auto other = c.name_index.insert(hash, id, name_of))
+      throw_error<checkpoint_error>("tensor '", name, "' is stored twice, in '", c.shard_files[c.locations[*other].shard].string(),
+                                    "' and '", file.string(), "'; remove the duplicate file or load one file");
+    c.locations.push_back({shard, i});
+    if (pairs) pairs->add(hash, shard_hash);
   }
+}
+// The exact comparison of an index with the headers of its shards (already added to `c`).
+inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx) {
+  const std::string index = c.index_file ? c.index_file->string() : std::string();
+  for (const auto& [tensor, shard] : idx.weight_map) {
+    const auto* loc = c.find(tensor);
+    if (!loc || loc->shard != shard)
+      throw_error<checkpoint_error>("checkpoint index '", index, "' places tensor '", tensor, "' in '", idx.shard_names[shard],
+                                    "', which does not hold it",
+                                    loc ? concat(" (it is in '", c.shard_files[loc->shard].filename().string(), "')") : std::string(),
+                                    "; the index is stale: re-download the checkpoint");
+  }
+  if (idx.weight_map.size() != c.locations.size())
+    for (const auto& name : c.tensor_names)
+      if (!idx.weight_map.count(name))
+        throw_error<checkpoint_error>("shard '", c.shard_files[c.find(name)->shard].filename().string(), "' holds tensor '", name,
+                                      "', which checkpoint index '", index, "' does not list; the index is stale: re-download the checkpoint");
 }
 }  // namespace detail
 
@@ -568,25 +650,23 @@ inline void add_shard(Checkpoint& c, const std::filesystem::path& file) {
     c.directory = path.parent_path();
   }
   if (!index.empty()) {
-    auto idx = read_safetensors_index(index);
+    // The common index (plain, sorted keys) is only summarized: its shards' headers must give the
+    // same (tensor, shard) pairs, which a fingerprint compares; when they do not, or for any other
+    // index, the index is read whole and compared name by name, which says what differs.
+    const auto text = read_text_file(index, "checkpoint index");
+    detail::IndexSummary summary;
+    std::optional<SafetensorsIndex> full;
+    if (!detail::summarize_plain_index(text, summary)) full = parse_safetensors_index(text, index.string());
+    else
+      for (const auto& shard : summary.shard_names)
+        if (detail::unsafe_shard_name(shard)) (void)parse_safetensors_index(text, index.string());  // throws, naming it
+    const auto& shard_names = full ? full->shard_names : summary.shard_names;
+    detail::check_shards_exist(index, shard_names);
     c.index_file = index;
-    c.locations.reserve(idx.weight_map.size());
-    c.tensor_names.reserve(idx.weight_map.size());
-    for (const auto& shard : idx.shard_names) detail::add_shard(c, c.directory / shard);
-    for (const auto& [tensor, shard] : idx.weight_map) {
-      const auto* loc = c.find(tensor);
-      if (!loc || loc->shard != shard)
-        detail::throw_error<checkpoint_error>("checkpoint index '", index.string(), "' places tensor '", tensor, "' in '",
-                                              idx.shard_names[shard], "', which does not hold it",
-                                              loc ? detail::concat(" (it is in '", c.shard_files[loc->shard].filename().string(), "')") : std::string(),
-                                              "; the index is stale: re-download the checkpoint");
-    }
-    if (idx.weight_map.size() != c.locations.size())
-      for (const auto& name : c.tensor_names)
-        if (!idx.weight_map.count(name))
-          detail::throw_error<checkpoint_error>("shard '", c.shard_files[c.locations.at(name).shard].filename().string(),
-                                                "' holds tensor '", name, "', which checkpoint index '", index.string(),
-                                                "' does not list; the index is stale: re-download the checkpoint");
+    detail::PairPrint pairs;
+    for (const auto& shard : shard_names) detail::add_shard(c, c.directory / shard, &pairs, detail::name_hash(shard));
+    if (!full && pairs != summary.pairs) full = parse_safetensors_index(text, index.string());
+    if (full) detail::check_index_matches(c, *full);
   } else {
     for (const auto& f : files) detail::add_shard(c, f);
   }

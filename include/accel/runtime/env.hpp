@@ -118,12 +118,7 @@ inline constexpr int job_port_first = 29500;
 inline constexpr int job_port_last = 60999;
 
 namespace detail {
-/// @brief splitmix64's finaliser: every output bit depends on every input bit.
-[[nodiscard]] constexpr std::uint64_t mix64(std::uint64_t h) noexcept {
-  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
-  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
-  return h ^ (h >> 31);
-}
+using text::mix64;
 /// @brief FNV-1a over the bytes, then mix64.
 [[nodiscard]] constexpr std::uint64_t mix_hash(std::string_view s) noexcept { return mix64(text::fnv1a(s)); }
 }  // namespace detail

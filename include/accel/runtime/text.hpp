@@ -31,6 +31,13 @@ namespace text {
   return h;
 }
 
+/// @brief splitmix64's finaliser: every output bit depends on every input bit.
+[[nodiscard]] constexpr std::uint64_t mix64(std::uint64_t h) noexcept {
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
+
 /// @brief `s` without leading and trailing white space.
 [[nodiscard]] constexpr std::string_view trim(std::string_view s) noexcept {
   constexpr std::string_view space = " \t\n\r\f\v";
