@@ -9,6 +9,8 @@
 #include <accel/model/quantization.hpp>
 
 #include <cstdint>
+#include <deque>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -21,12 +23,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     auto parsed = accel::parse_quantization_config(config.json);
     if (!parsed) return 0;
     std::vector<accel::TensorEntry> entries;
+    std::deque<std::string> names;  // what the entries' names view
     if (auto list = config.json.find("__tensors"); list != config.json.end() && list->is_array())
       for (const auto& t : *list) {
         if (!t.is_array() || t.size() != 3 || !t[0].is_string() || !t[1].is_string() || !t[2].is_array()) continue;
         const auto dtype = accel::detail::safetensors_dtype(t[1].get<std::string>());
         if (!dtype) continue;
-        accel::TensorEntry e{t[0].get<std::string>(), *dtype, {}, 0, 0};
+        accel::TensorEntry e{names.emplace_back(t[0].get<std::string>()), *dtype, {}, 0, 0};
         bool ok = true;
         for (const auto& d : t[2]) {
           if (!d.is_number_integer() || d.get<std::int64_t>() < 0 || d.get<std::int64_t>() > (1 << 20)) ok = false;

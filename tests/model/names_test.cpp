@@ -106,6 +106,6 @@ TEST_CASE("a class transformers does not have has no names; the data says its tr
   CHECK(t.identity());
   const auto v = accel::name_table(accel::find_class_names("GPTNeoXForCausalLM"), {"embed_out.weight", "gpt_neox.final_layer_norm.weight"});
   CHECK_FALSE(v.identity());
-  CHECK(v.model == std::vector<std::string>{"lm_head.weight", "gpt_neox.final_layer_norm.weight"});
+  CHECK(v.model == std::vector<std::string_view>{"lm_head.weight", "gpt_neox.final_layer_norm.weight"});
   CHECK(v.source.starts_with("GPTNeoXForCausalLM (transformers "));
 }

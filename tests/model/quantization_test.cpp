@@ -5,6 +5,7 @@
 #include <accel/model/checkpoint_tree.hpp>
 #include <accel/model/quantization.hpp>
 
+#include <deque>
 #include <string>
 #include <vector>
 
@@ -28,9 +29,10 @@ accel::QuantizationConfig parsed(const char* json) {
 
 struct Tensors {
   std::vector<TensorEntry> entries;
+  std::deque<std::string> names;  // what the entries' names view
   Tensors& add(std::string name, DType dtype, std::vector<std::int64_t> shape) {
     TensorEntry e;
-    e.name = std::move(name);
+    e.name = names.emplace_back(std::move(name));
     e.dtype = dtype;
     e.shape = std::move(shape);
     const auto bytes = accel::shape_numel(e.shape) * accel::bit_size(dtype) / 8;

@@ -43,7 +43,7 @@ inline std::string plain_header_verdict(std::string_view text) {
   for (std::size_t i = 0; i < a.size(); ++i)
     if (a[i].name != b[i].name || a[i].dtype != b[i].dtype || a[i].shape != b[i].shape || a[i].begin != b[i].begin ||
         a[i].end != b[i].end)
-      return "tensor '" + b[i].name + "' read differently";
+      return "tensor '" + std::string(b[i].name) + "' read differently";
   if (metadata != strict.metadata) return "different metadata";
   return "agrees";
 }

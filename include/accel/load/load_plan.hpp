@@ -297,7 +297,7 @@ inline void refuse_mismatch_when_strict(const LoadPlan& plan, const LoadOptions&
 [[nodiscard]] inline LoadPlan plan_load(const Checkpoint& checkpoint, const DeviceMap& map, const LoadOptions& options,
                                         std::size_t gpu_count) {
   LoadPlan plan;
-  const std::unordered_set<std::string> expected(options.expected_tensors.begin(), options.expected_tensors.end());
+  const std::unordered_set<std::string_view> expected(options.expected_tensors.begin(), options.expected_tensors.end());
   const std::unordered_set<std::string_view> stored(options.stored_dtype_tensors.begin(), options.stored_dtype_tensors.end());
   std::unordered_set<std::string_view> used_keys;
   for (std::size_t s = 0; s < checkpoint.headers.size(); ++s) {
@@ -306,7 +306,7 @@ inline void refuse_mismatch_when_strict(const LoadPlan& plan, const LoadOptions&
       const auto& name = header.tensors[e].name;
       const DeviceMap::Entry* covering = map.covering(name);
       if (!covering || (!expected.empty() && !expected.count(name))) {
-        plan.unexpected.push_back(name);
+        plan.unexpected.emplace_back(name);
         continue;
       }
       if (const auto* outer = detail::second_covering(map, *covering); outer && outer->second != covering->second)

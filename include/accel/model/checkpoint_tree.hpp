@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -161,7 +162,7 @@ inline std::optional<std::pair<int, std::size_t>> catalog_tensor_slot(const Temp
 // One tensor of the tree to build: a checkpoint tensor, a tied copy the checkpoint leaves out, or
 // a buffer the model computes.
 struct TreeEntry {
-  std::string name;
+  std::string_view name;  ///< a view of the NameTable's names, or of the names model_from_checkpoint makes
   DType dtype = DType::F32;
   std::vector<std::int64_t> shape;
   std::size_t shard = 0;
@@ -277,8 +278,8 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
 
   // The tensors: the checkpoint's, then the catalog's tied copies and computed buffers.
   std::vector<detail::TreeEntry> entries;
-  entries.reserve(ckpt.tensor_names.size() + 8);
-  std::unordered_map<std::string_view, std::size_t> fused;  // model name -> entry, for names several tensors make
+  std::deque<std::string> made_names;  // the names of tied copies and buffers, which entries view
+  detail::NameIndex fused;             // model name -> entry, for names several tensors make
   std::vector<std::size_t> entry_source;                     // entry -> the checkpoint tensor it started from
   std::unordered_map<std::size_t, const std::tuple<std::size_t, DType, std::vector<std::int64_t>>*> resized;
   // Blocks past the config's count (DeepSeek-V3's multi-token-prediction layer 61 beside its 61
@@ -296,7 +297,7 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
   for (std::size_t shard = 0, n = 0; shard < ckpt.headers.size(); ++shard)
     for (std::size_t i = 0; i < ckpt.headers[shard].tensors.size(); ++i, ++n) {
       const auto& e = ckpt.headers[shard].tensors[i];
-      const std::string& name = out.names.model[n];
+      const std::string_view name = out.names.model[n];
       if (auto block = detail::block_beyond(name, block_counts)) {
         auto& [tensors, bytes] = beyond[std::string(*block)];
         ++tensors;
@@ -305,19 +306,20 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
       }
       const bool quantized = out.quantization && out.quantization->stored[n];
       const bool companion = quantized && out.quantization->companion[n];
-      if (auto [it, fresh] = fused.emplace(name, entries.size()); !fresh) {
+      const auto id = static_cast<std::uint32_t>(entries.size());
+      if (const auto known = fused.insert(detail::name_hash(name), id, [&](std::uint32_t k) { return k == id ? name : entries[k].name; })) {
         // Several renamed tensors make one (experts), a quantized weight's state is part of it; a
         // renamed one meeting a tensor already of that name is a folder holding both spellings.
-        auto& into = entries[it->second];
-        const auto& first = ckpt.tensor_names[entry_source[it->second]];
-        if (quantized && into.quantized && (companion || out.quantization->companion[entry_source[it->second]])) {
+        auto& into = entries[*known];
+        const auto first = ckpt.tensor_names[entry_source[*known]];
+        if (quantized && into.quantized && (companion || out.quantization->companion[entry_source[*known]])) {
           detail::fold_into(into, e);
           continue;
         }
         if (first == name || ckpt.tensor_names[n] == name)
           detail::throw_error<checkpoint_error>("tensors '", first, "' and '", ckpt.tensor_names[n], "' are both the model's '",
                                                 name, "'; the folder mixes checkpoint and model names: keep one of them");
-        detail::fuse_into(entries[it->second], e, ckpt.tensor_names[n]);
+        detail::fuse_into(into, e, ckpt.tensor_names[n]);
         continue;
       }
       entry_source.push_back(n);
@@ -340,7 +342,7 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
                                           "counts; transformers does not load it, so it is neither planned nor loaded"));
   std::vector<std::vector<std::string>> ties;
   if (arch) {
-    std::unordered_map<std::string, std::size_t> present;  // owning keys: `entries` grows below
+    std::unordered_map<std::string_view, std::size_t> present;  // `entries` grows below; its names stay put
     for (std::size_t i = 0; i < entries.size(); ++i) present.emplace(entries[i].name, i);
     auto config = *out.config;
     if (opts.tie_word_embeddings) config.tie_word_embeddings = opts.tie_word_embeddings;
@@ -351,13 +353,13 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
       if (source == group.end()) continue;
       const auto src = entries[present.at(*source)];
       for (const auto& n : group)
-        if (!present.count(n)) entries.push_back({n, src.dtype, src.shape, src.shard, false, true, {}, 0, {}, src.quantized});
+        if (!present.count(n)) entries.push_back({made_names.emplace_back(n), src.dtype, src.shape, src.shard, false, true, {}, 0, {}, src.quantized});
       ties.push_back(std::move(group));
     }
     const DType model_dtype = opts.load_dtype.value_or(out.auto_dtype.value_or(DType::F32));
     for (auto& b : non_persistent_buffers(*arch, *out.config, model_dtype)) {
       if (present.count(b.name)) continue;
-      entries.push_back({std::move(b.name), b.dtype, std::move(b.shape), SIZE_MAX, true, false, {}, 0, {}, false});
+      entries.push_back({made_names.emplace_back(std::move(b.name)), b.dtype, std::move(b.shape), SIZE_MAX, true, false, {}, 0, {}, false});
       ++out.buffers_added;
     }
   }

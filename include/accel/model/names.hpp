@@ -16,6 +16,8 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -23,12 +25,14 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include <accel/model/architecture.hpp>
+#include <accel/model/detail/name_index.hpp>
 #include <accel/model/detail/names_data.hpp>
 #include <accel/model/json.hpp>
 #include <accel/model/safetensors.hpp>
@@ -161,10 +165,11 @@ class NameMapper {
       Rule r;
       r.checkpoint = split(names.renames[i].checkpoint);
       r.model = split(names.renames[i].model);
-      std::size_t c = 0, m = 0;
-      for (const auto& p : r.checkpoint) c += detail::is_placeholder(p);
+      std::size_t m = 0;
+      for (std::size_t p = 0; p < r.checkpoint.size(); ++p)
+        if (detail::is_placeholder(r.checkpoint[p])) r.values.push_back(p);
       for (const auto& p : r.model) m += detail::is_placeholder(p);
-      r.fused = m < c;
+      r.fused = m < r.values.size();
       by_head_[r.checkpoint.front()].push_back(rules_.size());
       rules_.push_back(std::move(r));
     }
@@ -174,12 +179,27 @@ class NameMapper {
 
   /// @brief The model name of a checkpoint tensor name.
   [[nodiscard]] Mapped to_model(std::string_view checkpoint_name) const {
-    const std::string key = adjust_prefix(checkpoint_name);
-    std::vector<std::string_view> parts;
+    Mapped out;
+    std::tie(out.fused, out.rule) = map_into(checkpoint_name, out.model);
+    return out;
+  }
+
+  /// @brief As to_model, writing the model name into `out` (whose capacity is reused, so a loop
+  ///        over a checkpoint's names allocates nothing); returns {fused, rule}.
+  std::pair<bool, int> map_into(std::string_view checkpoint_name, std::string& out) const {
+    const auto [prefix, rest] = prefix_rule(checkpoint_name);
+    // The dotted parts: the added prefix, then the name's (a view each, on the stack when few).
+    std::size_t count = prefix.empty() ? 1 : 2;
+    for (const char ch : rest) count += ch == '.';
+    std::array<std::string_view, 32> few;
+    std::vector<std::string_view> many(count > few.size() ? count : 0);
+    std::string_view* parts = count > few.size() ? many.data() : few.data();
+    std::size_t n = 0;
+    if (!prefix.empty()) parts[n++] = prefix;
     for (std::size_t start = 0;;) {
-      const auto dot = key.find('.', start);
-      parts.push_back(std::string_view(key).substr(start, dot == std::string::npos ? std::string::npos : dot - start));
-      if (dot == std::string::npos) break;
+      const auto dot = rest.find('.', start);
+      parts[n++] = rest.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
+      if (dot == std::string_view::npos) break;
       start = dot + 1;
     }
     const Rule* best = nullptr;
@@ -187,7 +207,7 @@ class NameMapper {
     auto consider = [&](const std::vector<std::size_t>& candidates) {
       for (auto i : candidates) {
         const auto& r = rules_[i];
-        if (r.checkpoint.size() > parts.size() || (best && r.checkpoint.size() <= best->checkpoint.size())) continue;
+        if (r.checkpoint.size() > n || (best && r.checkpoint.size() <= best->checkpoint.size())) continue;
         bool ok = true;
         for (std::size_t p = 0; p < r.checkpoint.size() && ok; ++p) ok = detail::template_part_matches(r.checkpoint[p], parts[p]);
         if (ok) {
@@ -196,21 +216,21 @@ class NameMapper {
         }
       }
     };
-    if (auto it = by_head_.find(parts.front()); it != by_head_.end()) consider(it->second);
+    if (auto it = by_head_.find(parts[0]); it != by_head_.end()) consider(it->second);
     if (auto it = by_head_.find(std::string_view("{i}")); it != by_head_.end()) consider(it->second);
-    if (!best) return {key, false, -1};
-    std::vector<std::string_view> values;
-    for (std::size_t p = 0; p < best->checkpoint.size(); ++p)
-      if (detail::is_placeholder(best->checkpoint[p])) values.push_back(parts[p]);
-    std::string out;
-    std::size_t v = 0;
-    auto append = [&](std::string_view s) {
+    out.clear();
+    auto append = [&](std::string_view part) {
       if (!out.empty()) out += '.';
-      out += s;
+      out += part;
     };
-    for (const auto& p : best->model) append(detail::is_placeholder(p) ? values.at(v++) : std::string_view(p));
-    for (std::size_t p = best->checkpoint.size(); p < parts.size(); ++p) append(parts[p]);
-    return {std::move(out), best->fused, best_index};
+    if (!best) {
+      for (std::size_t p = 0; p < n; ++p) append(parts[p]);
+      return {false, -1};
+    }
+    std::size_t v = 0;
+    for (const auto& p : best->model) append(detail::is_placeholder(p) && v < best->values.size() ? parts[best->values[v++]] : std::string_view(p));
+    for (std::size_t p = best->checkpoint.size(); p < n; ++p) append(parts[p]);
+    return {best->fused, best_index};
   }
 
   /// @brief transformers' base-model prefix rule, applied before the renames: a name of a
@@ -218,26 +238,32 @@ class NameMapper {
   ///        gets the prefix, and a head model's name loaded into the base model loses it; a name
   ///        under a top-level name of either side, or under none the class knows, is left alone.
   [[nodiscard]] std::string adjust_prefix(std::string_view name) const {
-    const auto& prefix = names_->base_model_prefix;
-    if (prefix.empty()) return std::string(name);
-    const auto dot = name.find('.');
-    const auto head = name.substr(0, dot);
-    auto has = [](const std::vector<std::string>& v, std::string_view s) { return std::find(v.begin(), v.end(), s) != v.end(); };
-    if (has(names_->checkpoint_roots, head) || has(names_->model_roots, head)) return std::string(name);
-    if (has(names_->checkpoint_roots, prefix) && has(names_->base_roots, head)) return detail::concat(prefix, ".", name);
-    if (head == prefix && dot != std::string_view::npos) {
-      const auto rest = name.substr(dot + 1);
-      const auto next = rest.substr(0, rest.find('.'));
-      if (has(names_->checkpoint_roots, next) || has(names_->model_roots, next)) return std::string(rest);
-    }
-    return std::string(name);
+    const auto [prefix, rest] = prefix_rule(name);
+    return prefix.empty() ? std::string(rest) : detail::concat(prefix, ".", rest);
   }
 
  private:
   struct Rule {
     std::vector<std::string> checkpoint, model;
+    std::vector<std::size_t> values;  ///< positions of the checkpoint side's placeholders
     bool fused = false;
   };
+  // adjust_prefix as {a prefix to add (empty: none), the rest of the name}: views, no allocation.
+  [[nodiscard]] std::pair<std::string_view, std::string_view> prefix_rule(std::string_view name) const {
+    const std::string_view prefix = names_->base_model_prefix;
+    if (prefix.empty()) return {{}, name};
+    const auto dot = name.find('.');
+    const auto head = name.substr(0, dot);
+    auto has = [](const std::vector<std::string>& v, std::string_view s) { return std::find(v.begin(), v.end(), s) != v.end(); };
+    if (has(names_->checkpoint_roots, head) || has(names_->model_roots, head)) return {{}, name};
+    if (has(names_->checkpoint_roots, prefix) && has(names_->base_roots, head)) return {prefix, name};
+    if (head == prefix && dot != std::string_view::npos) {
+      const auto rest = name.substr(dot + 1);
+      const auto next = rest.substr(0, rest.find('.'));
+      if (has(names_->checkpoint_roots, next) || has(names_->model_roots, next)) return {{}, rest};
+    }
+    return {{}, name};
+  }
   static std::vector<std::string> split(std::string_view s) {
     std::vector<std::string> out;
     for (std::size_t start = 0;;) {
@@ -256,27 +282,64 @@ class NameMapper {
   std::map<std::string, std::vector<std::size_t>, std::less<>> by_head_;  ///< rules by their first part
 };
 
+/// @brief Names the rules made, each kept once (experts fused into one tensor share its name), at
+///        addresses that stay put: a NameTable's model names view them.
+class NameArena {
+ public:
+  /// @brief A lasting view of `name`: the one already kept, or a new copy.
+  std::string_view keep(std::string_view name) {
+    const auto hash = detail::name_hash(name);
+    const auto id = static_cast<std::uint32_t>(names_->size());
+    const auto name_of = [&](std::uint32_t i) -> std::string_view { return i == id ? name : std::string_view((*names_)[i]); };
+    if (const auto kept = index_.insert(hash, id, name_of)) return (*names_)[*kept];
+    return names_->emplace_back(name);
+  }
+  /// @brief Shared ownership of what keep() returned views of.
+  [[nodiscard]] std::shared_ptr<const void> storage() const { return names_; }
+
+ private:
+  std::shared_ptr<std::deque<std::string>> names_ = std::make_shared<std::deque<std::string>>();
+  detail::NameIndex index_;
+};
+
 /// @brief Every checkpoint tensor's model name, in the checkpoint's order.
 struct NameTable {
-  std::vector<std::string> checkpoint;  ///< checkpoint names
-  std::vector<std::string> model;       ///< the model name of each (equal where nothing renames)
-  std::string source;                   ///< whose rules: `ViTForImageClassification (transformers 5.25.0)`, or why none
+  std::vector<std::string_view> checkpoint;  ///< checkpoint names
+  std::vector<std::string_view> model;       ///< the model name of each (the same view where nothing renames)
+  std::string source;                        ///< whose rules: `ViTForImageClassification (transformers 5.25.0)`, or why none
+  /// What the views point into (the checkpoint headers' names, the names the rules made), shared
+  /// by copies: a table outlives the Checkpoint it was made from.
+  std::vector<std::shared_ptr<const void>> storage{};
 
   /// @brief True when no name changes (no rules, or none that applies).
-  [[nodiscard]] bool identity() const { return checkpoint == model; }
+  [[nodiscard]] bool identity() const {
+    if (checkpoint.size() != model.size()) return false;
+    for (std::size_t i = 0; i < checkpoint.size(); ++i)
+      if (checkpoint[i].data() != model[i].data() && checkpoint[i] != model[i]) return false;
+    return true;
+  }
 };
 
 /// @brief The model names of `checkpoint_names` under one class's rules (nullptr: unchanged).
-[[nodiscard]] inline NameTable name_table(const ClassNames* names, const std::vector<std::string>& checkpoint_names) {
+/// @param storage what the names view (kept by the table): Checkpoint::name_storage()
+[[nodiscard]] inline NameTable name_table(const ClassNames* names, const std::vector<std::string_view>& checkpoint_names,
+                                          std::vector<std::shared_ptr<const void>> storage = {}) {
   NameTable t;
   t.checkpoint = checkpoint_names;
+  t.storage = std::move(storage);
   if (!names) {
     t.model = checkpoint_names;
     return t;
   }
   const NameMapper mapper(*names);
+  NameArena made;
+  std::string scratch;
   t.model.reserve(checkpoint_names.size());
-  for (const auto& n : checkpoint_names) t.model.push_back(mapper.to_model(n).model);
+  for (const auto n : checkpoint_names) {
+    mapper.map_into(n, scratch);
+    t.model.push_back(scratch == n ? n : made.keep(scratch));
+  }
+  t.storage.push_back(made.storage());
   t.source = detail::concat(names->class_name, " (transformers ", names_transformers_version(), ")");
   return t;
 }

@@ -324,10 +324,10 @@ struct QuantizedTensors {
   /// @brief ... against loading them in `dtype`.
   [[nodiscard]] std::uint64_t bytes_saved(DType dtype) const { return bytes_saved(bit_size(dtype)); }
   /// @brief The names of the tensors marked stored (for LoadOptions::stored_dtype_tensors).
-  [[nodiscard]] std::vector<std::string> stored_names(const std::vector<std::string>& tensor_names) const {
+  [[nodiscard]] std::vector<std::string> stored_names(const std::vector<std::string_view>& tensor_names) const {
     std::vector<std::string> out;
     for (std::size_t i = 0; i < stored.size() && i < tensor_names.size(); ++i)
-      if (stored[i]) out.push_back(tensor_names[i]);
+      if (stored[i]) out.emplace_back(tensor_names[i]);
     return out;
   }
 };
@@ -363,6 +363,12 @@ class QuantModule {
   const QuantLocal* find(std::string_view local) const {
     for (const auto& l : locals_)
       if (l.local == local) return &l;
+    return nullptr;
+  }
+  // The tensor called `stem` + `suffix` (`weight` + `_scale_inv`), found without building the name.
+  const QuantLocal* find(std::string_view stem, std::string_view suffix) const {
+    for (const auto& l : locals_)
+      if (l.local.size() == stem.size() + suffix.size() && l.local.starts_with(stem) && l.local.ends_with(suffix)) return &l;
     return nullptr;
   }
   std::string full(std::string_view local) const { return module_.empty() ? std::string(local) : concat(module_, ".", local); }
@@ -402,8 +408,10 @@ class QuantModule {
     throw_error<checkpoint_error>("tensor '", full(l.local), "' is ", torch_name(l.entry->dtype), " but ", c_.description,
                                   " stores it as ", want, "; the checkpoint does not match its quantization_config");
   }
-  void expect_shape(const QuantLocal& l, const std::vector<std::int64_t>& want, std::string_view why) const {
-    if (l.entry->shape != want) bad_shape(l, want, why);
+  // `why` makes the message's reason only when the shape is wrong.
+  template <class Why>
+  void expect_shape(const QuantLocal& l, const std::vector<std::int64_t>& want, Why&& why) const {
+    if (l.entry->shape != want) bad_shape(l, want, why());
   }
 
   void run() {
@@ -424,16 +432,15 @@ class QuantModule {
   void fp8() {
     for (const auto& l : locals_) {
       if (!is_float8(l.entry->dtype)) continue;
-      const auto scale_name = concat(l.local, "_scale_inv");
-      const auto* scale = find(scale_name);
-      if (!scale) missing(l, scale_name, "weight");
+      const auto* scale = find(l.local, "_scale_inv");
+      if (!scale) missing(l, concat(l.local, "_scale_inv"), "weight");
       if (!is_floating(scale->entry->dtype) || is_float8(scale->entry->dtype)) bad_dtype(*scale, "float32 or bfloat16");
       const auto& s = l.entry->shape;
       if (c_.block && s.size() >= 2) {
         auto want = s;
         want[s.size() - 2] = ceil_div(s[s.size() - 2], (*c_.block)[0]);
         want[s.size() - 1] = ceil_div(s[s.size() - 1], (*c_.block)[1]);
-        expect_shape(*scale, want, concat("its weight ", shape_text(s), " in ", (*c_.block)[0], "×", (*c_.block)[1], " blocks"));
+        expect_shape(*scale, want, [&] { return concat("its weight ", shape_text(s), " in ", (*c_.block)[0], "×", (*c_.block)[1], " blocks"); });
       } else if (!c_.block && scale->entry->numel() != 1) {
         bad_shape(*scale, {}, "one scale per tensor (no weight_block_size)");
       }
@@ -470,15 +477,15 @@ class QuantModule {
       else cols *= 8;  // several weight groups: count as int4, the common packing
     }
     if (c_.strategy == "group" && c_.group_size > 0) {
-      expect_shape(*scale, {s[0], ceil_div(cols, c_.group_size)}, concat(cols, " input columns in groups of ", c_.group_size));
+      expect_shape(*scale, {s[0], ceil_div(cols, c_.group_size)}, [&] { return concat(cols, " input columns in groups of ", c_.group_size); });
       if (const auto* zp = find("weight_zero_point"); zp && c_.bits > 0 && packed) {
         expect_shape(*zp, {ceil_div(s[0] * c_.bits, 32), ceil_div(cols, c_.group_size)},
-                     concat(s[0], " packed rows of ", c_.bits, "-bit zero points in groups of ", c_.group_size));
+                     [&] { return concat(s[0], " packed rows of ", c_.bits, "-bit zero points in groups of ", c_.group_size); });
         // transformers' compressed-tensors modules unpack them: one int8 per row and group.
         out_.sized_as.emplace_back(zp->index, DType::I8, std::vector<std::int64_t>{s[0], ceil_div(cols, c_.group_size)});
       }
     } else if (c_.strategy == "channel") {
-      expect_shape(*scale, {s[0], 1}, concat("one scale per output channel of ", s[0]));
+      expect_shape(*scale, {s[0], 1}, [&] { return concat("one scale per output channel of ", s[0]); });
     } else if (c_.strategy == "tensor" && scale->entry->numel() != 1) {
       bad_shape(*scale, {1}, "one scale per tensor");
     }
@@ -508,7 +515,7 @@ class QuantModule {
     if (gptq || gemm) {
       const std::int64_t in = gptq ? s[0] * 32 / c_.bits : s[0], out = gptq ? s[1] : s[1] * 32 / c_.bits;
       const std::int64_t groups = c_.group_size > 0 ? ceil_div(in, c_.group_size) : 1;
-      const auto why = concat(in, " inputs × ", out, " outputs at ", c_.bits, " bits, ", group_text(c_.group_size));
+      const auto why = [&] { return concat(in, " inputs × ", out, " outputs at ", c_.bits, " bits, ", group_text(c_.group_size)); };
       expect_shape(*scales, {groups, out}, why);
       expect_shape(*zeros, {groups, ceil_div(out * c_.bits, 32)}, why);
       if (const auto* g = find("g_idx")) expect_shape(*g, {in}, why);
@@ -522,14 +529,13 @@ class QuantModule {
     for (const auto& l : locals_) {
       if (!l.local.ends_with("_blocks")) continue;
       const auto stem = l.local.substr(0, l.local.size() - 7);
-      const auto scales_name = concat(stem, "_scales");
-      const auto* scales = find(scales_name);
-      if (!scales) missing(l, scales_name, "block tensor");
+      const auto* scales = find(stem, "_scales");
+      if (!scales) missing(l, concat(stem, "_scales"), "block tensor");
       if (l.entry->dtype != DType::U8) bad_dtype(l, "uint8");
       if (scales->entry->dtype != DType::U8) bad_dtype(*scales, "uint8 (e8m0 exponents)");
       const auto& s = l.entry->shape;
       if (s.size() < 2 || s.back() != 16) bad_shape(l, {}, "mxfp4 packs 32 values in 16 bytes; a last dimension of 16");
-      expect_shape(*scales, std::vector<std::int64_t>(s.begin(), s.end() - 1), concat("one scale per block of ", shape_text(s)));
+      expect_shape(*scales, std::vector<std::int64_t>(s.begin(), s.end() - 1), [&] { return concat("one scale per block of ", shape_text(s)); });
       weight(l, l.entry->numel() * 2);
       keep(scales);
     }
@@ -568,7 +574,8 @@ class QuantModule {
       return;
     }
     if (!scb) missing(*w, "SCB", "int8 weight");
-    if (!w->entry->shape.empty()) expect_shape(*scb, {w->entry->shape[0]}, concat("one scale per row of ", shape_text(w->entry->shape)));
+    if (!w->entry->shape.empty())
+      expect_shape(*scb, {w->entry->shape[0]}, [&] { return concat("one scale per row of ", shape_text(w->entry->shape)); });
     weight(*w, w->entry->numel());
     keep(scb);
     keep(find("weight_format"));
@@ -592,15 +599,18 @@ class QuantModule {
   out.stored.assign(tensors.size(), false);
   out.companion.assign(tensors.size(), false);
   // Tensors grouped by module in one array (a counting sort over module ids), not a vector each.
-  std::unordered_map<std::string_view, std::uint32_t> module_ids;
+  detail::NameIndex module_ids;
   module_ids.reserve(tensors.size() / 2 + 1);
   std::vector<std::string_view> modules, locals(tensors.size());
   std::vector<std::uint32_t> module_of(tensors.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const auto [module, local] = detail::quant_owner(tensors[i]->name);
-    auto [it, fresh] = module_ids.emplace(module, static_cast<std::uint32_t>(modules.size()));
-    if (fresh) modules.push_back(module);
-    module_of[i] = it->second;
+    const auto [owner, local] = detail::quant_owner(tensors[i]->name);
+    const std::string_view module = owner;  // a plain variable: lambdas cannot capture a binding in C++20
+    const auto id = static_cast<std::uint32_t>(modules.size());
+    const auto name_of = [&](std::uint32_t m) { return m == id ? module : modules[m]; };
+    const auto known = module_ids.insert(detail::name_hash(module), id, name_of);
+    if (!known) modules.push_back(module);
+    module_of[i] = known.value_or(id);
     locals[i] = local;
   }
   std::vector<std::size_t> begin(modules.size() + 1, 0);
@@ -654,27 +664,35 @@ inline void quantized_model_names(NameTable& names, const QuantizedTensors& q) {
   const auto n = std::min(names.model.size(), q.stored.size());
   if (q.config.method == QuantMethod::bitsandbytes_4bit) {
     for (std::size_t i = 0; i < n; ++i)
-      if (auto w = names.model[i].find(".weight."); q.stored[i] && w != std::string::npos) names.model[i].resize(w + 7);
+      if (auto w = names.model[i].find(".weight."); q.stored[i] && w != std::string::npos) names.model[i] = names.model[i].substr(0, w + 7);
     return;
   }
   if (q.config.method == QuantMethod::mxfp4) {  // `x_blocks` is the model's `x`, which holds `x_scales` too
     for (std::size_t i = 0; i < n; ++i)
       if (q.stored[i] && (names.model[i].ends_with("_blocks") || names.model[i].ends_with("_scales")))
-        names.model[i].resize(names.model[i].size() - 7);
+        names.model[i].remove_suffix(7);
     return;
   }
   if (q.config.method != QuantMethod::fp8 || names.identity()) return;
-  std::unordered_map<std::string_view, std::size_t> weights;  // checkpoint name of a quantized weight -> index
+  detail::NameIndex weights;  // quantized weights by checkpoint name (ids: positions in the table)
+  const auto name_of = [&](std::uint32_t i) { return names.checkpoint[i]; };
   for (std::size_t i = 0; i < n; ++i)
-    if (q.stored[i] && names.checkpoint[i].ends_with(".weight")) weights.emplace(names.checkpoint[i], i);
+    if (q.stored[i] && names.checkpoint[i].ends_with(".weight"))
+      (void)weights.insert(detail::name_hash(names.checkpoint[i]), static_cast<std::uint32_t>(i), name_of);
+  NameArena made;
+  std::string scratch;
   for (std::size_t i = 0; i < n; ++i) {
     std::string_view name = names.checkpoint[i];
     if (!q.stored[i] || !name.ends_with("_scale_inv")) continue;
-    auto w = weights.find(name.substr(0, name.size() - 10));
-    if (w == weights.end()) continue;
-    const auto& model_weight = names.model[w->second];
-    if (!model_weight.ends_with(".weight")) names.model[i] = model_weight + "_scale_inv";  // a fused weight's scale
+    const auto weight = name.substr(0, name.size() - 10);
+    const auto w = weights.find(weight, detail::name_hash(weight), name_of);
+    if (!w) continue;
+    const auto model_weight = names.model[*w];
+    if (model_weight.ends_with(".weight")) continue;
+    scratch.assign(model_weight).append("_scale_inv");  // a fused weight's scale
+    names.model[i] = made.keep(scratch);
   }
+  names.storage.push_back(made.storage());
 }
 
 /// @brief What loading a checkpoint needs of its config.json besides the map.
@@ -693,7 +711,7 @@ struct CheckpointNaming {
                                                        bool model_names = true) {
   CheckpointNaming out;
   if (config && model_names && !config->architectures.empty()) out.class_names = find_class_names(config->architectures.front());
-  out.names = name_table(out.class_names, checkpoint.tensor_names);
+  out.names = name_table(out.class_names, checkpoint.tensor_names, checkpoint.name_storage());
   if (config) out.quantization = checkpoint_quantization(checkpoint, config->json);
   if (out.quantization) quantized_model_names(out.names, *out.quantization);
   return out;

@@ -21,6 +21,7 @@
 #include <limits>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <stdexcept>
@@ -48,7 +49,9 @@ inline constexpr std::uint64_t safetensors_max_header_size = 100'000'000;
 
 /// @brief One tensor of a safetensors file.
 struct TensorEntry {
-  std::string name;                  ///< key in the header
+  /// Key in the header. A view: headers accel parses keep their names in
+  /// SafetensorsHeader::names (shared by copies); whoever builds an entry by hand keeps its name.
+  std::string_view name;
   DType dtype = DType::F32;          ///< element type
   std::vector<std::int64_t> shape;   ///< dimensions, row-major; empty for a scalar
   std::uint64_t begin = 0;           ///< first byte, relative to the data section
@@ -67,6 +70,7 @@ struct SafetensorsHeader {
   std::uint64_t header_size = 0;                 ///< N, the JSON length
   std::uint64_t data_offset = 0;                 ///< 8 + N: file offset of the data section
   std::uint64_t file_size = 0;                   ///< whole file, bytes
+  std::shared_ptr<const std::string> names;      ///< the tensors' names, which TensorEntry::name views
   detail::NameIndex name_index;                  ///< tensor name → index in `tensors` (see find)
 
   /// @brief The entry called `name`, or nullptr.
@@ -140,7 +144,7 @@ void check_tensor_extent(const TensorEntry& t, std::string_view dname, Bad&& bad
                " (rule: end - begin == product(shape) * element size)"));
 }
 
-inline TensorEntry parse_tensor_entry(const std::string& name, const nlohmann::json& v, std::string_view file) {
+inline TensorEntry parse_tensor_entry(std::string_view name, const nlohmann::json& v, std::string_view file) {
   auto bad = [&](const std::string& what) { safetensors_fail(file, concat("tensor '", name, "': ", what)); };
   if (!v.is_object()) bad(concat("entry is ", v.type_name(), ", not an object with dtype, shape, data_offsets"));
   TensorEntry t;
@@ -167,6 +171,22 @@ inline TensorEntry parse_tensor_entry(const std::string& name, const nlohmann::j
   t.end = (*off)[1].get<std::uint64_t>();
   check_tensor_extent(t, dname, bad);
   return t;
+}
+
+// Copies the names the entries view (into the text being parsed) into one string the header
+// owns, and points the entries at it: one allocation for all of them.
+inline void own_names(SafetensorsHeader& h) {
+  std::size_t total = 0;
+  for (const auto& t : h.tensors) total += t.name.size();
+  auto names = std::make_shared<std::string>();
+  names->reserve(total);
+  for (const auto& t : h.tensors) names->append(t.name);
+  std::size_t at = 0;
+  for (auto& t : h.tensors) {
+    t.name = std::string_view(*names).substr(at, t.name.size());
+    at += t.name.size();
+  }
+  h.names = std::move(names);
 }
 
 // A header in its common form (names and dtypes of plain ASCII, the three fields once each, string
@@ -242,6 +262,7 @@ inline void parse_json_header(std::string_view text, std::string_view file_label
     }
     h.tensors.push_back(parse_tensor_entry(key, value, file_label));
   }
+  own_names(h);  // the keys die with `parsed`
 }
 
 }  // namespace detail
@@ -283,7 +304,10 @@ inline void parse_json_header(std::string_view text, std::string_view file_label
     return true;
   };
   auto plain = detail::parse_plain_header(text, h.metadata);
-  if (plain) h.tensors = std::move(*plain);
+  if (plain) {
+    h.tensors = std::move(*plain);
+    detail::own_names(h);
+  }
   if (!plain || !index()) {
     h.tensors.clear();
     h.metadata.clear();
@@ -522,13 +546,13 @@ struct Checkpoint {
   std::optional<std::filesystem::path> config_file;   ///< `config.json` next to the files, if any
   std::vector<std::filesystem::path> shard_files;     ///< sorted by file name
   std::vector<SafetensorsHeader> headers;             ///< parallel to shard_files
-  std::vector<std::string> tensor_names;              ///< shard order, then offset order
+  std::vector<std::string_view> tensor_names;         ///< shard order, then offset order (views of the headers' names)
   std::vector<TensorLocation> locations;              ///< parallel to tensor_names
   detail::NameIndex name_index;                       ///< tensor name → position in tensor_names (see find)
 
   /// @brief Location of `name`, or nullptr when the checkpoint lacks it.
   [[nodiscard]] const TensorLocation* find(std::string_view name) const {
-    const auto id = name_index.find(name, detail::name_hash(name), [&](std::uint32_t i) { return std::string_view(tensor_names[i]); });
+    const auto id = name_index.find(name, detail::name_hash(name), [&](std::uint32_t i) { return tensor_names[i]; });
     return id ? &locations[*id] : nullptr;
   }
   /// @brief Calls f(n, entry) for every tensor in Checkpoint::tensor_names order (n is its
@@ -538,6 +562,13 @@ struct Checkpoint {
     std::size_t n = 0;
     for (const auto& h : headers)
       for (const auto& e : h.tensors) f(n++, e);
+  }
+  /// @brief What tensor_names (and every entry's name) view: each header's name storage, for a
+  ///        table of names that must outlive this checkpoint (NameTable::storage).
+  [[nodiscard]] std::vector<std::shared_ptr<const void>> name_storage() const {
+    std::vector<std::shared_ptr<const void>> out;
+    for (const auto& h : headers) out.push_back(h.names);
+    return out;
   }
   /// @brief The header entry at a location.
   [[nodiscard]] const TensorEntry& entry(const TensorLocation& loc) const { return headers[loc.shard].tensors[loc.entry]; }
@@ -560,7 +591,7 @@ inline void add_shard(Checkpoint& c, const std::filesystem::path& file, PairPrin
   const std::size_t shard = c.shard_files.size() - 1;
   const auto& h = c.headers.back();
   c.name_index.reserve(c.tensor_names.size() + h.tensors.size());
-  const auto name_of = [&](std::uint32_t i) { return std::string_view(c.tensor_names[i]); };
+  const auto name_of = [&](std::uint32_t i) { return c.tensor_names[i]; };
   for (std::size_t i = 0; i < h.tensors.size(); ++i) {
     const auto& name = h.tensors[i].name;
     const auto hash = name_hash(name);
@@ -586,7 +617,7 @@ inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx
   }
   if (idx.weight_map.size() != c.locations.size())
     for (const auto& name : c.tensor_names)
-      if (!idx.weight_map.count(name))
+      if (!idx.weight_map.count(std::string(name)))
         throw_error<checkpoint_error>("shard '", c.shard_files[c.find(name)->shard].filename().string(), "' holds tensor '", name,
                                       "', which checkpoint index '", index, "' does not list; the index is stale: re-download the checkpoint");
 }

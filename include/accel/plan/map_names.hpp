@@ -46,9 +46,11 @@ namespace detail {
 // by two binary searches.
 class SortedNames {
  public:
-  explicit SortedNames(const std::vector<std::string>& names) {
+  // Views of `names`, which outlive it.
+  template <class Names>
+  explicit SortedNames(const Names& names) {
     sorted_.reserve(names.size());
-    for (std::size_t i = 0; i < names.size(); ++i) sorted_.emplace_back(names[i], i);
+    for (std::size_t i = 0; i < names.size(); ++i) sorted_.emplace_back(std::string_view(names[i]), i);
     std::sort(sorted_.begin(), sorted_.end());
   }
   // Indices of the names equal to `key` or starting with `key.` ("" covers everything).
@@ -58,12 +60,12 @@ class SortedNames {
       for (const auto& [n, i] : sorted_) out.push_back(i);
       return out;
     }
-    auto by_name = [](const std::pair<std::string, std::size_t>& e, std::string_view k) { return std::string_view(e.first) < k; };
+    auto by_name = [](const std::pair<std::string_view, std::size_t>& e, std::string_view k) { return e.first < k; };
     for (auto it = std::lower_bound(sorted_.begin(), sorted_.end(), key, by_name); it != sorted_.end() && it->first == key; ++it)
       out.push_back(it->second);
     const std::string dotted = concat(key, ".");
     for (auto it = std::lower_bound(sorted_.begin(), sorted_.end(), std::string_view(dotted), by_name);
-         it != sorted_.end() && std::string_view(it->first).starts_with(dotted); ++it)
+         it != sorted_.end() && it->first.starts_with(dotted); ++it)
       out.push_back(it->second);
     std::sort(out.begin(), out.end());
     return out;
@@ -71,7 +73,7 @@ class SortedNames {
   [[nodiscard]] bool covers_any(std::string_view key) const { return key.empty() || !under(key).empty(); }
 
  private:
-  std::vector<std::pair<std::string, std::size_t>> sorted_;
+  std::vector<std::pair<std::string_view, std::size_t>> sorted_;
 };
 
 // The dotted prefix every name shares ("" when none).
@@ -128,8 +130,8 @@ inline std::string common_dotted_prefix(const std::vector<std::string_view>& nam
   if (table.identity()) return map;
   const detail::SortedNames model(table.model), checkpoint(table.checkpoint);
   DeviceMap out;
-  auto add = [&](const std::string& key, Placement where) {
-    if (!out.find(key)) out.set(key, where);
+  auto add = [&](std::string_view key, Placement where) {
+    if (!out.find(key)) out.set(std::string(key), where);
   };
   for (const auto& [key, where] : map) {
     const auto idx = model.under(key);
