@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
 // detail::parallel_for, the loop the loader's host copy runs on several threads.
-#include <accel/load/detail/parallel_for.hpp>
+#include <accel/runtime/detail/parallel_for.hpp>
 
 #include <algorithm>
 #include <atomic>

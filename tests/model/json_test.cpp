@@ -3,6 +3,7 @@
 #include <accel/model/json.hpp>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "support/catch.hpp"
@@ -67,4 +68,27 @@ TEST_CASE("read_text_file on a folder is a checkpoint_error naming it, not a str
   REQUIRE_THROWS_AS(accel::read_text_file(folder, "model skeleton"), accel::checkpoint_error);
   REQUIRE_THROWS_WITH(accel::read_text_file(folder, "model skeleton"),
                       accel_test::contains("cannot read model skeleton '" + folder.string() + "': it is a folder"));
+}
+
+TEST_CASE("the fast JSON cursor reads strings of printable ASCII and declines any other byte at any position", "[json]") {
+  // The cursor checks eight bytes at a time: a bad byte in any lane of a word, or in the tail.
+  for (std::size_t length = 0; length <= 20; ++length) {
+    for (int c = 0x20; c <= 0x7e; ++c) {
+      if (c == '"' || c == '\\') continue;
+      const std::string body(length, static_cast<char>(c));
+      const std::string text = "\"" + body + "\"";
+      accel::detail::PlainJsonCursor cursor(text);
+      const auto read = cursor.string();
+      REQUIRE(read == std::optional<std::string_view>(body));
+    }
+    for (std::size_t at = 0; at < length; ++at)
+      for (int bad : {0x00, 0x01, 0x1f, 0x7f, 0x80, 0xc3, 0xff, 0x5c}) {
+        std::string body(length, 'a');
+        body[at] = static_cast<char>(bad);
+        const std::string text = "\"" + body + "\"";
+        accel::detail::PlainJsonCursor cursor(text);
+        INFO("length " << length << ", byte " << bad << " at " << at);
+        REQUIRE_FALSE(cursor.string());
+      }
+  }
 }

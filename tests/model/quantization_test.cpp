@@ -110,6 +110,7 @@ TEST_CASE("fp8 blocks: float8 weights and their ceil-divided scales are stored; 
   const auto q = t.classify(fp8_block);
   REQUIRE(q.stored == std::vector<bool>{true, true, false, false});
   REQUIRE(q.modules == 1);
+  REQUIRE(q.weight_scales == std::vector<std::pair<std::size_t, std::size_t>>{{1, 0}});
   REQUIRE(q.stored_bytes == 576 * 256 + 5 * 2 * 4);
   REQUIRE(q.weight_elements == 576 * 256);
   REQUIRE(q.bytes_saved(DType::BF16) == 576 * 256 * 2 - q.stored_bytes);
@@ -291,6 +292,7 @@ TEST_CASE("bitsandbytes quant state is part of its weight in the tree; fp8 exper
   accel::QuantizedTensors q;
   q.config = parsed(fp8_block);
   q.stored = {true, true, true, true};
+  q.weight_scales = {{1, 0}, {2, 3}};  // as classify_quantized_tensors pairs them
   accel::quantized_model_names(names, q);
   REQUIRE(names.model[1] == "model.layers.0.mlp.experts.gate_up_proj_scale_inv");
   REQUIRE(names.model[2] == "model.layers.0.self_attn.q_proj.weight_scale_inv");

@@ -153,13 +153,10 @@ class PlainJsonCursor {
   std::optional<std::string_view> string() noexcept {
     if (!eat('"')) return std::nullopt;
     const char* start = p_;
-    while (p_ != end_ && *p_ != '"') {
-      const auto c = static_cast<unsigned char>(*p_);
-      if (c < 0x20 || c > 0x7e || c == '\\') return std::nullopt;
-      ++p_;
-    }
-    if (p_ == end_) return std::nullopt;
-    return std::string_view(start, static_cast<std::size_t>(p_++ - start));
+    const auto* quote = static_cast<const char*>(std::memchr(p_, '"', static_cast<std::size_t>(end_ - p_)));
+    if (!quote || !printable_ascii(start, quote)) return std::nullopt;
+    p_ = quote + 1;
+    return std::string_view(start, static_cast<std::size_t>(quote - start));
   }
   /// @brief An unsigned integer as JSON writes it (no leading zeros), up to 2^64 - 1.
   std::optional<std::uint64_t> unsigned_integer() noexcept {
@@ -209,6 +206,24 @@ class PlainJsonCursor {
   }
 
  private:
+  // True when [p, end) holds only printable ASCII (0x20-0x7e) other than a backslash. Eight bytes
+  // at a time: a byte below 0x20 borrows into its lane's high bit when 0x20 is taken from each,
+  // one of 0x7f or above has or gets it when 1 is added, and a backslash becomes a zero that
+  // borrows once xor-ed with 0x5c; printable bytes never do. A flagged word (and the tail) is
+  // checked byte by byte.
+  static bool printable_ascii(const char* p, const char* end) noexcept {
+    constexpr std::uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    for (; end - p >= 8; p += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, p, 8);
+      if (((w - ones * 0x20) | (w + ones) | w | ((w ^ (ones * 0x5c)) - ones)) & highs) break;
+    }
+    for (; p != end; ++p) {
+      const auto c = static_cast<unsigned char>(*p);
+      if (c < 0x20 || c > 0x7e || c == '\\') return false;
+    }
+    return true;
+  }
   void skip_ws() noexcept {
     while (p_ != end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
   }

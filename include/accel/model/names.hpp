@@ -150,6 +150,8 @@ inline ClassNames parse_class_names(const nlohmann::json& e) {
   return text.substr(start, text.find('"', start) - start);
 }
 
+class NameArena;
+
 /// @brief Checkpoint name -> model name for one class (see the file comment for the rule).
 class NameMapper {
  public:
@@ -187,51 +189,17 @@ class NameMapper {
   /// @brief As to_model, writing the model name into `out` (whose capacity is reused, so a loop
   ///        over a checkpoint's names allocates nothing); returns {fused, rule}.
   std::pair<bool, int> map_into(std::string_view checkpoint_name, std::string& out) const {
-    const auto [prefix, rest] = prefix_rule(checkpoint_name);
-    // The dotted parts: the added prefix, then the name's (a view each, on the stack when few).
-    std::size_t count = prefix.empty() ? 1 : 2;
-    for (const char ch : rest) count += ch == '.';
-    std::array<std::string_view, 32> few;
-    std::vector<std::string_view> many(count > few.size() ? count : 0);
-    std::string_view* parts = count > few.size() ? many.data() : few.data();
-    std::size_t n = 0;
-    if (!prefix.empty()) parts[n++] = prefix;
-    for (std::size_t start = 0;;) {
-      const auto dot = rest.find('.', start);
-      parts[n++] = rest.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
-      if (dot == std::string_view::npos) break;
-      start = dot + 1;
-    }
-    const Rule* best = nullptr;
-    int best_index = -1;
-    auto consider = [&](const std::vector<std::size_t>& candidates) {
-      for (auto i : candidates) {
-        const auto& r = rules_[i];
-        if (r.checkpoint.size() > n || (best && r.checkpoint.size() <= best->checkpoint.size())) continue;
-        bool ok = true;
-        for (std::size_t p = 0; p < r.checkpoint.size() && ok; ++p) ok = detail::template_part_matches(r.checkpoint[p], parts[p]);
-        if (ok) {
-          best = &r;
-          best_index = static_cast<int>(i);
-        }
-      }
-    };
-    if (auto it = by_head_.find(parts[0]); it != by_head_.end()) consider(it->second);
-    if (auto it = by_head_.find(std::string_view("{i}")); it != by_head_.end()) consider(it->second);
-    out.clear();
-    auto append = [&](std::string_view part) {
-      if (!out.empty()) out += '.';
-      out += part;
-    };
-    if (!best) {
-      for (std::size_t p = 0; p < n; ++p) append(parts[p]);
-      return {false, -1};
-    }
-    std::size_t v = 0;
-    for (const auto& p : best->model) append(detail::is_placeholder(p) && v < best->values.size() ? parts[best->values[v++]] : std::string_view(p));
-    for (std::size_t p = best->checkpoint.size(); p < n; ++p) append(parts[p]);
-    return {best->fused, best_index};
+    const Parts parts(prefix_rule(checkpoint_name));
+    const int rule = match(parts);
+    build(parts, rule, out);
+    return {rule >= 0 && rules_[static_cast<std::size_t>(rule)].fused, rule};
   }
+
+  /// @brief The model name of each of `names`, deciding once per name shape (the name with its
+  ///        numbers set aside, unless a rule or a top-level name spells that number): a checkpoint
+  ///        of 90k tensors has a few hundred shapes. Each result is a view: the checkpoint name
+  ///        itself where nothing changes, else the copy kept in `made`.
+  [[nodiscard]] std::vector<std::string_view> map_all(const std::vector<std::string_view>& names, NameArena& made) const;
 
   /// @brief transformers' base-model prefix rule, applied before the renames: a name of a
   ///        base-model checkpoint (its first part one the class's checkpoints hold under the prefix)
@@ -248,6 +216,71 @@ class NameMapper {
     std::vector<std::size_t> values;  ///< positions of the checkpoint side's placeholders
     bool fused = false;
   };
+  // A name's dotted parts after the prefix rule: the added prefix, then the name's own; views, on
+  // the stack when there are few.
+  class Parts {
+   public:
+    explicit Parts(std::pair<std::string_view, std::string_view> adjusted) {
+      const auto [prefix, rest] = adjusted;
+      std::size_t count = prefix.empty() ? 1 : 2;
+      for (const char ch : rest) count += ch == '.';
+      if (count > few_.size()) many_.resize(count);
+      data_ = count > few_.size() ? many_.data() : few_.data();
+      if (!prefix.empty()) data_[size_++] = prefix;
+      for (std::size_t start = 0;;) {
+        const auto dot = rest.find('.', start);
+        data_[size_++] = rest.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
+        if (dot == std::string_view::npos) break;
+        start = dot + 1;
+      }
+    }
+    Parts(const Parts&) = delete;
+    Parts& operator=(const Parts&) = delete;
+    [[nodiscard]] std::size_t size() const noexcept { return size_; }
+    [[nodiscard]] std::string_view operator[](std::size_t i) const noexcept { return data_[i]; }
+
+   private:
+    std::array<std::string_view, 32> few_;
+    std::vector<std::string_view> many_;
+    std::string_view* data_ = nullptr;
+    std::size_t size_ = 0;
+  };
+
+  // The rule whose checkpoint side is the longest that matches, or -1.
+  [[nodiscard]] int match(const Parts& parts) const {
+    int best = -1;
+    auto consider = [&](const std::vector<std::size_t>& candidates) {
+      for (auto i : candidates) {
+        const auto& r = rules_[i];
+        if (r.checkpoint.size() > parts.size() || (best >= 0 && r.checkpoint.size() <= rules_[static_cast<std::size_t>(best)].checkpoint.size()))
+          continue;
+        bool ok = true;
+        for (std::size_t p = 0; p < r.checkpoint.size() && ok; ++p) ok = detail::template_part_matches(r.checkpoint[p], parts[p]);
+        if (ok) best = static_cast<int>(i);
+      }
+    };
+    if (auto it = by_head_.find(parts[0]); it != by_head_.end()) consider(it->second);
+    if (auto it = by_head_.find(std::string_view("{i}")); it != by_head_.end()) consider(it->second);
+    return best;
+  }
+
+  // The model name from the parts and the rule (-1: the parts as they are).
+  void build(const Parts& parts, int rule, std::string& out) const {
+    out.clear();
+    auto append = [&](std::string_view part) {
+      if (!out.empty()) out += '.';
+      out += part;
+    };
+    std::size_t from = 0;
+    if (rule >= 0) {
+      const auto& r = rules_[static_cast<std::size_t>(rule)];
+      std::size_t v = 0;
+      for (const auto& p : r.model) append(detail::is_placeholder(p) && v < r.values.size() ? parts[r.values[v++]] : std::string_view(p));
+      from = r.checkpoint.size();
+    }
+    for (std::size_t p = from; p < parts.size(); ++p) append(parts[p]);
+  }
+
   // adjust_prefix as {a prefix to add (empty: none), the rest of the name}: views, no allocation.
   [[nodiscard]] std::pair<std::string_view, std::string_view> prefix_rule(std::string_view name) const {
     const std::string_view prefix = names_->base_model_prefix;
@@ -302,6 +335,56 @@ class NameArena {
   detail::NameIndex index_;
 };
 
+inline std::vector<std::string_view> NameMapper::map_all(const std::vector<std::string_view>& names, NameArena& made) const {
+  // Numbers a rule part or a top-level name spells stay in the shape: they can decide.
+  std::vector<std::string_view> spelled;
+  auto note = [&](std::string_view part) {
+    if (detail::is_block_number(part)) spelled.push_back(part);
+  };
+  for (const auto& r : rules_)
+    for (const auto& p : r.checkpoint) note(p);
+  for (const auto* roots : {&names_->checkpoint_roots, &names_->model_roots, &names_->base_roots})
+    for (const auto& p : *roots) note(p);
+  note(names_->base_model_prefix);
+  // Shape -> {the prefix rule's outcome: 0 none, 1 adds the prefix, 2 drops the first part; rule}.
+  std::deque<std::string> shapes;
+  std::vector<std::pair<int, int>> decided;
+  detail::NameIndex known;
+  std::string shape, scratch;
+  std::vector<std::string_view> out;
+  out.reserve(names.size());
+  for (const auto name : names) {
+    shape.clear();
+    for (std::size_t start = 0;;) {
+      const auto dot = name.find('.', start);
+      const auto part = name.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
+      const bool number = detail::is_block_number(part) && std::find(spelled.begin(), spelled.end(), part) == spelled.end();
+      shape += number ? std::string_view("#") : part;  // '#': no tensor name part is only that
+      if (dot == std::string_view::npos) break;
+      shape += '.';
+      start = dot + 1;
+    }
+    const auto id = static_cast<std::uint32_t>(shapes.size());
+    const auto shape_of = [&](std::uint32_t i) -> std::string_view { return i == id ? std::string_view(shape) : std::string_view(shapes[i]); };
+    const auto adjusted = prefix_rule(name);
+    std::pair<int, int> decision;
+    if (const auto seen = known.insert(detail::name_hash(shape), id, shape_of)) {
+      decision = decided[*seen];
+    } else {
+      decision = {adjusted.first.empty() ? (adjusted.second.size() == name.size() ? 0 : 2) : 1, match(Parts(adjusted))};
+      shapes.emplace_back(shape);
+      decided.push_back(decision);
+    }
+    if (decision == std::pair{0, -1}) {
+      out.push_back(name);
+      continue;
+    }
+    build(Parts(adjusted), decision.second, scratch);
+    out.push_back(scratch == name ? name : made.keep(scratch));
+  }
+  return out;
+}
+
 /// @brief Every checkpoint tensor's model name, in the checkpoint's order.
 struct NameTable {
   std::vector<std::string_view> checkpoint;  ///< checkpoint names
@@ -331,14 +414,8 @@ struct NameTable {
     t.model = checkpoint_names;
     return t;
   }
-  const NameMapper mapper(*names);
   NameArena made;
-  std::string scratch;
-  t.model.reserve(checkpoint_names.size());
-  for (const auto n : checkpoint_names) {
-    mapper.map_into(n, scratch);
-    t.model.push_back(scratch == n ? n : made.keep(scratch));
-  }
+  t.model = NameMapper(*names).map_all(checkpoint_names, made);
   t.storage.push_back(made.storage());
   t.source = detail::concat(names->class_name, " (transformers ", names_transformers_version(), ")");
   return t;

@@ -41,6 +41,7 @@
 #include <accel/model/names.hpp>
 #include <accel/model/safetensors.hpp>
 #include <accel/runtime/config.hpp>
+#include <accel/runtime/detail/parallel_for.hpp>
 #include <accel/runtime/error.hpp>
 #include <accel/runtime/text.hpp>
 
@@ -308,6 +309,9 @@ struct QuantizedTensors {
   /// Stored tensors transformers' model holds in another form than the file (compressed-tensors
   /// unpacks asymmetric zero points to int8): {tensor index, dtype, shape} it is sized at.
   std::vector<std::tuple<std::size_t, DType, std::vector<std::int64_t>>> sized_as{};
+  /// fp8: {scale, weight} for each module weight (`m.weight`) and its `m.weight_scale_inv`, by
+  /// tensor index; a fused weight's scale takes the fused name (quantized_model_names).
+  std::vector<std::pair<std::size_t, std::size_t>> weight_scales{};
   std::size_t modules = 0;            ///< quantized weights (a module's weight, or one expert group)
   std::uint64_t stored_bytes = 0;     ///< bytes of the tensors marked stored
   std::uint64_t weight_elements = 0;  ///< elements those weights have once dequantized
@@ -447,6 +451,7 @@ class QuantModule {
       weight(l, l.entry->numel());
       keep(scale);
       if (l.local == "weight") {
+        out_.weight_scales.emplace_back(scale->index, l.index);
         keep(find("activation_scale"));
         keep(find("input_scale"));
       }
@@ -674,23 +679,12 @@ inline void quantized_model_names(NameTable& names, const QuantizedTensors& q) {
     return;
   }
   if (q.config.method != QuantMethod::fp8 || names.identity()) return;
-  detail::NameIndex weights;  // quantized weights by checkpoint name (ids: positions in the table)
-  const auto name_of = [&](std::uint32_t i) { return names.checkpoint[i]; };
-  for (std::size_t i = 0; i < n; ++i)
-    if (q.stored[i] && names.checkpoint[i].ends_with(".weight"))
-      (void)weights.insert(detail::name_hash(names.checkpoint[i]), static_cast<std::uint32_t>(i), name_of);
   NameArena made;
   std::string scratch;
-  for (std::size_t i = 0; i < n; ++i) {
-    std::string_view name = names.checkpoint[i];
-    if (!q.stored[i] || !name.ends_with("_scale_inv")) continue;
-    const auto weight = name.substr(0, name.size() - 10);
-    const auto w = weights.find(weight, detail::name_hash(weight), name_of);
-    if (!w) continue;
-    const auto model_weight = names.model[*w];
-    if (model_weight.ends_with(".weight")) continue;
-    scratch.assign(model_weight).append("_scale_inv");  // a fused weight's scale
-    names.model[i] = made.keep(scratch);
+  for (const auto& [scale, weight] : q.weight_scales) {
+    if (scale >= n || weight >= n || names.model[weight].ends_with(".weight")) continue;
+    scratch.assign(names.model[weight]).append("_scale_inv");  // a fused weight's scale
+    names.model[scale] = made.keep(scratch);
   }
   names.storage.push_back(made.storage());
 }
@@ -711,8 +705,17 @@ struct CheckpointNaming {
                                                        bool model_names = true) {
   CheckpointNaming out;
   if (config && model_names && !config->architectures.empty()) out.class_names = find_class_names(config->architectures.front());
-  out.names = name_table(out.class_names, checkpoint.tensor_names, checkpoint.name_storage());
-  if (config) out.quantization = checkpoint_quantization(checkpoint, config->json);
+  // The names and the quantization do not depend on each other: for a large checkpoint they are
+  // worked out on two threads (a quantization error is thrown once both are done).
+  const bool both = config && out.class_names && checkpoint.tensor_names.size() >= 10'000;
+  detail::parallel_for(
+      2, both ? 2 : 1,
+      [&](std::size_t task, unsigned) -> std::uint64_t {
+        if (task == 0) out.names = name_table(out.class_names, checkpoint.tensor_names, checkpoint.name_storage());
+        else if (config) out.quantization = checkpoint_quantization(checkpoint, config->json);
+        return 0;
+      },
+      [](std::uint64_t) {});
   if (out.quantization) quantized_model_names(out.names, *out.quantization);
   return out;
 }

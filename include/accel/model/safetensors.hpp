@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -37,6 +38,8 @@
 
 #include <accel/runtime/bytes.hpp>
 #include <accel/runtime/config.hpp>
+#include <accel/runtime/detail/mapped_file.hpp>
+#include <accel/runtime/detail/parallel_for.hpp>
 #include <accel/model/json.hpp>
 #include <accel/model/detail/name_index.hpp>
 #include <accel/model/dtype.hpp>
@@ -196,6 +199,7 @@ inline void own_names(SafetensorsHeader& h) {
 inline std::optional<std::vector<TensorEntry>> parse_plain_header(std::string_view text, std::map<std::string, std::string>& metadata) {
   PlainJsonCursor c(text);
   std::vector<TensorEntry> tensors;
+  tensors.reserve(text.size() / 64 + 1);  // an entry takes some 70 bytes or more of JSON
   std::vector<std::uint64_t> shape, offsets;
   bool seen_metadata = false;
   const auto give_up = [](const std::string&) { throw std::invalid_argument("fails a check"); };
@@ -583,14 +587,47 @@ struct Checkpoint {
 
 namespace detail {
 
-// Reads one shard's header into the checkpoint; `pairs` gathers its (tensor, shard) pairs under
-// the shard's name `shard_hash` for the comparison with an index.
-inline void add_shard(Checkpoint& c, const std::filesystem::path& file, PairPrint* pairs = nullptr, std::uint64_t shard_hash = 0) {
-  c.headers.push_back(read_safetensors_header(file));
+// Every shard's header, read on a few threads when there are many; the first failing shard in
+// order throws, as a loop over them would.
+inline std::vector<SafetensorsHeader> read_shard_headers(const std::vector<std::filesystem::path>& files) {
+  std::vector<SafetensorsHeader> headers(files.size());
+  std::vector<std::exception_ptr> failed(files.size());
+  const unsigned threads = files.size() >= 8 ? copy_threads(0, files.size()) : 1;
+  parallel_for(
+      files.size(), threads,
+      [&](std::size_t i, unsigned) -> std::uint64_t {
+        try {
+          headers[i] = read_safetensors_header(files[i]);
+        } catch (...) {
+          failed[i] = std::current_exception();
+        }
+        return 0;
+      },
+      [](std::uint64_t) {});
+  for (const auto& f : failed)
+    if (f) std::rethrow_exception(f);
+  return headers;
+}
+
+// Room for every tensor of `headers` at once (the tables then never grow while shards are added).
+inline void reserve_tensors(Checkpoint& c, const std::vector<SafetensorsHeader>& headers) {
+  std::size_t n = 0;
+  for (const auto& h : headers) n += h.tensors.size();
+  c.headers.reserve(headers.size());
+  c.shard_files.reserve(headers.size());
+  c.tensor_names.reserve(n);
+  c.locations.reserve(n);
+  c.name_index.reserve(n);
+}
+
+// Adds one shard's header to the checkpoint (after reserve_tensors); `pairs` gathers its (tensor, shard) pairs under the
+// shard's name `shard_hash` for the comparison with an index.
+inline void add_shard(Checkpoint& c, const std::filesystem::path& file, SafetensorsHeader header, PairPrint* pairs = nullptr,
+                      std::uint64_t shard_hash = 0) {
+  c.headers.push_back(std::move(header));
   c.shard_files.push_back(file);
   const std::size_t shard = c.shard_files.size() - 1;
   const auto& h = c.headers.back();
-  c.name_index.reserve(c.tensor_names.size() + h.tensors.size());
   const auto name_of = [&](std::uint32_t i) { return c.tensor_names[i]; };
   for (std::size_t i = 0; i < h.tensors.size(); ++i) {
     const auto& name = h.tensors[i].name;
@@ -684,7 +721,8 @@ inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx
     // The common index (plain, sorted keys) is only summarized: its shards' headers must give the
     // same (tensor, shard) pairs, which a fingerprint compares; when they do not, or for any other
     // index, the index is read whole and compared name by name, which says what differs.
-    const auto text = read_text_file(index, "checkpoint index");
+    const detail::MappedFile mapped(index);  // megabytes for large models: mapped, not copied
+    const std::string_view text(reinterpret_cast<const char*>(mapped.data()), static_cast<std::size_t>(mapped.size()));
     detail::IndexSummary summary;
     std::optional<SafetensorsIndex> full;
     if (!detail::summarize_plain_index(text, summary)) full = parse_safetensors_index(text, index.string());
@@ -695,11 +733,18 @@ inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx
     detail::check_shards_exist(index, shard_names);
     c.index_file = index;
     detail::PairPrint pairs;
-    for (const auto& shard : shard_names) detail::add_shard(c, c.directory / shard, &pairs, detail::name_hash(shard));
+    std::vector<fs::path> listed;  // the index's shards (the folder may hold other files)
+    for (const auto& shard : shard_names) listed.push_back(c.directory / shard);
+    auto headers = detail::read_shard_headers(listed);
+    detail::reserve_tensors(c, headers);
+    for (std::size_t i = 0; i < listed.size(); ++i)
+      detail::add_shard(c, listed[i], std::move(headers[i]), &pairs, detail::name_hash(shard_names[i]));
     if (!full && pairs != summary.pairs) full = parse_safetensors_index(text, index.string());
     if (full) detail::check_index_matches(c, *full);
   } else {
-    for (const auto& f : files) detail::add_shard(c, f);
+    auto headers = detail::read_shard_headers(files);
+    detail::reserve_tensors(c, headers);
+    for (std::size_t i = 0; i < files.size(); ++i) detail::add_shard(c, files[i], std::move(headers[i]));
   }
   if (fs::path cfg = c.directory / "config.json"; fs::is_regular_file(cfg, ec)) c.config_file = cfg;
   return c;

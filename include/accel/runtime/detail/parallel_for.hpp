@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
 /// @file parallel_for.hpp
-/// @brief Loader internals: runs independent work items on a few threads (the caller's thread is
+/// @brief Runs independent work items on a few threads (the caller's thread is
 ///        one of them), with progress reported on the caller's thread and the first failure
 ///        rethrown there once every thread has stopped.
 #pragma once
