@@ -3,9 +3,11 @@
 # SPDX-FileCopyrightText: accel contributors
 """Whole-process `accel plan` on Hub-format folders (the names save_pretrained writes), two accel
 binaries side by side (e.g. before and after the model-name trees), alternating runs after a
-warm-up: median and p90 wall time per binary and their ratio. The folders are headers-only,
-written from the golden-map fixtures (no torch needed): DeepSeek-V3 at its published size
-(bfloat16, one tensor per expert) and ViT-Base.
+warm-up: median and p90 wall time per binary and their ratio, and whether their maps are the same.
+The folders are headers-only, written from the golden-map fixtures (no torch needed): DeepSeek-V3
+at its published size (bfloat16, one tensor per expert: 45k tensors), the same model as published
+in block FP8 (float8 weights with their scales, the MTP layer: 163 shards, 92k tensors) and
+ViT-Base.
 
   plan_hub_names.py ACCEL_A ACCEL_B [--runs N]
 """
@@ -22,17 +24,25 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "compat"))
 from gen_golden_maps import read_fixture, write_checkpoint_files  # noqa: E402
 
-FIXTURES = os.path.join(HERE, "..", "..", "tests", "compat", "fixtures", "golden_maps_published")
-CASES = [("DeepseekV3ForCausalLM", "BF16", ",".join(f"{i}=141GB" for i in range(8)) + ",cpu=2TB"),
-         ("ViTForImageClassification", "F32", "0=100MB,cpu=1GB")]
+FIXTURES = os.path.join(HERE, "..", "..", "tests", "compat", "fixtures")
+GPUS_8 = ",".join(f"{i}=141GB" for i in range(8)) + ",cpu=2TB"
 
 
-def fixture_path(arch):
+def fixture_path(folder, name):
     for ext in (".json", ".json.gz"):
-        p = os.path.join(FIXTURES, arch + ext)
+        p = os.path.join(FIXTURES, folder, name + ext)
         if os.path.exists(p):
             return p
-    raise FileNotFoundError(arch)
+    raise FileNotFoundError(name)
+
+
+def cases():
+    """(label, config, [(tensor, dtype, shape)], budgets) per folder."""
+    for arch, dtype, budgets in (("DeepseekV3ForCausalLM", "BF16", GPUS_8), ("ViTForImageClassification", "F32", "0=100MB,cpu=1GB")):
+        fixture = read_fixture(fixture_path("golden_maps_published", arch))
+        yield arch, fixture["config"], [(n, dtype, s) for n, s in fixture["tensors"]], budgets
+    fixture = read_fixture(fixture_path("quantized_published", "deepseek_v3_fp8"))
+    yield "DeepSeek-V3 FP8", fixture["config"], [tuple(t) for t in fixture["checkpoint_tensors"]], GPUS_8
 
 
 def timed(cmd):
@@ -48,13 +58,12 @@ def main():
     ap.add_argument("--runs", type=int, default=20)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        for arch, dtype, budgets in CASES:
-            fixture = read_fixture(fixture_path(arch))
-            folder = os.path.join(work, arch)
+        for label, config, tensors, budgets in cases():
+            folder = os.path.join(work, label.replace(" ", "_"))
             os.makedirs(folder)
             with open(os.path.join(folder, "config.json"), "w") as f:
-                json.dump(fixture["config"], f)
-            write_checkpoint_files(folder, [(n, dtype, s) for n, s in fixture["tensors"]])
+                json.dump(config, f)
+            write_checkpoint_files(folder, tensors)
             cmds = {name: [binary, "plan", "--checkpoint", folder, "--json", "--max-memory", budgets]
                     for name, binary in (("a", args.a), ("b", args.b))}
             for c in cmds.values():  # warm-up: page cache, first touch
@@ -68,10 +77,11 @@ def main():
             for k, xs in times.items():
                 xs.sort()
                 row[k] = (statistics.median(xs), xs[min(len(xs) - 1, round(0.9 * (len(xs) - 1)))])
-            keys = [json.loads(subprocess.run(c, check=True, capture_output=True, text=True).stdout) for c in cmds.values()]
-            print(f"{arch}: {len(fixture['tensors'])} tensors; A median {row['a'][0]:.1f} ms (p90 {row['a'][1]:.1f}), "
+            maps = [json.loads(subprocess.run(c, check=True, capture_output=True, text=True).stdout) for c in cmds.values()]
+            print(f"{label}: {len(tensors)} tensors; A median {row['a'][0]:.1f} ms (p90 {row['a'][1]:.1f}), "
                   f"B median {row['b'][0]:.1f} ms (p90 {row['b'][1]:.1f}); B/A {row['b'][0] / row['a'][0]:.2f} "
-                  f"(p90 {row['b'][1] / row['a'][1]:.2f}); map keys A {len(keys[0])}, B {len(keys[1])}")
+                  f"(p90 {row['b'][1] / row['a'][1]:.2f}); map keys A {len(maps[0])}, B {len(maps[1])}, "
+                  f"{'the same map' if maps[0] == maps[1] else 'MAPS DIFFER'}", flush=True)
 
 
 if __name__ == "__main__":

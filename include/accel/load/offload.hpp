@@ -282,11 +282,11 @@ class OffloadFolder {
       if (!t)
         detail::throw_error<checkpoint_error>("offload entry '", name, "' points at tensor '", e->second.weight_name,
                                               "' of '", shard.string(), "', which does not hold it");
-      auto& map = maps_.emplace_back(std::make_unique<detail::MappedFile>(shard));
+      auto& map = maps_.emplace_back(std::make_unique<MappedFile>(shard));
       bytes = map->bytes().subspan(header.file_offset(*t), t->size_bytes());
     } else {
       const auto path = offload_file(folder_, name);
-      auto map = std::make_unique<detail::MappedFile>(path);
+      auto map = std::make_unique<MappedFile>(path);
       if (map->size() != e->second.size_bytes())
         detail::throw_error<checkpoint_error>("offload file '", path.string(), "' is ", map->size(), " bytes but index.json says ",
                                               numpy_name(e->second.dtype), " ", detail::shape_text(e->second.shape), " = ",
@@ -302,7 +302,7 @@ class OffloadFolder {
   std::filesystem::path folder_;
   OffloadIndex index_;
   std::mutex mutex_;
-  std::vector<std::unique_ptr<detail::MappedFile>> maps_;
+  std::vector<std::unique_ptr<MappedFile>> maps_;
   std::map<std::string, std::span<const std::byte>> views_;
 };
 

@@ -41,7 +41,7 @@
 #include <accel/model/names.hpp>
 #include <accel/model/safetensors.hpp>
 #include <accel/runtime/config.hpp>
-#include <accel/runtime/detail/parallel_for.hpp>
+#include <accel/runtime/parallel_for.hpp>
 #include <accel/runtime/error.hpp>
 #include <accel/runtime/text.hpp>
 
@@ -708,7 +708,7 @@ struct CheckpointNaming {
   // The names and the quantization do not depend on each other: for a large checkpoint they are
   // worked out on two threads (a quantization error is thrown once both are done).
   const bool both = config && out.class_names && checkpoint.tensor_names.size() >= 10'000;
-  detail::parallel_for(
+  parallel_for(
       2, both ? 2 : 1,
       [&](std::size_t task, unsigned) -> std::uint64_t {
         if (task == 0) out.names = name_table(out.class_names, checkpoint.tensor_names, checkpoint.name_storage());

@@ -38,8 +38,8 @@
 
 #include <accel/runtime/bytes.hpp>
 #include <accel/runtime/config.hpp>
-#include <accel/runtime/detail/mapped_file.hpp>
-#include <accel/runtime/detail/parallel_for.hpp>
+#include <accel/runtime/mapped_file.hpp>
+#include <accel/runtime/parallel_for.hpp>
 #include <accel/model/json.hpp>
 #include <accel/model/detail/name_index.hpp>
 #include <accel/model/dtype.hpp>
@@ -721,7 +721,7 @@ inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx
     // The common index (plain, sorted keys) is only summarized: its shards' headers must give the
     // same (tensor, shard) pairs, which a fingerprint compares; when they do not, or for any other
     // index, the index is read whole and compared name by name, which says what differs.
-    const detail::MappedFile mapped(index);  // megabytes for large models: mapped, not copied
+    const MappedFile mapped(index);  // megabytes for large models: mapped, not copied
     const std::string_view text(reinterpret_cast<const char*>(mapped.data()), static_cast<std::size_t>(mapped.size()));
     detail::IndexSummary summary;
     std::optional<SafetensorsIndex> full;

@@ -32,7 +32,7 @@
 #include <accel/load/progress.hpp>
 #include <accel/load/detail/mapped_file.hpp>
 #include <accel/load/detail/offload_writer.hpp>
-#include <accel/runtime/detail/parallel_for.hpp>
+#include <accel/runtime/parallel_for.hpp>
 #include <accel/load/detail/staging.hpp>
 
 ACCEL_NAMESPACE_BEGIN

@@ -2,7 +2,7 @@
 // SPDX-FileCopyrightText: accel contributors
 /// @file mapped_file.hpp
 /// @brief POSIX file helpers for the loader: atomic file writes (temp file + fdatasync + rename),
-///        and the memory map and positional reads of runtime/detail/mapped_file.hpp.
+///        and the memory map and positional reads of runtime/mapped_file.hpp.
 #pragma once
 
 #include <fcntl.h>
@@ -22,7 +22,7 @@
 #include <utility>
 
 #include <accel/runtime/config.hpp>
-#include <accel/runtime/detail/mapped_file.hpp>
+#include <accel/runtime/mapped_file.hpp>
 #include <accel/runtime/error.hpp>
 #include <accel/runtime/unique_fd.hpp>
 

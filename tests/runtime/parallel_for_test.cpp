@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
-// detail::parallel_for, the loop the loader's host copy runs on several threads.
-#include <accel/runtime/detail/parallel_for.hpp>
+// parallel_for, the loop the loader's host copy and the reading of a checkpoint's headers run on
+// several threads.
+#include <accel/runtime/parallel_for.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -11,8 +12,8 @@
 
 #include "support/catch.hpp"
 
-using accel::detail::copy_threads;
-using accel::detail::parallel_for;
+using accel::copy_threads;
+using accel::parallel_for;
 
 TEST_CASE("parallel_for runs every item once and reports all bytes on the calling thread only", "[parallel_for]") {
   const unsigned threads = GENERATE(1u, 2u, 5u);

@@ -18,7 +18,6 @@
 #include <accel/runtime/config.hpp>
 
 ACCEL_NAMESPACE_BEGIN
-namespace detail {
 
 /// @brief How many threads a parallel host copy uses: `wanted`, or for 0 one per core (at most
 ///        8: two or three already saturate memory bandwidth on common machines); never more than
@@ -70,5 +69,4 @@ void parallel_for(std::size_t count, unsigned threads, Work&& work, Report&& rep
   if (const std::uint64_t n = done.exchange(0)) report(n);
 }
 
-}  // namespace detail
 ACCEL_NAMESPACE_END

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
 /// @file mapped_file.hpp
-/// @brief POSIX file reading for every layer: a read-only memory map (RAII) and positional reads
-///        that retry short reads and report a file that shrank.
+/// @brief POSIX file reading for the layers that read checkpoints (model, load): a read-only
+///        memory map (RAII) and positional reads that retry short reads and report a file that
+///        shrank.
 #pragma once
 
 #include <fcntl.h>
@@ -24,7 +25,6 @@
 #include <accel/runtime/unique_fd.hpp>
 
 ACCEL_NAMESPACE_BEGIN
-namespace detail {
 
 
 /// @brief The current size of an open file, or -1 when fstat fails.
@@ -44,9 +44,9 @@ inline void pread_exact(int fd, std::span<std::byte> out, std::uint64_t offset, 
     const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0)
-      throw_error<checkpoint_error>("cannot read '", label.string(), "' at offset ", offset + done, ": ", std::strerror(errno));
+      detail::throw_error<checkpoint_error>("cannot read '", label.string(), "' at offset ", offset + done, ": ", std::strerror(errno));
     if (n == 0)
-      throw_error<checkpoint_error>("'", label.string(), "' shrank while it was being read: it was ", expected_size,
+      detail::throw_error<checkpoint_error>("'", label.string(), "' shrank while it was being read: it was ", expected_size,
                                     " bytes when its header was checked and is now ", current_file_size(fd),
                                     " bytes (it ended at offset ", offset + done, "); something truncated or rewrote it: "
                                     "load again once the file is complete");
@@ -60,12 +60,12 @@ class MappedFile {
   MappedFile() = default;
   /// @throws accel::checkpoint_error naming the file and the system error
   explicit MappedFile(const std::filesystem::path& path) : path_(path) {
-    fd_ = UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    fd_ = detail::UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (fd_.get() < 0)
-      throw_error<checkpoint_error>("cannot open '", path.string(), "': ", std::strerror(errno), "; check the path and permissions");
+      detail::throw_error<checkpoint_error>("cannot open '", path.string(), "': ", std::strerror(errno), "; check the path and permissions");
     struct stat st {};
     if (::fstat(fd_.get(), &st) != 0)
-      throw_error<checkpoint_error>("cannot stat '", path.string(), "': ", std::strerror(errno));
+      detail::throw_error<checkpoint_error>("cannot stat '", path.string(), "': ", std::strerror(errno));
     size_ = static_cast<std::uint64_t>(st.st_size);
     mtime_ns_ = static_cast<std::uint64_t>(st.st_mtim.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(st.st_mtim.tv_nsec);
     dev_ = static_cast<std::uint64_t>(st.st_dev);
@@ -73,7 +73,7 @@ class MappedFile {
     if (size_ == 0) return;
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_.get(), 0);
     if (p == MAP_FAILED)
-      throw_error<checkpoint_error>("cannot map '", path.string(), "' (", size_, " bytes): ", std::strerror(errno));
+      detail::throw_error<checkpoint_error>("cannot map '", path.string(), "' (", size_, " bytes): ", std::strerror(errno));
     data_ = static_cast<const std::byte*>(p);
   }
   MappedFile(MappedFile&& o) noexcept { swap(o); }
@@ -116,7 +116,7 @@ class MappedFile {
 
  private:
   std::filesystem::path path_;
-  UniqueFd fd_;
+  detail::UniqueFd fd_;
   const std::byte* data_ = nullptr;
   std::uint64_t size_ = 0;
   std::uint64_t mtime_ns_ = 0;
@@ -124,5 +124,4 @@ class MappedFile {
   std::uint64_t ino_ = 0;
 };
 
-}  // namespace detail
 ACCEL_NAMESPACE_END
