@@ -90,6 +90,44 @@ TEST_CASE("the rule with the longest matching prefix wins; written-out numbers b
   CHECK(m.to_model("a.x4.x.w").model == "a.x4.x.w");
 }
 
+TEST_CASE("a table of names maps each name as to_model does, though it decides once per name shape", "[names]") {
+  // map_all decides once per shape (numbers set aside): numbers a rule or a root spells, a part
+  // spelled "#", a base-model prefix added or dropped must not share a decision they should not.
+  accel::ClassNames n;
+  n.class_name = "Toy";
+  n.base_model_prefix = "model";
+  n.checkpoint_roots = {"lm_head", "model", "0"};
+  n.model_roots = {"lm_head", "model"};
+  n.base_roots = {"layers", "embed"};
+  n.renames = {{"model.mlp.0", "model.fc1"}, {"model.mlp.{i}", "model.fc2"}, {"model.layers.{i}.experts.{j}.w1.weight", "model.layers.{i}.gate_up"}};
+  const std::vector<std::string_view> names{"model.mlp.0.weight", "model.mlp.1.weight", "model.mlp.0.bias", "model.mlp.7.bias",
+                                            "model.mlp.#.bias", "model.layers.3.experts.0.w1.weight", "model.layers.3.experts.9.w1.weight",
+                                            "model.layers.4.experts.2.w2.weight", "layers.1.experts.2.w1.weight", "embed.weight",
+                                            "0.weight", "1.weight", "model.lm_head.weight", "model.x", "lm_head.weight"};
+  const auto table = accel::name_table(&n, names);
+  const accel::NameMapper m(n);
+  REQUIRE(table.model.size() == names.size());
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    INFO(names[i]);
+    CHECK(table.model[i] == m.to_model(names[i]).model);
+  }
+  CHECK(table.model[0] == "model.fc1.weight");
+  CHECK(table.model[1] == "model.fc2.weight");
+  CHECK(table.model[4] == "model.mlp.#.bias");
+  CHECK(table.model[8] == "model.layers.1.gate_up");
+  CHECK(table.model[12] == "model.lm_head.weight");  // `model` is a top-level name here: left alone
+  // A head model's names loaded into the base model lose the prefix, shape or not.
+  accel::ClassNames base;
+  base.class_name = "ToyModel";
+  base.base_model_prefix = "model";
+  base.checkpoint_roots = base.model_roots = {"layers", "norm"};
+  const std::vector<std::string_view> head_names{"model.layers.0.w", "model.layers.1.w", "layers.2.w", "model.norm.w", "model.x.w"};
+  const auto dropped = accel::name_table(&base, head_names);
+  CHECK(dropped.model == std::vector<std::string_view>{"layers.0.w", "layers.1.w", "layers.2.w", "norm.w", "model.x.w"});
+  const accel::NameMapper mb(base);
+  for (std::size_t i = 0; i < head_names.size(); ++i) CHECK(dropped.model[i] == mb.to_model(head_names[i]).model);
+}
+
 TEST_CASE("ties transformers makes are in the name data for classes outside the catalog", "[names]") {
   const auto& whisper = names_of("WhisperForConditionalGeneration");
   const auto& groups = whisper.tied(std::nullopt);

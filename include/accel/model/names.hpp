@@ -359,7 +359,8 @@ inline std::vector<std::string_view> NameMapper::map_all(const std::vector<std::
       const auto dot = name.find('.', start);
       const auto part = name.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
       const bool number = detail::is_block_number(part) && std::find(spelled.begin(), spelled.end(), part) == spelled.end();
-      shape += number ? std::string_view("#") : part;  // '#': no tensor name part is only that
+      if (number) shape += '#';
+      else shape.append(1, '=').append(part);  // a part spelled "#" stays apart from a number
       if (dot == std::string_view::npos) break;
       shape += '.';
       start = dot + 1;

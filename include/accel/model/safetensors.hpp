@@ -195,7 +195,9 @@ inline void own_names(SafetensorsHeader& h) {
 // A header in its common form (names and dtypes of plain ASCII, the three fields once each, string
 // metadata), read without building a DOM: several times faster on the large headers of sharded
 // checkpoints. nullopt as soon as the text leaves that form or an entry fails a check; the full
-// parser then decides, so what is accepted and every error message stay exactly the same.
+// parser then decides, so what is accepted and every error message stay exactly the same. A name
+// given twice is not looked for here: parse_safetensors_header's name index finds it. The names
+// view `text`.
 inline std::optional<std::vector<TensorEntry>> parse_plain_header(std::string_view text, std::map<std::string, std::string>& metadata) {
   PlainJsonCursor c(text);
   std::vector<TensorEntry> tensors;
@@ -405,8 +407,9 @@ struct IndexSummary {
 inline bool summarize_plain_index(std::string_view text, IndexSummary& out) {
   PlainJsonCursor c(text);
   bool seen_metadata = false, seen_map = false;
-  // The shard of the previous entry (most entries repeat it), then a search of those seen.
+  // The shard of the previous entry (most entries repeat it), else a lookup among those seen.
   std::vector<std::pair<std::string_view, std::uint64_t>> shards;
+  NameIndex shard_ids;
   std::size_t last = SIZE_MAX;
   const bool read = c.object([&](std::string_view key) {
     if (key == "metadata" && !std::exchange(seen_metadata, true)) {
@@ -420,9 +423,11 @@ inline bool summarize_plain_index(std::string_view text, IndexSummary& out) {
         const auto shard = c.string();
         if (!shard) return false;
         if (last == SIZE_MAX || shards[last].first != *shard) {
-          last = 0;
-          while (last < shards.size() && shards[last].first != *shard) ++last;
-          if (last == shards.size()) shards.emplace_back(*shard, name_hash(*shard));
+          const auto hash = name_hash(*shard);
+          const auto id = static_cast<std::uint32_t>(shards.size());
+          const auto known = shard_ids.insert(hash, id, [&](std::uint32_t i) { return i == id ? *shard : shards[i].first; });
+          if (!known) shards.emplace_back(*shard, hash);
+          last = known.value_or(id);
         }
         out.pairs.add(name_hash(tensor), shards[last].second);
         return true;
