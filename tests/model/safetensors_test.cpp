@@ -245,7 +245,7 @@ TEST_CASE("bad checkpoint paths and stale or malformed indexes are checkpoint er
   accel_test::write_text(idx, R"({"metadata": {"total_size": "big"}, "weight_map": {}})");
   REQUIRE_THROWS_WITH(accel::resolve_checkpoint(idx), contains("'metadata.total_size' is \"big\""));
   // An out-of-range float used to be cast (undefined behaviour) instead of refused.
-  for (const char* size : {"1e30", "-1", "1.5", "18446744073709551616"}) {
+  for (const char* size : {"1e30", "-1", "1.5", "18446744073709551616", "\"big\""}) {
     accel_test::write_text(idx, std::string(R"({"metadata": {"total_size": )") + size + R"(}, "weight_map": {"x": "s1.safetensors"}})");
     INFO(size);
     REQUIRE_THROWS_WITH(accel::resolve_checkpoint(idx), contains("'metadata.total_size' is"));

@@ -393,6 +393,17 @@ inline bool unsafe_shard_name(std::string_view name) {
   return unsafe;
 }
 
+// An index's `metadata` in its common form (null, or each key once with a string or unsigned value,
+// `total_size` an unsigned integer), at the cursor; false otherwise.
+inline bool plain_index_metadata(PlainJsonCursor& c, std::optional<std::uint64_t>& total_size) {
+  std::unordered_set<std::string_view> keys;
+  return c.null() || c.object([&](std::string_view k) {
+    if (!keys.insert(k).second) return false;
+    if (k == "total_size") return (total_size = c.unsigned_integer()).has_value();
+    return c.string().has_value() || c.unsigned_integer().has_value();
+  });
+}
+
 // What resolving a sharded checkpoint needs of its index, read in one pass without a string per
 // tensor: the distinct shard names (sorted) and the fingerprint of the (tensor, shard) pairs that
 // the shards' headers must reproduce.
@@ -407,17 +418,13 @@ struct IndexSummary {
 inline bool summarize_plain_index(std::string_view text, IndexSummary& out) {
   PlainJsonCursor c(text);
   bool seen_metadata = false, seen_map = false;
+  std::optional<std::uint64_t> total_size;  // checked as parse_plain_index checks it, not kept
   // The shard of the previous entry (most entries repeat it), else a lookup among those seen.
   std::vector<std::pair<std::string_view, std::uint64_t>> shards;
   NameIndex shard_ids;
   std::size_t last = SIZE_MAX;
   const bool read = c.object([&](std::string_view key) {
-    if (key == "metadata" && !std::exchange(seen_metadata, true)) {
-      std::unordered_set<std::string_view> keys;
-      return c.null() || c.object([&](std::string_view k) {
-        return keys.insert(k).second && (c.string().has_value() || c.unsigned_integer().has_value());
-      });
-    }
+    if (key == "metadata" && !std::exchange(seen_metadata, true)) return plain_index_metadata(c, total_size);
     if (key == "weight_map" && !std::exchange(seen_map, true))
       return c.object([&](std::string_view tensor) {
         const auto shard = c.string();
@@ -448,14 +455,7 @@ inline bool parse_plain_index(std::string_view text, std::optional<std::uint64_t
   PlainJsonCursor c(text);
   bool seen_metadata = false, seen_map = false;
   const bool read = c.object([&](std::string_view key) {
-    if (key == "metadata" && !std::exchange(seen_metadata, true)) {
-      std::unordered_set<std::string_view> keys;
-      return c.null() || c.object([&](std::string_view k) {
-        if (!keys.insert(k).second) return false;
-        if (k == "total_size") return (total_size = c.unsigned_integer()).has_value();
-        return c.string().has_value() || c.unsigned_integer().has_value();
-      });
-    }
+    if (key == "metadata" && !std::exchange(seen_metadata, true)) return plain_index_metadata(c, total_size);
     if (key == "weight_map" && !std::exchange(seen_map, true))
       return c.object([&](std::string_view tensor) {
         const auto shard = c.string();
@@ -723,7 +723,7 @@ inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx
     c.directory = path.parent_path();
   }
   if (!index.empty()) {
-    // The common index (plain, sorted keys) is only summarized: its shards' headers must give the
+    // The common index (plain ASCII, each field in its usual form) is only summarized: its shards' headers must give the
     // same (tensor, shard) pairs, which a fingerprint compares; when they do not, or for any other
     // index, the index is read whole and compared name by name, which says what differs.
     const MappedFile mapped(index);  // megabytes for large models: mapped, not copied
