@@ -10,7 +10,12 @@ them so. It fails (exit 1, one line per finding) on
   - <accel/state.hpp> reaching nlohmann/json or a layer above runtime,
   - with --cxx: a public header that does not compile on its own.
 
-Usage: layout_check.py <source root> [--cxx COMPILER [flags...]]
+With --backend-headers-only (before --cxx), only the public headers whose includes reach code that
+depends on CUDA or NCCL are compiled: the others preprocess to the same text in every
+configuration, so a build that checks another configuration in full need not compile them again
+(tests/run.sh compiles them all in its CUDA/NCCL-off configuration).
+
+Usage: layout_check.py <source root> [--backend-headers-only] [--cxx COMPILER [flags...]]
 """
 import os
 import re
@@ -20,6 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 RANK = {"runtime": 0, "comm": 1, "model": 1, "launch": 2, "plan": 2, "load": 3, "": 4}
 INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
+# Text that makes a header differ between the CUDA/NCCL configurations. runtime/config.hpp, which
+# defines the switches, is compiled in every configuration as a header of its own.
+BACKEND = re.compile(r"ACCEL_(WITH|HAS)_(CUDA|NCCL)|<cuda|<nccl")
+CONFIG = "runtime/config.hpp"
 
 
 def layer_of(rel):
@@ -63,6 +72,7 @@ def main():
         return 2
     root = os.path.abspath(args[0])
     cxx = args[args.index("--cxx") + 1:] if "--cxx" in args else None
+    backend_only = "--backend-headers-only" in args[:args.index("--cxx") if cxx is not None else len(args)]
     inc_root = os.path.join(root, "include", "accel")
     problems = []
     graph = {}
@@ -144,6 +154,17 @@ def main():
 
     if cxx:
         public = [h for h in headers if "/detail/" not in h]
+        if backend_only:
+            def backend(h, seen):
+                if h in seen:
+                    return False
+                seen.add(h)
+                with open(os.path.join(inc_root, h), encoding="utf-8") as f:
+                    if h != CONFIG and BACKEND.search(f.read()):
+                        return True
+                return any(backend(d, seen) for d in graph[h])
+
+            public = [h for h in public if h == CONFIG or backend(h, set())]
 
         def compile_alone(h):
             cmd = cxx + ["-x", "c++", "-fsyntax-only", "-"]
@@ -153,7 +174,8 @@ def main():
 
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
             problems.extend(p for p in pool.map(compile_alone, public) if p)
-        print(f"layout: {len(public)} public headers compiled alone")
+        print(f"layout: {len(public)} public headers compiled alone"
+              + (" (those that depend on CUDA or NCCL)" if backend_only else ""))
 
     for p in problems:
         print(p)

@@ -37,13 +37,16 @@ KNOWN_DIFFERENCES = {
 
 
 def device_of(name, device_map):
-    """The device of a tensor under an HF device map (longest matching key wins)."""
-    best, where = -1, None
-    for key, value in device_map.items():
-        if key == "" or name == key or name.startswith(key + "."):
-            if len(key) > best:
-                best, where = len(key), value
-    return where
+    """The device of a tensor under an HF device map (longest matching key wins): the name itself,
+    then each shorter dotted prefix, then the root key ""."""
+    key = name
+    while True:
+        if key in device_map:
+            return device_map[key]
+        if not key:
+            return None
+        cut = key.rfind(".")
+        key = key[:cut] if cut >= 0 else ""
 
 
 CATALOG = os.path.join(os.path.dirname(os.path.dirname(HERE)), "include/accel/model/data/catalog.json")
