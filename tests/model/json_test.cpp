@@ -92,3 +92,35 @@ TEST_CASE("the fast JSON cursor reads strings of printable ASCII and declines an
       }
   }
 }
+
+TEST_CASE("the fast JSON cursor reads unsigned integers up to 2^64 - 1 and declines the rest", "[json]") {
+  // Oracle: decimal digits only, no leading zero, at most UINT64_MAX, not followed by a fraction or
+  // an exponent (then the strict parser decides).
+  const auto expected = [](const std::string& digits, char after) -> std::optional<std::uint64_t> {
+    if (digits.empty() || (digits[0] == '0' && digits.size() > 1) || after == '.' || after == 'e' || after == 'E') return std::nullopt;
+    const std::string max = "18446744073709551615";
+    if (digits.size() > max.size() || (digits.size() == max.size() && digits > max)) return std::nullopt;
+    return std::stoull(digits);
+  };
+  std::vector<std::string> cases = {"0", "7", "01", "00", "10", "9999999999999999999", "10000000000000000000",
+                                    "18446744073709551615", "18446744073709551616", "18446744073709551699",
+                                    "19999999999999999999", "99999999999999999999", "100000000000000000000",
+                                    "000000000000000000000", "123456789012345678901234"};
+  std::uint64_t state = 12345;
+  for (int i = 0; i < 2000; ++i) {  // every length, with random digits
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    std::string d(static_cast<std::size_t>(1 + (state >> 59) % 22), '0');
+    for (auto& ch : d) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      ch = static_cast<char>('0' + (state >> 60) % 10);
+    }
+    cases.push_back(d);
+  }
+  for (const auto& digits : cases)
+    for (const char* after : {"", ",", "]", " ", ".5", "e3", "E3"}) {
+      const std::string text = digits + after;
+      accel::detail::PlainJsonCursor cursor(text);
+      INFO(text);
+      REQUIRE(cursor.unsigned_integer() == expected(digits, after[0]));
+    }
+}

@@ -5,6 +5,7 @@
 #include <accel/model/checkpoint_tree.hpp>
 #include <accel/model/quantization.hpp>
 
+#include <algorithm>
 #include <deque>
 #include <string>
 #include <vector>
@@ -312,4 +313,34 @@ TEST_CASE("blocks past the config's count are left out of the tree and said, as 
   REQUIRE_FALSE(model.tree.find_module("model.layers.2"));
   REQUIRE(model.warnings.size() == 1);
   REQUIRE_THAT(model.warnings.front(), contains("model.layers.2 (2 tensors, 2.00 KiB) is past the model's blocks"));
+}
+
+TEST_CASE("a large checkpoint's names, worked out in pieces beside its quantization, are the names worked out in one pass", "[quantization][names]") {
+  // Past 10k tensors checkpoint_naming maps the names in pieces on two threads, each piece deciding
+  // its name shapes alone: the stitched table must be the one-pass table, name for name, in order.
+  accel_test::TempDir dir;
+  std::vector<accel_test::TensorSpec> specs{{"model.embed_tokens.weight", DType::BF16, {8, 4}, {}}};
+  for (int l = 0; l < 14; ++l)
+    for (int e = 0; e < 128; ++e)
+      for (const char* p : {"gate_proj", "up_proj", "down_proj"}) {
+        const auto base = "model.layers." + std::to_string(l) + ".mlp.experts." + std::to_string(e) + "." + p;
+        specs.push_back({base + ".weight", DType::F8_E4M3, {1, 1}, {}});
+        specs.push_back({base + ".weight_scale_inv", DType::F32, {1, 1}, {}});
+      }
+  REQUIRE(specs.size() > 10'000);
+  accel_test::write_safetensors(dir.path() / "model.safetensors", specs);
+  accel_test::write_text(dir.path() / "config.json", R"({"architectures":["DeepseekV3ForCausalLM"],"model_type":"deepseek_v3",
+    "quantization_config":)" + std::string(fp8_block) + "}");
+  const auto ckpt = accel::resolve_checkpoint(dir.path());
+  const auto config = accel::read_model_config(dir.path() / "config.json");
+  const auto naming = accel::checkpoint_naming(ckpt, &config);
+  REQUIRE(naming.class_names);
+  REQUIRE(naming.quantization);
+  auto one_pass = accel::name_table(naming.class_names, ckpt.tensor_names, ckpt.name_storage());
+  accel::quantized_model_names(one_pass, *naming.quantization);
+  REQUIRE(naming.names.checkpoint == one_pass.checkpoint);
+  REQUIRE(naming.names.model == one_pass.model);
+  REQUIRE(naming.names.source == one_pass.source);
+  REQUIRE(std::count(naming.names.model.begin(), naming.names.model.end(), "model.layers.13.mlp.experts.gate_up_proj") == 2 * 128);
+  REQUIRE(std::count(naming.names.model.begin(), naming.names.model.end(), "model.layers.13.mlp.experts.down_proj_scale_inv") == 128);
 }

@@ -287,6 +287,42 @@ TEST_CASE("an index that lists as many pairs as its shards hold, but not the sam
   REQUIRE_THROWS_WITH(accel::resolve_checkpoint(dir.path()), contains("tensor 'x' is stored twice"));
 }
 
+TEST_CASE("a folder of many shards is read while its index is summarized, and only what the index lists counts", "[safetensors]") {
+  // From eight .safetensors files on, a folder's headers are read beside the index's summary and
+  // kept when the index lists exactly those files; anything else is decided as for a few shards.
+  using accel_test::contains;
+  accel_test::TempDir dir;
+  std::vector<std::vector<TensorSpec>> shards;
+  for (int i = 0; i < 9; ++i) shards.push_back({{"t" + std::to_string(i), DType::U8, {1}, {}}});
+  const auto idx = accel_test::write_sharded(dir.path(), shards);
+  const auto all = accel::resolve_checkpoint(dir.path());
+  REQUIRE(all.tensor_names.size() == 9);
+  REQUIRE(all.shard_files.size() == 9);
+  REQUIRE(all.tensor_names == accel::resolve_checkpoint(idx).tensor_names);
+  // A broken file the index does not list is not part of the checkpoint, read early or not.
+  accel_test::write_text(dir / "zz-broken.safetensors", "not a safetensors file");
+  REQUIRE(accel::resolve_checkpoint(dir.path()).tensor_names == all.tensor_names);
+  std::filesystem::remove(dir / "zz-broken.safetensors");
+  // A file the index does not list is left out, even a valid one.
+  accel_test::write_safetensors(dir / "extra.safetensors", {{"extra", DType::U8, {1}, {}}});
+  const auto listed = accel::resolve_checkpoint(dir.path());
+  REQUIRE(listed.tensor_names == all.tensor_names);
+  REQUIRE(listed.shard_files.size() == 9);
+  std::filesystem::remove(dir / "extra.safetensors");
+  // A listed shard that is broken fails, naming the first such shard in order.
+  accel_test::write_text(dir / "model-00007-of-00009.safetensors", "broken");
+  accel_test::write_text(dir / "model-00004-of-00009.safetensors", "broken");
+  REQUIRE_THROWS_AS(accel::resolve_checkpoint(dir.path()), accel::checkpoint_error);
+  REQUIRE_THROWS_WITH(accel::resolve_checkpoint(dir.path()), contains("model-00004-of-00009.safetensors"));
+  // An index the fast reader declines (an escape in a name) is still read whole and checked.
+  accel_test::write_safetensors(dir / "model-00004-of-00009.safetensors", shards[3]);
+  accel_test::write_safetensors(dir / "model-00007-of-00009.safetensors", shards[6]);
+  std::string text = accel::read_text_file(idx, "index");
+  text.replace(text.find("\"t0\""), 4, "\"\\u0074" "0\"");
+  accel_test::write_text(idx, text);
+  REQUIRE(accel::resolve_checkpoint(dir.path()).tensor_names == all.tensor_names);
+}
+
 TEST_CASE("property: corrupted headers either parse or throw checkpoint_error, never anything else", "[safetensors][property]") {
   const auto good = accel_test::safetensors_bytes(
       {{"a.weight", DType::F16, {3, 5}, {}}, {"b", DType::I64, {2}, {}}, {"c", DType::BOOL, {7}, {}}}, {{"format", "pt"}});

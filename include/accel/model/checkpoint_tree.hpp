@@ -364,36 +364,53 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
     }
   }
 
+  // The modules the names make: one node per dotted prefix, found through one table keyed by the
+  // whole prefix (a view of the first name that made it), its hash built part by part.
   struct Node {
+    std::string_view path;  // the module's full name
     std::string_view local;
     std::vector<std::size_t> children;
     std::vector<std::size_t> tensors;  // indices into entries
     std::size_t min_shard = SIZE_MAX;
-    std::unordered_map<std::string_view, std::size_t> child_ids;
   };
   std::vector<Node> nodes(1);
+  nodes.reserve(entries.size() / 2 + 16);
+  detail::NameIndex node_ids;
+  node_ids.reserve(entries.size() / 2 + 16);
+  const auto path_of = [&](std::uint32_t k) { return nodes[k].path; };
+  std::string_view last_prefix;
+  std::size_t last_node = 0, last_shard = 0;
+  bool have_last = false;
   for (std::size_t i = 0; i < entries.size(); ++i) {
-    std::string_view name = entries[i].name;
+    const std::string_view name = entries[i].name;
     const std::size_t shard = entries[i].shard;
+    const auto last_dot = name.rfind('.');
+    const std::string_view prefix = last_dot == std::string_view::npos ? std::string_view{} : name.substr(0, last_dot);
     std::size_t cur = 0;
-    nodes[0].min_shard = std::min(nodes[0].min_shard, shard);
-    std::size_t start = 0;
-    for (auto dot = name.find('.'); dot != std::string_view::npos; dot = name.find('.', start)) {
-      auto part = name.substr(start, dot - start);
-      auto it = nodes[cur].child_ids.find(part);
-      std::size_t next;
-      if (it == nodes[cur].child_ids.end()) {
-        next = nodes.size();
-        nodes.push_back(Node{part, {}, {}, SIZE_MAX, {}});
-        nodes[cur].child_ids.emplace(part, next);
-        nodes[cur].children.push_back(next);
-      } else {
-        next = it->second;
+    if (have_last && shard >= last_shard && prefix == last_prefix) {
+      cur = last_node;  // the previous tensor's module, its ancestors' min_shard no greater than this shard
+    } else {
+      nodes[0].min_shard = std::min(nodes[0].min_shard, shard);
+      std::uint64_t hash = 0;
+      std::size_t start = 0;
+      for (auto dot = name.find('.'); dot != std::string_view::npos; dot = name.find('.', start)) {
+        const auto part = name.substr(start, dot - start);
+        hash = detail::name_hash(part) ^ text::mix64(hash + 0x9e3779b97f4a7c15ull);
+        const auto id = static_cast<std::uint32_t>(nodes.size());
+        nodes.push_back(Node{name.substr(0, dot), part, {}, {}, SIZE_MAX});
+        if (const auto known = node_ids.insert(hash, id, path_of)) {
+          nodes.pop_back();
+          cur = *known;
+        } else {
+          nodes[cur].children.push_back(id);
+          cur = id;
+        }
+        nodes[cur].min_shard = std::min(nodes[cur].min_shard, shard);
+        start = dot + 1;
       }
-      cur = next;
-      nodes[cur].min_shard = std::min(nodes[cur].min_shard, shard);
-      start = dot + 1;
+      last_prefix = prefix, last_node = cur, last_shard = shard, have_last = true;
     }
+    nodes[cur].min_shard = std::min(nodes[cur].min_shard, shard);
     nodes[cur].tensors.push_back(i);
   }
   auto local_of = [&](std::size_t t) {
@@ -401,17 +418,16 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
     auto dot = n.rfind('.');
     return dot == std::string_view::npos ? n : n.substr(dot + 1);
   };
-  auto join = [](const std::string& prefix, std::string_view local) {
-    return prefix.empty() ? std::string(local) : prefix + "." + std::string(local);
-  };
   ModuleTree& tree = out.tree;
   tree.reserve(nodes.size(), entries.size());
   // Depth-first: sort each node's children and tensors, then add them.
-  std::vector<std::pair<std::size_t, std::string>> stack{{0, std::string()}};
+  std::vector<std::size_t> stack{0};
+  std::vector<std::pair<std::size_t, std::size_t>> keyed, kids;
   while (!stack.empty()) {
-    auto [id, prefix] = std::move(stack.back());
+    const auto id = stack.back();
     stack.pop_back();
     auto& node = nodes[id];
+    const std::string_view prefix = node.path;
     if (id != 0) tree.add_module(prefix);
     // Known tensors in the catalog's registration order, the others after them.
     auto tensor_key = [&](std::size_t t) {
@@ -422,7 +438,7 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
       }
       return *pos;
     };
-    std::vector<std::pair<std::size_t, std::size_t>> keyed;
+    keyed.clear();
     for (auto t : node.tensors) keyed.emplace_back(tensor_key(t), t);
     std::sort(keyed.begin(), keyed.end(), [&](const auto& a, const auto& b) {
       if (a.first != b.first) return a.first < b.first;
@@ -436,11 +452,11 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
       if (e.quantized) tree.mark_quantized(added);
     }
     // Siblings: the catalog's construction order when it knows them, then the heuristics.
-    std::vector<std::pair<std::size_t, std::size_t>> kids;
+    kids.clear();
     for (auto c : node.children) {
       std::size_t rank = SIZE_MAX;
       if (arch)
-        if (auto r = module_rank(*index, join(prefix, nodes[c].local))) rank = *r;
+        if (auto r = module_rank(*index, nodes[c].path)) rank = *r;
       kids.emplace_back(rank, c);
     }
     std::sort(kids.begin(), kids.end(), [&](const auto& ka, const auto& kb) {
@@ -453,7 +469,7 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
       }
       return detail::natural_less(na.local, nb.local);
     });
-    for (auto c = kids.rbegin(); c != kids.rend(); ++c) stack.emplace_back(c->second, join(prefix, nodes[c->second].local));
+    for (auto c = kids.rbegin(); c != kids.rend(); ++c) stack.push_back(c->second);
   }
   if (arch) {
     (void)annotate_module_classes(tree, *index);

@@ -18,11 +18,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include <accel/runtime/config.hpp>
 #include <accel/model/dtype.hpp>
+#include <accel/model/detail/name_index.hpp>
 #include <accel/runtime/error.hpp>
 #include <accel/runtime/text.hpp>
 
@@ -109,7 +109,7 @@ class ModuleTree {
   /// @brief An empty tree holding only the root module "".
   ModuleTree() {
     modules_.push_back(Module{});
-    module_ids_.emplace("", 0);
+    module_ids_.insert(detail::name_hash(""), 0, module_name());
   }
 
   /// @name Builder
@@ -128,19 +128,19 @@ class ModuleTree {
   /// @throws accel::usage_error when the name is a tensor's, has an empty component, or the module
   ///         already has a different class
   std::size_t add_module(std::string_view name, std::string_view class_name = {}) {
-    auto it = module_ids_.find(std::string(name));
-    if (it != module_ids_.end()) {
-      auto& m = modules_[it->second];
+    const auto hash = detail::name_hash(name);
+    if (const auto known = module_ids_.find(name, hash, module_name())) {
+      auto& m = modules_[*known];
       if (!class_name.empty()) {
         if (!m.class_name.empty() && m.class_name != class_name)
           detail::throw_error<usage_error>("module '", name, "' already has class '", m.class_name, "', not '", class_name,
                                            "'; give each module one class");
         m.class_name = std::string(class_name);
       }
-      return it->second;
+      return *known;
     }
     check_name(name, "module");
-    if (tensor_ids_.count(std::string(name)))
+    if (tensor_ids_.find(name, hash, tensor_name()))
       detail::throw_error<usage_error>("module name '", name, "' is already a tensor's name; names must be unique");
     const auto dot = name.rfind('.');
     const std::size_t parent = add_module(dot == std::string_view::npos ? std::string_view{} : name.substr(0, dot));
@@ -148,7 +148,7 @@ class ModuleTree {
     modules_.push_back(Module{std::string(name), std::string(class_name), parent, {}, {}, {}});
     modules_[parent].children.push_back(id);
     cache_.clear();
-    module_ids_.emplace(std::string(name), id);
+    module_ids_.insert(hash, static_cast<std::uint32_t>(id), module_name());
     return id;
   }
 
@@ -217,13 +217,13 @@ class ModuleTree {
   [[nodiscard]] const std::vector<Tensor>& tensors() const noexcept { return tensors_; }
   /// @brief Module id by name.
   [[nodiscard]] std::optional<std::size_t> find_module(std::string_view name) const {
-    auto it = module_ids_.find(std::string(name));
-    return it == module_ids_.end() ? std::nullopt : std::optional<std::size_t>(it->second);
+    const auto id = module_ids_.find(name, detail::name_hash(name), module_name());
+    return id ? std::optional<std::size_t>(*id) : std::nullopt;
   }
   /// @brief Tensor id by name.
   [[nodiscard]] std::optional<std::size_t> find_tensor(std::string_view name) const {
-    auto it = tensor_ids_.find(std::string(name));
-    return it == tensor_ids_.end() ? std::nullopt : std::optional<std::size_t>(it->second);
+    const auto id = tensor_ids_.find(name, detail::name_hash(name), tensor_name());
+    return id ? std::optional<std::size_t>(*id) : std::nullopt;
   }
   /// @brief Representative of the tie group of tensor `id` (union-find root; not model order).
   [[nodiscard]] std::size_t tie_root(std::size_t id) const {
@@ -246,10 +246,10 @@ class ModuleTree {
 
   std::size_t add_tensor(std::string_view name, DType dtype, std::vector<std::int64_t> shape, bool buffer, bool persistent) {
     check_name(name, buffer ? "buffer" : "parameter");
-    std::string key(name);
-    if (tensor_ids_.count(key))
+    const auto hash = detail::name_hash(name);
+    if (tensor_ids_.find(name, hash, tensor_name()))
       detail::throw_error<usage_error>("tensor '", name, "' is registered twice; give each tensor one entry");
-    if (module_ids_.count(key))
+    if (module_ids_.find(name, hash, module_name()))
       detail::throw_error<usage_error>("tensor name '", name, "' is already a module's name; names must be unique");
     // Sizes are counted as numel × bits (up to 64 bits per element, in any dtype a tensor may be
     // loaded in): a shape whose product overflows that is rejected, never sized as garbage or 0.
@@ -277,7 +277,7 @@ class ModuleTree {
     tie_parent_.push_back(id);
     (buffer ? modules_[module].buffers : modules_[module].parameters).push_back(id);
     cache_.clear();
-    tensor_ids_.emplace(std::move(key), id);
+    tensor_ids_.insert(hash, static_cast<std::uint32_t>(id), tensor_name());
     return id;
   }
 
@@ -301,8 +301,16 @@ class ModuleTree {
   std::size_t tie_count_ = 0;
   std::size_t last_module_ = 0;
   detail::TreeIndexCache cache_;
-  std::unordered_map<std::string, std::size_t> module_ids_;
-  std::unordered_map<std::string, std::size_t> tensor_ids_;
+  // Name → id, over the names modules_ and tensors_ hold (no second copy of each name).
+  detail::NameIndex module_ids_;
+  detail::NameIndex tensor_ids_;
+  template <class T>
+  struct NameOf {
+    const std::vector<T>* items;
+    std::string_view operator()(std::uint32_t i) const { return (*items)[i].name; }
+  };
+  [[nodiscard]] NameOf<Module> module_name() const { return {&modules_}; }
+  [[nodiscard]] NameOf<Tensor> tensor_name() const { return {&tensors_}; }
 };
 
 /// @brief Model order of a ModuleTree, computed once per planning call.

@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -199,7 +200,7 @@ class NameMapper {
   ///        numbers set aside, unless a rule or a top-level name spells that number): a checkpoint
   ///        of 90k tensors has a few hundred shapes. Each result is a view: the checkpoint name
   ///        itself where nothing changes, else the copy kept in `made`.
-  [[nodiscard]] std::vector<std::string_view> map_all(const std::vector<std::string_view>& names, NameArena& made) const;
+  [[nodiscard]] std::vector<std::string_view> map_all(std::span<const std::string_view> names, NameArena& made) const;
 
   /// @brief transformers' base-model prefix rule, applied before the renames: a name of a
   ///        base-model checkpoint (its first part one the class's checkpoints hold under the prefix)
@@ -222,17 +223,14 @@ class NameMapper {
    public:
     explicit Parts(std::pair<std::string_view, std::string_view> adjusted) {
       const auto [prefix, rest] = adjusted;
-      std::size_t count = prefix.empty() ? 1 : 2;
-      for (const char ch : rest) count += ch == '.';
-      if (count > few_.size()) many_.resize(count);
-      data_ = count > few_.size() ? many_.data() : few_.data();
-      if (!prefix.empty()) data_[size_++] = prefix;
-      for (std::size_t start = 0;;) {
-        const auto dot = rest.find('.', start);
-        data_[size_++] = rest.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
-        if (dot == std::string_view::npos) break;
-        start = dot + 1;
-      }
+      data_ = few_.data();
+      if (!prefix.empty()) add(prefix);
+      for (const char *p = rest.data(), *q = p, *end = p + rest.size();; ++q)
+        if (q == end || *q == '.') {
+          add(std::string_view(p, static_cast<std::size_t>(q - p)));
+          if (q == end) break;
+          p = q + 1;
+        }
     }
     Parts(const Parts&) = delete;
     Parts& operator=(const Parts&) = delete;
@@ -240,6 +238,16 @@ class NameMapper {
     [[nodiscard]] std::string_view operator[](std::size_t i) const noexcept { return data_[i]; }
 
    private:
+    void add(std::string_view part) {
+      if (size_ == few_.size()) many_.assign(few_.begin(), few_.end());
+      if (size_ >= few_.size()) {
+        many_.push_back(part);
+        data_ = many_.data();
+        ++size_;
+        return;
+      }
+      few_[size_++] = part;
+    }
     std::array<std::string_view, 32> few_;
     std::vector<std::string_view> many_;
     std::string_view* data_ = nullptr;
@@ -335,7 +343,7 @@ class NameArena {
   detail::NameIndex index_;
 };
 
-inline std::vector<std::string_view> NameMapper::map_all(const std::vector<std::string_view>& names, NameArena& made) const {
+inline std::vector<std::string_view> NameMapper::map_all(std::span<const std::string_view> names, NameArena& made) const {
   // Numbers a rule part or a top-level name spells stay in the shape: they can decide.
   std::vector<std::string_view> spelled;
   auto note = [&](std::string_view part) {
@@ -350,28 +358,38 @@ inline std::vector<std::string_view> NameMapper::map_all(const std::vector<std::
   std::deque<std::string> shapes;
   std::vector<std::pair<int, int>> decided;
   detail::NameIndex known;
-  std::string shape, scratch;
+  std::vector<char> buffer;
+  std::string scratch;
   std::vector<std::string_view> out;
   out.reserve(names.size());
   for (const auto name : names) {
-    shape.clear();
-    for (std::size_t start = 0;;) {
-      const auto dot = name.find('.', start);
-      const auto part = name.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start);
-      const bool number = detail::is_block_number(part) && std::find(spelled.begin(), spelled.end(), part) == spelled.end();
-      if (number) shape += '#';
-      else shape.append(1, '=').append(part);  // a part spelled "#" stays apart from a number
-      if (dot == std::string_view::npos) break;
-      shape += '.';
-      start = dot + 1;
+    // The shape, written in one pass: '#' for a number set aside, '=' and the part otherwise (a part
+    // spelled "#" stays apart from a number), parts joined by dots; at most 2 × size + 1 bytes.
+    if (buffer.size() < 2 * name.size() + 1) buffer.resize(2 * name.size() + 1);
+    char* w = buffer.data();
+    for (const char *p = name.data(), *end = p + name.size();;) {
+      const char* q = p;
+      bool digits = true;
+      for (; q != end && *q != '.'; ++q) digits = digits && *q >= '0' && *q <= '9';
+      const std::string_view part(p, static_cast<std::size_t>(q - p));
+      if (digits && q != p && std::find(spelled.begin(), spelled.end(), part) == spelled.end()) {
+        *w++ = '#';
+      } else {
+        *w++ = '=';
+        w = std::copy(p, q, w);
+      }
+      if (q == end) break;
+      *w++ = '.';
+      p = q + 1;
     }
+    const std::string_view shape(buffer.data(), static_cast<std::size_t>(w - buffer.data()));
     const auto id = static_cast<std::uint32_t>(shapes.size());
-    const auto shape_of = [&](std::uint32_t i) -> std::string_view { return i == id ? std::string_view(shape) : std::string_view(shapes[i]); };
-    const auto adjusted = prefix_rule(name);
+    const auto shape_of = [&](std::uint32_t i) -> std::string_view { return i == id ? shape : std::string_view(shapes[i]); };
     std::pair<int, int> decision;
     if (const auto seen = known.insert(detail::name_hash(shape), id, shape_of)) {
       decision = decided[*seen];
     } else {
+      const auto adjusted = prefix_rule(name);
       decision = {adjusted.first.empty() ? (adjusted.second.size() == name.size() ? 0 : 2) : 1, match(Parts(adjusted))};
       shapes.emplace_back(shape);
       decided.push_back(decision);
@@ -380,6 +398,12 @@ inline std::vector<std::string_view> NameMapper::map_all(const std::vector<std::
       out.push_back(name);
       continue;
     }
+    // The prefix rule reads the first two parts, which the shape keeps unless they are numbers it
+    // never spells: its outcome is the shape's.
+    const std::pair<std::string_view, std::string_view> adjusted =
+        decision.first == 1   ? std::pair{std::string_view(names_->base_model_prefix), name}
+        : decision.first == 2 ? std::pair{std::string_view{}, name.substr(name.find('.') + 1)}
+                              : std::pair{std::string_view{}, name};
     build(Parts(adjusted), decision.second, scratch);
     out.push_back(scratch == name ? name : made.keep(scratch));
   }
@@ -404,6 +428,11 @@ struct NameTable {
   }
 };
 
+/// @brief NameTable::source for a table made with `names`' rules.
+[[nodiscard]] inline std::string name_table_source(const ClassNames& names) {
+  return detail::concat(names.class_name, " (transformers ", names_transformers_version(), ")");
+}
+
 /// @brief The model names of `checkpoint_names` under one class's rules (nullptr: unchanged).
 /// @param storage what the names view (kept by the table): Checkpoint::name_storage()
 [[nodiscard]] inline NameTable name_table(const ClassNames* names, const std::vector<std::string_view>& checkpoint_names,
@@ -418,7 +447,7 @@ struct NameTable {
   NameArena made;
   t.model = NameMapper(*names).map_all(checkpoint_names, made);
   t.storage.push_back(made.storage());
-  t.source = detail::concat(names->class_name, " (transformers ", names_transformers_version(), ")");
+  t.source = name_table_source(*names);
   return t;
 }
 

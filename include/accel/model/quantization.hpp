@@ -706,16 +706,40 @@ struct CheckpointNaming {
   CheckpointNaming out;
   if (config && model_names && !config->architectures.empty()) out.class_names = find_class_names(config->architectures.front());
   // The names and the quantization do not depend on each other: for a large checkpoint they are
-  // worked out on two threads (a quantization error is thrown once both are done).
-  const bool both = config && out.class_names && checkpoint.tensor_names.size() >= 10'000;
+  // worked out on two threads, the names in pieces (each deciding its name shapes on its own) so
+  // that the thread done with the quantization takes its share of them. A quantization error is
+  // thrown once every piece is done or skipped.
+  const auto& names = checkpoint.tensor_names;
+  const bool threads = config && out.class_names && names.size() >= 10'000;
+  const std::size_t pieces = threads ? 8 : 1;
+  std::vector<std::vector<std::string_view>> mapped(pieces);
+  std::vector<NameArena> made(pieces);
+  std::optional<NameMapper> mapper;
+  if (out.class_names) mapper.emplace(*out.class_names);
+  const auto piece = [&](std::size_t i) { return std::span(names).subspan(names.size() * i / pieces, names.size() * (i + 1) / pieces - names.size() * i / pieces); };
   parallel_for(
-      2, both ? 2 : 1,
+      pieces + 1, threads ? 2 : 1,
       [&](std::size_t task, unsigned) -> std::uint64_t {
-        if (task == 0) out.names = name_table(out.class_names, checkpoint.tensor_names, checkpoint.name_storage());
-        else if (config) out.quantization = checkpoint_quantization(checkpoint, config->json);
+        if (task == 0) {
+          if (config) out.quantization = checkpoint_quantization(checkpoint, config->json);
+        } else if (mapper) {
+          mapped[task - 1] = mapper->map_all(piece(task - 1), made[task - 1]);
+        }
         return 0;
       },
       [](std::uint64_t) {});
+  out.names.checkpoint = names;
+  out.names.storage = checkpoint.name_storage();
+  if (mapper) {
+    out.names.model.reserve(names.size());
+    for (std::size_t i = 0; i < pieces; ++i) {
+      out.names.model.insert(out.names.model.end(), mapped[i].begin(), mapped[i].end());
+      out.names.storage.push_back(made[i].storage());
+    }
+    out.names.source = name_table_source(*out.class_names);
+  } else {
+    out.names.model = names;
+  }
   if (out.quantization) quantized_model_names(out.names, *out.quantization);
   return out;
 }

@@ -592,19 +592,25 @@ struct Checkpoint {
 
 namespace detail {
 
-// Every shard's header, read on a few threads when there are many; the first failing shard in
-// order throws, as a loop over them would.
-inline std::vector<SafetensorsHeader> read_shard_headers(const std::vector<std::filesystem::path>& files) {
+// Every shard's header, read on a few threads when there are many, and `beside()` (when given)
+// on one of them as the first task; a failure of `beside` is rethrown. Then the first failing
+// shard in order throws, as a loop over them would.
+template <class Beside>
+std::vector<SafetensorsHeader> read_shard_headers(const std::vector<std::filesystem::path>& files, Beside&& beside) {
   std::vector<SafetensorsHeader> headers(files.size());
   std::vector<std::exception_ptr> failed(files.size());
-  const unsigned threads = files.size() >= 8 ? copy_threads(0, files.size()) : 1;
+  const unsigned threads = files.size() >= 8 ? copy_threads(0, files.size() + 1) : 1;
   parallel_for(
-      files.size(), threads,
-      [&](std::size_t i, unsigned) -> std::uint64_t {
+      files.size() + 1, threads,
+      [&](std::size_t task, unsigned) -> std::uint64_t {
+        if (task == 0) {
+          beside();
+          return 0;
+        }
         try {
-          headers[i] = read_safetensors_header(files[i]);
+          headers[task - 1] = read_safetensors_header(files[task - 1]);
         } catch (...) {
-          failed[i] = std::current_exception();
+          failed[task - 1] = std::current_exception();
         }
         return 0;
       },
@@ -612,6 +618,9 @@ inline std::vector<SafetensorsHeader> read_shard_headers(const std::vector<std::
   for (const auto& f : failed)
     if (f) std::rethrow_exception(f);
   return headers;
+}
+inline std::vector<SafetensorsHeader> read_shard_headers(const std::vector<std::filesystem::path>& files) {
+  return read_shard_headers(files, [] {});
 }
 
 // Room for every tensor of `headers` at once (the tables then never grow while shards are added).
@@ -730,7 +739,25 @@ inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx
     const std::string_view text(reinterpret_cast<const char*>(mapped.data()), static_cast<std::size_t>(mapped.size()));
     detail::IndexSummary summary;
     std::optional<SafetensorsIndex> full;
-    if (!detail::summarize_plain_index(text, summary)) full = parse_safetensors_index(text, index.string());
+    // In a folder the index almost always lists exactly the folder's .safetensors files: their
+    // headers are read while the index is summarized, and used when it lists them (a shard that
+    // fails is then the first listed one that fails, as below); otherwise they are set aside.
+    bool summarized = false;
+    std::vector<SafetensorsHeader> early;
+    if (files.size() >= 8) {
+      try {
+        early = detail::read_shard_headers(files, [&] { summarized = detail::summarize_plain_index(text, summary); });
+      } catch (const checkpoint_error&) {
+        early.clear();  // read again below if the index lists them, and the error given there
+      }
+      bool same = summarized && summary.shard_names.size() == files.size() && !early.empty();
+      for (std::size_t i = 0; same && i < files.size(); ++i)
+        same = files[i] == c.directory / summary.shard_names[i] && !detail::unsafe_shard_name(summary.shard_names[i]);
+      if (!same) early.clear();
+    } else {
+      summarized = detail::summarize_plain_index(text, summary);
+    }
+    if (!summarized) full = parse_safetensors_index(text, index.string());
     else
       for (const auto& shard : summary.shard_names)
         if (detail::unsafe_shard_name(shard)) (void)parse_safetensors_index(text, index.string());  // throws, naming it
@@ -740,7 +767,7 @@ inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx
     detail::PairPrint pairs;
     std::vector<fs::path> listed;  // the index's shards (the folder may hold other files)
     for (const auto& shard : shard_names) listed.push_back(c.directory / shard);
-    auto headers = detail::read_shard_headers(listed);
+    auto headers = early.empty() ? detail::read_shard_headers(listed) : std::move(early);
     detail::reserve_tensors(c, headers);
     for (std::size_t i = 0; i < listed.size(); ++i)
       detail::add_shard(c, listed[i], std::move(headers[i]), &pairs, detail::name_hash(shard_names[i]));
