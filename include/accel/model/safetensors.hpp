@@ -593,12 +593,13 @@ struct Checkpoint {
 namespace detail {
 
 // Every shard's header, read on a few threads when there are many, and `beside()` (when given)
-// on one of them as the first task; a failure of `beside` is rethrown. Then the first failing
-// shard in order throws, as a loop over them would.
+// on one of them as the first task (a failure of `beside` is rethrown); a shard that cannot be
+// read leaves its error in `failed`.
 template <class Beside>
-std::vector<SafetensorsHeader> read_shard_headers(const std::vector<std::filesystem::path>& files, Beside&& beside) {
+std::vector<SafetensorsHeader> read_shard_headers(const std::vector<std::filesystem::path>& files, std::vector<std::exception_ptr>& failed,
+                                                  Beside&& beside) {
   std::vector<SafetensorsHeader> headers(files.size());
-  std::vector<std::exception_ptr> failed(files.size());
+  failed.assign(files.size(), nullptr);
   const unsigned threads = files.size() >= 8 ? copy_threads(0, files.size() + 1) : 1;
   parallel_for(
       files.size() + 1, threads,
@@ -615,12 +616,15 @@ std::vector<SafetensorsHeader> read_shard_headers(const std::vector<std::filesys
         return 0;
       },
       [](std::uint64_t) {});
+  return headers;
+}
+// As above without a task beside; the first failing shard in order throws, as a loop would.
+inline std::vector<SafetensorsHeader> read_shard_headers(const std::vector<std::filesystem::path>& files) {
+  std::vector<std::exception_ptr> failed;
+  auto headers = read_shard_headers(files, failed, [] {});
   for (const auto& f : failed)
     if (f) std::rethrow_exception(f);
   return headers;
-}
-inline std::vector<SafetensorsHeader> read_shard_headers(const std::vector<std::filesystem::path>& files) {
-  return read_shard_headers(files, [] {});
 }
 
 // Room for every tensor of `headers` at once (the tables then never grow while shards are added).
@@ -739,21 +743,27 @@ inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx
     const std::string_view text(reinterpret_cast<const char*>(mapped.data()), static_cast<std::size_t>(mapped.size()));
     detail::IndexSummary summary;
     std::optional<SafetensorsIndex> full;
-    // In a folder the index almost always lists exactly the folder's .safetensors files: their
-    // headers are read while the index is summarized, and used when it lists them (a shard that
-    // fails is then the first listed one that fails, as below); otherwise they are set aside.
+    // In a folder the index almost always lists the folder's .safetensors files: their headers
+    // are read while the index is summarized, and those it lists are used (a listed shard that
+    // could not be read throws below, in the index's order, as reading them then would); when it
+    // lists a file outside them, they are set aside and the listed shards read.
     bool summarized = false;
-    std::vector<SafetensorsHeader> early;
+    std::vector<SafetensorsHeader> early;  // parallel to the index's shard names once matched
     if (files.size() >= 8) {
-      try {
-        early = detail::read_shard_headers(files, [&] { summarized = detail::summarize_plain_index(text, summary); });
-      } catch (const checkpoint_error&) {
-        early.clear();  // read again below if the index lists them, and the error given there
+      std::vector<std::exception_ptr> failed;
+      auto read = detail::read_shard_headers(files, failed, [&] { summarized = detail::summarize_plain_index(text, summary); });
+      std::vector<std::size_t> at;  // listed shard -> position in `files` (both sorted)
+      for (std::size_t i = 0, j = 0; summarized && i < summary.shard_names.size(); ++i) {
+        const auto shard = c.directory / summary.shard_names[i];
+        while (j < files.size() && files[j] < shard) ++j;
+        if (j == files.size() || files[j] != shard || detail::unsafe_shard_name(summary.shard_names[i])) break;
+        at.push_back(j);
       }
-      bool same = summarized && summary.shard_names.size() == files.size() && !early.empty();
-      for (std::size_t i = 0; same && i < files.size(); ++i)
-        same = files[i] == c.directory / summary.shard_names[i] && !detail::unsafe_shard_name(summary.shard_names[i]);
-      if (!same) early.clear();
+      if (summarized && at.size() == summary.shard_names.size()) {
+        for (const auto j : at)
+          if (failed[j]) std::rethrow_exception(failed[j]);
+        for (const auto j : at) early.push_back(std::move(read[j]));
+      }
     } else {
       summarized = detail::summarize_plain_index(text, summary);
     }
