@@ -744,9 +744,9 @@ inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx
     detail::IndexSummary summary;
     std::optional<SafetensorsIndex> full;
     // In a folder the index almost always lists the folder's .safetensors files: their headers
-    // are read while the index is summarized, and those it lists are used (a listed shard that
-    // could not be read throws below, in the index's order, as reading them then would); when it
-    // lists a file outside them, they are set aside and the listed shards read.
+    // are read while the index is summarized, and those it lists are used (the first listed shard
+    // in order that could not be read throws, as reading them afterwards would); when it lists a
+    // file outside them, they are set aside and the listed shards read.
     bool summarized = false;
     std::vector<SafetensorsHeader> early;  // parallel to the index's shard names once matched
     if (files.size() >= 8) {
