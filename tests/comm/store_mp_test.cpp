@@ -64,7 +64,8 @@ void run_concurrent_jobs(const accel_test::RealLauncher& launcher, const std::st
     std::vector<std::string> argv = launcher.job();
     argv.insert(argv.end(), {child, "gather", label, "2000"});
     Job j{label, -1, -1};
-    j.pid = accel_test::spawn_redirected(argv, accel_test::launcher_environment(), "/dev/null", dir / (label + ".out"), dir / (label + ".err"));
+    j.pid = accel_test::spawn_redirected(argv, accel_test::launcher_environment(dir / ("launcher-" + label)), "/dev/null",
+                                         dir / (label + ".out"), dir / (label + ".err"));
     REQUIRE(j.pid > 0);
     jobs.push_back(j);
   }

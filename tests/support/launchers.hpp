@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <initializer_list>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <thread>
@@ -54,7 +55,10 @@ inline std::string private_slurm_conf() {
 
 /// @brief The test's environment without anything that would tell the children where to meet, so
 ///        only the launcher's own variables decide; ranks use the CPU and time out after 30 s.
-inline std::vector<std::string> launcher_environment() {
+/// @param scratch a folder of this job's own (created if missing) where Open MPI keeps its session
+///        files: two mpiruns starting at once in one temporary folder race to create their shared
+///        session folder there, and the loser fails ("A call to mkdir ... File exists")
+inline std::vector<std::string> launcher_environment(const std::filesystem::path& scratch = {}) {
   static const char* const dropped[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"};
   std::vector<std::string> out;
   for (char** e = environ; *e; ++e) {
@@ -68,6 +72,11 @@ inline std::vector<std::string> launcher_environment() {
   if (const auto conf = private_slurm_conf(); !conf.empty()) {
     std::erase_if(out, [](const std::string& e) { return e.rfind("SLURM_CONF=", 0) == 0; });
     out.push_back(std::string("SLURM_CONF=").append(conf));
+  }
+  if (!scratch.empty()) {
+    std::filesystem::create_directories(scratch);
+    out.push_back("OMPI_MCA_orte_tmpdir_base=" + scratch.string());  // Open MPI 4
+    out.push_back("PRTE_MCA_prte_tmpdir_base=" + scratch.string());  // Open MPI 5 (PRRTE)
   }
   return out;
 }
@@ -160,7 +169,7 @@ struct JobResult {
 ///        `dir`, for at most `limit`.
 inline JobResult run_job(std::vector<std::string> argv, const ScratchDir& dir, std::chrono::seconds limit) {
   JobResult r;
-  const pid_t pid = spawn_redirected(std::move(argv), launcher_environment(), "/dev/null", dir / "job.out", dir / "job.err");
+  const pid_t pid = spawn_redirected(std::move(argv), launcher_environment(dir / "launcher"), "/dev/null", dir / "job.out", dir / "job.err");
   REQUIRE(pid > 0);
   r.code = wait_or_kill(pid, std::chrono::steady_clock::now() + limit, std::chrono::seconds(3));
   r.out = read_file(dir / "job.out");
