@@ -147,3 +147,26 @@ TEST_CASE("a class transformers does not have has no names; the data says its tr
   CHECK(v.model == std::vector<std::string_view>{"lm_head.weight", "gpt_neox.final_layer_norm.weight"});
   CHECK(v.source.starts_with("GPTNeoXForCausalLM (transformers "));
 }
+
+TEST_CASE("names of more dotted parts than the mapper keeps on its stack map like short ones", "[names]") {
+  // The parts of a name are kept in place up to 32 and on the heap past that: 31, 32, 33 and 40
+  // parts, renamed (GPT-NeoX's embed_out) and not, by the table and by to_model alike.
+  const auto* n = accel::find_class_names("GPTNeoXForCausalLM");
+  REQUIRE(n);
+  std::vector<std::string> owned;
+  for (int parts : {31, 32, 33, 40}) {
+    std::string tail;
+    for (int i = 0; i < parts - 2; ++i) tail += ".p" + std::to_string(i);
+    owned.push_back("embed_out" + tail + ".weight");
+    owned.push_back("gpt_neox.layers.0" + tail.substr(0, tail.size() - 3) + ".weight");
+  }
+  const std::vector<std::string_view> names(owned.begin(), owned.end());
+  const auto table = accel::name_table(n, names);
+  const accel::NameMapper mapper(*n);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    INFO(names[i]);
+    CHECK(table.model[i] == mapper.to_model(names[i]).model);
+  }
+  CHECK(table.model[6].starts_with("lm_head.p0.p1."));
+  CHECK(table.model[6].ends_with(".p37.weight"));
+}
