@@ -410,7 +410,6 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
       }
       last_prefix = prefix, last_node = cur, last_shard = shard, have_last = true;
     }
-    nodes[cur].min_shard = std::min(nodes[cur].min_shard, shard);
     nodes[cur].tensors.push_back(i);
   }
   auto local_of = [&](std::size_t t) {

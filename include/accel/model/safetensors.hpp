@@ -772,7 +772,7 @@ inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx
       for (const auto& shard : summary.shard_names)
         if (detail::unsafe_shard_name(shard)) (void)parse_safetensors_index(text, index.string());  // throws, naming it
     const auto& shard_names = full ? full->shard_names : summary.shard_names;
-    detail::check_shards_exist(index, shard_names);
+    if (early.empty()) detail::check_shards_exist(index, shard_names);  // the early read found each one in the folder
     c.index_file = index;
     detail::PairPrint pairs;
     std::vector<fs::path> listed;  // the index's shards (the folder may hold other files)
