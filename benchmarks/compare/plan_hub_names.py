@@ -9,7 +9,11 @@ at its published size (bfloat16, one tensor per expert: 45k tensors), the same m
 in block FP8 (float8 weights with their scales, the MTP layer: 163 shards, 92k tensors) and
 ViT-Base.
 
-  plan_hub_names.py ACCEL_A ACCEL_B [--runs N]
+With --floor, benchmarks/header_floor_bench runs beside them on each folder (in the same
+alternation): the least any planner must do there (read every header into flat arrays and one
+name table), and each binary's time as a multiple of it.
+
+  plan_hub_names.py ACCEL_A ACCEL_B [--runs N] [--floor build/benchmarks/header_floor_bench]
 """
 import argparse
 import json
@@ -56,6 +60,7 @@ def main():
     ap.add_argument("a")
     ap.add_argument("b")
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--floor", help="header_floor_bench binary, timed beside A and B")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
         for label, config, tensors, budgets in cases():
@@ -66,22 +71,28 @@ def main():
             write_checkpoint_files(folder, tensors)
             cmds = {name: [binary, "plan", "--checkpoint", folder, "--json", "--max-memory", budgets]
                     for name, binary in (("a", args.a), ("b", args.b))}
+            if args.floor:
+                cmds["floor"] = [args.floor, folder]
             for c in cmds.values():  # warm-up: page cache, first touch
                 timed(c)
                 timed(c)
-            times = {"a": [], "b": []}
+            times = {k: [] for k in cmds}
             for _ in range(args.runs):
-                for k in ("a", "b"):
+                for k in cmds:
                     times[k].append(timed(cmds[k]))
             row = {}
             for k, xs in times.items():
                 xs.sort()
                 row[k] = (statistics.median(xs), xs[min(len(xs) - 1, round(0.9 * (len(xs) - 1)))])
-            maps = [json.loads(subprocess.run(c, check=True, capture_output=True, text=True).stdout) for c in cmds.values()]
+            maps = [json.loads(subprocess.run(cmds[k], check=True, capture_output=True, text=True).stdout) for k in ("a", "b")]
             print(f"{label}: {len(tensors)} tensors; A median {row['a'][0]:.1f} ms (p90 {row['a'][1]:.1f}), "
                   f"B median {row['b'][0]:.1f} ms (p90 {row['b'][1]:.1f}); B/A {row['b'][0] / row['a'][0]:.2f} "
                   f"(p90 {row['b'][1] / row['a'][1]:.2f}); map keys A {len(maps[0])}, B {len(maps[1])}, "
                   f"{'the same map' if maps[0] == maps[1] else 'MAPS DIFFER'}", flush=True)
+            if args.floor:
+                floor = row["floor"]
+                print(f"  floor (headers into flat arrays and one name table): median {floor[0]:.1f} ms (p90 {floor[1]:.1f}); "
+                      f"A {row['a'][0] / floor[0]:.1f}x, B {row['b'][0] / floor[0]:.1f}x the floor", flush=True)
 
 
 if __name__ == "__main__":
