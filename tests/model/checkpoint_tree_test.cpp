@@ -251,6 +251,7 @@ TEST_CASE("Mixtral's experts in Hub names fuse into the model's tensors, every b
   write_checkpoint(dir.path(), names, config);
   const auto m = accel::read_checkpoint_model(dir.path());
   CHECK(tensor(m.tree, "model.layers.0.mlp.experts.gate_up_proj").numel() == 4 * 8 * 4);
+  CHECK(tensor(m.tree, "model.layers.0.mlp.experts.gate_up_proj").shape[0] == 4);  // four parts of one shape: [4, r, c]
   CHECK(tensor(m.tree, "model.layers.0.mlp.experts.down_proj").numel() == 2 * 8 * 4);
   CHECK(tensor(m.tree, "model.layers.0.mlp.gate.weight").numel() == 8 * 4);
   CHECK_FALSE(m.tree.find_tensor("model.layers.0.block_sparse_moe.experts.0.w1.weight"));

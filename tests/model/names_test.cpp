@@ -170,3 +170,18 @@ TEST_CASE("names of more dotted parts than the mapper keeps on its stack map lik
   CHECK(table.model[6].starts_with("lm_head.p0.p1."));
   CHECK(table.model[6].ends_with(".p37.weight"));
 }
+
+TEST_CASE("the recent-views cache finds a key by its view, not by its text, and keeps the last few", "[names]") {
+  const std::string a = "model.layers.0.mlp.experts.down_proj", same_text = a;
+  accel::detail::RecentViews<int, 2> recent;
+  CHECK(recent.find(a) == nullptr);
+  recent.put(a, 1);
+  REQUIRE(recent.find(a) != nullptr);
+  CHECK(*recent.find(a) == 1);
+  CHECK(recent.find(same_text) == nullptr);                    // equal text elsewhere: a miss, looked up the slow way
+  CHECK(recent.find(std::string_view(a).substr(0, 5)) == nullptr);  // same start, other length
+  recent.put(same_text, 2);
+  recent.put("gate_up_proj", 3);  // a third key pushes out the first
+  CHECK(recent.find(a) == nullptr);
+  CHECK(*recent.find(same_text) == 2);
+}

@@ -343,4 +343,13 @@ TEST_CASE("a large checkpoint's names, worked out in pieces beside its quantizat
   REQUIRE(naming.names.source == one_pass.source);
   REQUIRE(std::count(naming.names.model.begin(), naming.names.model.end(), "model.layers.13.mlp.experts.gate_up_proj") == 2 * 128);
   REQUIRE(std::count(naming.names.model.begin(), naming.names.model.end(), "model.layers.13.mlp.experts.down_proj_scale_inv") == 128);
+  // Each fused weight's scale is named after the weight, whichever piece named each.
+  std::size_t fused_scales = 0;
+  for (const auto& [scale, weight] : naming.quantization->weight_scales) {
+    const std::string w(naming.names.model[weight]);
+    if (w.ends_with(".weight")) continue;
+    ++fused_scales;
+    REQUIRE(naming.names.model[scale] == w + "_scale_inv");
+  }
+  CHECK(fused_scales == 14 * 128 * 3);
 }

@@ -2,6 +2,8 @@
 // SPDX-FileCopyrightText: accel contributors
 #include <accel/model/safetensors.hpp>
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <map>
 #include <random>
@@ -191,6 +193,13 @@ TEST_CASE("reading a header from a file reads only the header and names the path
                       accel_test::contains((dir / "t.safetensors").string() + "': tensors cover 44 data bytes"));
   accel_test::write_bytes(dir / "s.safetensors", std::vector<std::byte>(3));
   REQUIRE_THROWS_WITH(accel::read_safetensors_header(dir / "s.safetensors"), accel_test::contains("file is 3 bytes"));
+  // Not a file: a folder, and a FIFO no one writes to (opening one to read would wait for a writer).
+  std::filesystem::create_directory(dir / "d.safetensors");
+  REQUIRE_THROWS_WITH(accel::read_safetensors_header(dir / "d.safetensors"),
+                      accel_test::contains("cannot read safetensors file '" + (dir / "d.safetensors").string() + "': Is a directory"));
+  REQUIRE(::mkfifo((dir / "f.safetensors").c_str(), 0600) == 0);
+  REQUIRE_THROWS_WITH(accel::read_safetensors_header(dir / "f.safetensors"),
+                      accel_test::contains("cannot read safetensors file '" + (dir / "f.safetensors").string() + "'"));
 }
 
 TEST_CASE("sharded checkpoints resolve through the index, a folder or a single file", "[safetensors]") {

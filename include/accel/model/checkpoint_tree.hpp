@@ -198,6 +198,10 @@ inline void fuse_into(TreeEntry& into, const TensorEntry& part, std::string_view
   }
   ++into.fused_parts;
   if (part.shape == into.part_shape) {
+    if (into.shape.size() == into.part_shape.size() + 1 && into.shape[0] == static_cast<std::int64_t>(into.fused_parts - 1)) {
+      into.shape[0] += 1;  // [parts so far, part_shape...]: no new vector per part
+      return;
+    }
     into.shape = {static_cast<std::int64_t>(into.fused_parts)};
     for (auto d : into.part_shape) into.shape.push_back(d);
   } else {
@@ -280,6 +284,7 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
   std::vector<detail::TreeEntry> entries;
   std::deque<std::string> made_names;  // the names of tied copies and buffers, which entries view
   detail::NameIndex fused;             // model name -> entry, for names several tensors make
+  detail::RecentViews<std::uint32_t> recent;  // the same, for the names just seen (experts in a row)
   std::vector<std::size_t> entry_source;                     // entry -> the checkpoint tensor it started from
   std::unordered_map<std::size_t, const std::tuple<std::size_t, DType, std::vector<std::int64_t>>*> resized;
   // Blocks past the config's count (DeepSeek-V3's multi-token-prediction layer 61 beside its 61
@@ -307,7 +312,14 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
       const bool quantized = out.quantization && out.quantization->stored[n];
       const bool companion = quantized && out.quantization->companion[n];
       const auto id = static_cast<std::uint32_t>(entries.size());
-      if (const auto known = fused.insert(detail::name_hash(name), id, [&](std::uint32_t k) { return k == id ? name : entries[k].name; })) {
+      std::optional<std::uint32_t> known;
+      if (const auto* seen = recent.find(name)) {
+        known = *seen;
+      } else {
+        known = fused.insert(detail::name_hash(name), id, [&](std::uint32_t k) { return k == id ? name : entries[k].name; });
+        recent.put(name, known.value_or(id));
+      }
+      if (known) {
         // Several renamed tensors make one (experts), a quantized weight's state is part of it; a
         // renamed one meeting a tensor already of that name is a folder holding both spellings.
         auto& into = entries[*known];

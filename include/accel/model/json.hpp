@@ -161,16 +161,20 @@ class PlainJsonCursor {
   /// @brief An unsigned integer as JSON writes it (no leading zeros), up to 2^64 - 1.
   std::optional<std::uint64_t> unsigned_integer() noexcept {
     skip_ws();
-    if (p_ == end_ || *p_ < '0' || *p_ > '9') return std::nullopt;
+    const char* p = p_;
+    const auto digit = [](char c) { return static_cast<unsigned char>(c - '0') <= 9; };
+    if (p == end_ || !digit(*p)) return std::nullopt;
     std::uint64_t v = 0;
-    const char* start = p_;
-    while (p_ != end_ && *p_ >= '0' && *p_ <= '9') {
-      const auto d = static_cast<std::uint64_t>(*p_ - '0');
+    // Nineteen digits cannot overflow 64 bits: only those after them are checked.
+    for (const char* unchecked = end_ - p > 19 ? p + 19 : end_; p != unchecked && digit(*p); ++p)
+      v = v * 10 + static_cast<std::uint64_t>(*p - '0');
+    for (; p != end_ && digit(*p); ++p) {
+      const auto d = static_cast<std::uint64_t>(*p - '0');
       if (v > (UINT64_MAX - d) / 10) return std::nullopt;
       v = v * 10 + d;
-      ++p_;
     }
-    if ((*start == '0' && p_ - start > 1) || (p_ != end_ && (*p_ == '.' || *p_ == 'e' || *p_ == 'E'))) return std::nullopt;
+    if ((*p_ == '0' && p - p_ > 1) || (p != end_ && (*p == '.' || *p == 'e' || *p == 'E'))) return std::nullopt;
+    p_ = p;
     return v;
   }
   /// @brief Consumes the literal `null` if it comes next.

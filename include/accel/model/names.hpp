@@ -200,7 +200,13 @@ class NameMapper {
   ///        numbers set aside, unless a rule or a top-level name spells that number): a checkpoint
   ///        of 90k tensors has a few hundred shapes. Each result is a view: the checkpoint name
   ///        itself where nothing changes, else the copy kept in `made`.
-  [[nodiscard]] std::vector<std::string_view> map_all(std::span<const std::string_view> names, NameArena& made) const;
+  [[nodiscard]] std::vector<std::string_view> map_all(std::span<const std::string_view> names, NameArena& made) const {
+    std::vector<std::string_view> out(names.size());
+    map_all(names, made, out);
+    return out;
+  }
+  /// @brief As above, into `out` (as long as `names`): pieces of one table mapped on several threads.
+  void map_all(std::span<const std::string_view> names, NameArena& made, std::span<std::string_view> out) const;
 
   /// @brief transformers' base-model prefix rule, applied before the renames: a name of a
   ///        base-model checkpoint (its first part one the class's checkpoints hold under the prefix)
@@ -343,7 +349,7 @@ class NameArena {
   detail::NameIndex index_;
 };
 
-inline std::vector<std::string_view> NameMapper::map_all(std::span<const std::string_view> names, NameArena& made) const {
+inline void NameMapper::map_all(std::span<const std::string_view> names, NameArena& made, std::span<std::string_view> out) const {
   // Numbers a rule part or a top-level name spells stay in the shape: they can decide.
   std::vector<std::string_view> spelled;
   auto note = [&](std::string_view part) {
@@ -360,9 +366,8 @@ inline std::vector<std::string_view> NameMapper::map_all(std::span<const std::st
   detail::NameIndex known;
   std::vector<char> buffer;
   std::string scratch;
-  std::vector<std::string_view> out;
-  out.reserve(names.size());
-  for (const auto name : names) {
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const std::string_view name = names[i];
     // The shape, written in one pass: '#' for a number set aside, '=' and the part otherwise (a part
     // spelled "#" stays apart from a number), parts joined by dots; at most 2 × size + 1 bytes.
     if (buffer.size() < 2 * name.size() + 1) buffer.resize(2 * name.size() + 1);
@@ -384,7 +389,7 @@ inline std::vector<std::string_view> NameMapper::map_all(std::span<const std::st
     }
     const std::string_view shape(buffer.data(), static_cast<std::size_t>(w - buffer.data()));
     const auto id = static_cast<std::uint32_t>(shapes.size());
-    const auto shape_of = [&](std::uint32_t i) -> std::string_view { return i == id ? shape : std::string_view(shapes[i]); };
+    const auto shape_of = [&](std::uint32_t k) -> std::string_view { return k == id ? shape : std::string_view(shapes[k]); };
     std::pair<int, int> decision;
     if (const auto seen = known.insert(detail::name_hash(shape), id, shape_of)) {
       decision = decided[*seen];
@@ -395,7 +400,7 @@ inline std::vector<std::string_view> NameMapper::map_all(std::span<const std::st
       decided.push_back(decision);
     }
     if (decision == std::pair{0, -1}) {
-      out.push_back(name);
+      out[i] = name;
       continue;
     }
     // The prefix rule reads the first two parts, which the shape keeps unless they are numbers it
@@ -405,9 +410,8 @@ inline std::vector<std::string_view> NameMapper::map_all(std::span<const std::st
         : decision.first == 2 ? std::pair{std::string_view{}, name.substr(name.find('.') + 1)}
                               : std::pair{std::string_view{}, name};
     build(Parts(adjusted), decision.second, scratch);
-    out.push_back(scratch == name ? name : made.keep(scratch));
+    out[i] = scratch == name ? name : made.keep(scratch);
   }
-  return out;
 }
 
 /// @brief Every checkpoint tensor's model name, in the checkpoint's order.

@@ -681,10 +681,16 @@ inline void quantized_model_names(NameTable& names, const QuantizedTensors& q) {
   if (q.config.method != QuantMethod::fp8 || names.identity()) return;
   NameArena made;
   std::string scratch;
+  detail::RecentViews<std::string_view> recent;  // fused weight -> its scale's name, for the experts in a row
   for (const auto& [scale, weight] : q.weight_scales) {
     if (scale >= n || weight >= n || names.model[weight].ends_with(".weight")) continue;
+    if (const auto* known = recent.find(names.model[weight])) {
+      names.model[scale] = *known;
+      continue;
+    }
     scratch.assign(names.model[weight]).append("_scale_inv");  // a fused weight's scale
     names.model[scale] = made.keep(scratch);
+    recent.put(names.model[weight], names.model[scale]);
   }
   names.storage.push_back(made.storage());
 }
@@ -712,18 +718,18 @@ struct CheckpointNaming {
   const auto& names = checkpoint.tensor_names;
   const bool threads = config && out.class_names && names.size() >= 10'000;
   const std::size_t pieces = threads ? 8 : 1;
-  std::vector<std::vector<std::string_view>> mapped(pieces);
   std::vector<NameArena> made(pieces);
   std::optional<NameMapper> mapper;
   if (out.class_names) mapper.emplace(*out.class_names);
-  const auto piece = [&](std::size_t i) { return std::span(names).subspan(names.size() * i / pieces, names.size() * (i + 1) / pieces - names.size() * i / pieces); };
+  const auto piece = [&](auto& v, std::size_t i) { return std::span(v).subspan(names.size() * i / pieces, names.size() * (i + 1) / pieces - names.size() * i / pieces); };
+  if (mapper) out.names.model.resize(names.size());
   parallel_for(
       pieces + 1, threads ? 2 : 1,
       [&](std::size_t task, unsigned) -> std::uint64_t {
         if (task == 0) {
           if (config) out.quantization = checkpoint_quantization(checkpoint, config->json);
         } else if (mapper) {
-          mapped[task - 1] = mapper->map_all(piece(task - 1), made[task - 1]);
+          mapper->map_all(piece(names, task - 1), made[task - 1], piece(out.names.model, task - 1));
         }
         return 0;
       },
@@ -731,11 +737,7 @@ struct CheckpointNaming {
   out.names.checkpoint = names;
   out.names.storage = checkpoint.name_storage();
   if (mapper) {
-    out.names.model.reserve(names.size());
-    for (std::size_t i = 0; i < pieces; ++i) {
-      out.names.model.insert(out.names.model.end(), mapped[i].begin(), mapped[i].end());
-      out.names.storage.push_back(made[i].storage());
-    }
+    for (const auto& m : made) out.names.storage.push_back(m.storage());
     out.names.source = name_table_source(*out.class_names);
   } else {
     out.names.model = names;

@@ -11,6 +11,10 @@
 /// object of string values. Also: sharded `model.safetensors.index.json` and folder resolution.
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstddef>
@@ -18,7 +22,6 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <iterator>
 #include <map>
@@ -271,18 +274,10 @@ inline void parse_json_header(std::string_view text, std::string_view file_label
   own_names(h);  // the keys die with `parsed`
 }
 
-}  // namespace detail
-
-/// @brief Parses and validates a safetensors header held in memory.
-/// @param bytes the file's bytes from offset 0; must hold at least the 8-byte length and the
-///        header (the data section may follow or be absent)
-/// @param file_size the whole file's size in bytes (for the coverage rule)
-/// @param file_label the name used in error messages (usually the path)
-/// @return the header, tensors in offset order
-/// @throws accel::checkpoint_error naming the file, the tensor and the violated rule
-[[nodiscard]] inline SafetensorsHeader parse_safetensors_header(std::span<const std::byte> bytes,
-                                                               std::uint64_t file_size,
-                                                               std::string_view file_label) {
+// parse_safetensors_header, also giving each tensor's name_hash (in `tensors` order) when `hashes`
+// is set: a checkpoint's table of all names reuses them.
+inline SafetensorsHeader parse_header(std::span<const std::byte> bytes, std::uint64_t file_size, std::string_view file_label,
+                                      std::vector<std::uint64_t>* hashes) {
   if (file_size < 8) detail::check_header_length(0, file_size, file_label);
   if (bytes.size() < 8)
     detail::safetensors_fail(file_label, detail::concat("only ", bytes.size(), " bytes were provided, fewer than the 8-byte length"));
@@ -304,9 +299,13 @@ inline void parse_json_header(std::string_view text, std::string_view file_label
     });
     h.name_index = {};
     h.name_index.reserve(h.tensors.size());
+    if (hashes) hashes->resize(h.tensors.size());
     const auto name_of = [&](std::uint32_t i) { return std::string_view(h.tensors[i].name); };
-    for (std::size_t i = 0; i < h.tensors.size(); ++i)
-      if (h.name_index.insert(detail::name_hash(h.tensors[i].name), static_cast<std::uint32_t>(i), name_of)) return false;
+    for (std::size_t i = 0; i < h.tensors.size(); ++i) {
+      const auto hash = detail::name_hash(h.tensors[i].name);
+      if (hashes) (*hashes)[i] = hash;
+      if (h.name_index.insert(hash, static_cast<std::uint32_t>(i), name_of)) return false;
+    }
     return true;
   };
   auto plain = detail::parse_plain_header(text, h.metadata);
@@ -336,6 +335,61 @@ inline void parse_json_header(std::string_view text, std::string_view file_label
                                                         "; rule: offsets cover exactly file size - 8 - header length)"));
   return h;
 }
+}  // namespace detail
+
+/// @brief Parses and validates a safetensors header held in memory.
+/// @param bytes the file's bytes from offset 0; must hold at least the 8-byte length and the
+///        header (the data section may follow or be absent)
+/// @param file_size the whole file's size in bytes (for the coverage rule)
+/// @param file_label the name used in error messages (usually the path)
+/// @return the header, tensors in offset order
+/// @throws accel::checkpoint_error naming the file, the tensor and the violated rule
+[[nodiscard]] inline SafetensorsHeader parse_safetensors_header(std::span<const std::byte> bytes,
+                                                               std::uint64_t file_size,
+                                                               std::string_view file_label) {
+  return detail::parse_header(bytes, file_size, file_label, nullptr);
+}
+
+namespace detail {
+// read_safetensors_header, also giving the names' hashes (see parse_header).
+inline SafetensorsHeader read_header(const std::filesystem::path& path, std::vector<std::uint64_t>* hashes) {
+  const std::string label = path.string();
+  // Opened without blocking (a FIFO would wait for a writer), then checked to be a file; read with
+  // pread into memory not cleared first (the header overwrites it all).
+  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  struct stat st {};
+  if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int error = fd.get() >= 0 ? (S_ISDIR(st.st_mode) ? EISDIR : EOPNOTSUPP) : errno;
+    if (fd.get() >= 0 || ::stat(path.c_str(), &st) != 0)
+      throw_error<checkpoint_error>("cannot read safetensors file '", label, "': ", std::strerror(fd.get() >= 0 ? error : errno),
+                                    "; check the path");
+    throw_error<checkpoint_error>("cannot open safetensors file '", label, "': ", std::strerror(error),
+                                  "; check the path and its permissions");
+  }
+  const auto size = static_cast<std::uint64_t>(st.st_size);
+  if (size < 8) check_header_length(0, size, label);
+  std::byte length[8];
+  const auto read = [&](std::byte* into, std::uint64_t count, std::uint64_t at) {
+    std::uint64_t done = 0;
+    while (done < count) {
+      const ssize_t n = ::pread(fd.get(), into + done, static_cast<std::size_t>(count - done), static_cast<off_t>(at + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      done += static_cast<std::uint64_t>(n);
+    }
+    return true;
+  };
+  if (!read(length, 8, 0))
+    throw_error<checkpoint_error>("cannot read the header length of '", label, "' (short read); the file is unreadable");
+  const std::uint64_t n = check_header_length(load_le<std::uint64_t>(length), size, label);
+  std::unique_ptr<std::byte[]> buf(new std::byte[static_cast<std::size_t>(8 + n)]);
+  std::memcpy(buf.get(), length, 8);
+  if (!read(buf.get() + 8, n, 8))
+    throw_error<checkpoint_error>("cannot read the ", n, "-byte header of '", label,
+                                  "' (short read); the file changed while reading or is unreadable");
+  return parse_header(std::span<const std::byte>(buf.get(), static_cast<std::size_t>(8 + n)), size, label, hashes);
+}
+}  // namespace detail
 
 /// @brief Reads and validates the header of a safetensors file: only the 8-byte length and the
 ///        JSON header are read, never the tensor data.
@@ -343,28 +397,7 @@ inline void parse_json_header(std::string_view text, std::string_view file_label
 /// @return the header
 /// @throws accel::checkpoint_error when the file cannot be read or breaks a format rule
 [[nodiscard]] inline SafetensorsHeader read_safetensors_header(const std::filesystem::path& path) {
-  const std::string label = path.string();
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec)
-    detail::throw_error<checkpoint_error>("cannot read safetensors file '", label, "': ", ec.message(),
-                                          "; check the path");
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    detail::throw_error<checkpoint_error>("cannot open safetensors file '", label, "': ", std::strerror(errno),
-                                          "; check the path and its permissions");
-  if (size < 8) detail::check_header_length(0, size, label);
-  std::vector<std::byte> buf(8);
-  in.read(reinterpret_cast<char*>(buf.data()), 8);
-  if (!in)
-    detail::throw_error<checkpoint_error>("cannot read the header length of '", label, "' (short read); the file is unreadable");
-  const std::uint64_t n = detail::check_header_length(load_le<std::uint64_t>(buf.data()), size, label);
-  buf.resize(static_cast<std::size_t>(8 + n));
-  in.read(reinterpret_cast<char*>(buf.data() + 8), static_cast<std::streamsize>(n));
-  if (!in)
-    detail::throw_error<checkpoint_error>("cannot read the ", n, "-byte header of '", label,
-                                          "' (short read); the file changed while reading or is unreadable");
-  return parse_safetensors_header(buf, size, label);
+  return detail::read_header(path, nullptr);
 }
 
 /// @name Sharded checkpoints and folders
@@ -592,13 +625,14 @@ struct Checkpoint {
 
 namespace detail {
 
-// Every shard's header, read on a few threads when there are many, and `beside()` (when given)
-// on one of them as the first task (a failure of `beside` is rethrown); a shard that cannot be
-// read leaves its error in `failed`.
+// Every shard's header and its names' hashes, read on a few threads when there are many, and
+// `beside()` (when given) on one of them as the first task (a failure of `beside` is rethrown); a
+// shard that cannot be read leaves its error in `failed`.
 template <class Beside>
-std::vector<SafetensorsHeader> read_shard_headers(const std::vector<std::filesystem::path>& files, std::vector<std::exception_ptr>& failed,
-                                                  Beside&& beside) {
+std::vector<SafetensorsHeader> read_shard_headers(const std::vector<std::filesystem::path>& files, std::vector<std::vector<std::uint64_t>>& hashes,
+                                                  std::vector<std::exception_ptr>& failed, Beside&& beside) {
   std::vector<SafetensorsHeader> headers(files.size());
+  hashes.assign(files.size(), {});
   failed.assign(files.size(), nullptr);
   const unsigned threads = files.size() >= 8 ? copy_threads(0, files.size() + 1) : 1;
   parallel_for(
@@ -609,7 +643,7 @@ std::vector<SafetensorsHeader> read_shard_headers(const std::vector<std::filesys
           return 0;
         }
         try {
-          headers[task - 1] = read_safetensors_header(files[task - 1]);
+          headers[task - 1] = read_header(files[task - 1], &hashes[task - 1]);
         } catch (...) {
           failed[task - 1] = std::current_exception();
         }
@@ -619,9 +653,10 @@ std::vector<SafetensorsHeader> read_shard_headers(const std::vector<std::filesys
   return headers;
 }
 // As above without a task beside; the first failing shard in order throws, as a loop would.
-inline std::vector<SafetensorsHeader> read_shard_headers(const std::vector<std::filesystem::path>& files) {
+inline std::vector<SafetensorsHeader> read_shard_headers(const std::vector<std::filesystem::path>& files,
+                                                         std::vector<std::vector<std::uint64_t>>& hashes) {
   std::vector<std::exception_ptr> failed;
-  auto headers = read_shard_headers(files, failed, [] {});
+  auto headers = read_shard_headers(files, hashes, failed, [] {});
   for (const auto& f : failed)
     if (f) std::rethrow_exception(f);
   return headers;
@@ -638,10 +673,10 @@ inline void reserve_tensors(Checkpoint& c, const std::vector<SafetensorsHeader>&
   c.name_index.reserve(n);
 }
 
-// Adds one shard's header to the checkpoint (after reserve_tensors); `pairs` gathers its (tensor, shard) pairs under the
-// shard's name `shard_hash` for the comparison with an index.
-inline void add_shard(Checkpoint& c, const std::filesystem::path& file, SafetensorsHeader header, PairPrint* pairs = nullptr,
-                      std::uint64_t shard_hash = 0) {
+// Adds one shard's header, its names' hashes beside it, to the checkpoint (after reserve_tensors); `pairs` gathers its
+// (tensor, shard) pairs under the shard's name `shard_hash` for the comparison with an index.
+inline void add_shard(Checkpoint& c, const std::filesystem::path& file, SafetensorsHeader header, const std::vector<std::uint64_t>& hashes,
+                      PairPrint* pairs = nullptr, std::uint64_t shard_hash = 0) {
   c.headers.push_back(std::move(header));
   c.shard_files.push_back(file);
   const std::size_t shard = c.shard_files.size() - 1;
@@ -649,7 +684,7 @@ inline void add_shard(Checkpoint& c, const std::filesystem::path& file, Safetens
   const auto name_of = [&](std::uint32_t i) { return c.tensor_names[i]; };
   for (std::size_t i = 0; i < h.tensors.size(); ++i) {
     const auto& name = h.tensors[i].name;
-    const auto hash = name_hash(name);
+    const auto hash = hashes[i];
     const auto id = static_cast<std::uint32_t>(c.tensor_names.size());
     c.tensor_names.push_back(name);
     if (const auto other = c.name_index.insert(hash, id, name_of))
@@ -749,9 +784,11 @@ inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx
     // file outside them, they are set aside and the listed shards read.
     bool summarized = false;
     std::vector<SafetensorsHeader> early;  // parallel to the index's shard names once matched
+    std::vector<std::vector<std::uint64_t>> hashes;
     if (files.size() >= 8) {
       std::vector<std::exception_ptr> failed;
-      auto read = detail::read_shard_headers(files, failed, [&] { summarized = detail::summarize_plain_index(text, summary); });
+      std::vector<std::vector<std::uint64_t>> read_hashes;
+      auto read = detail::read_shard_headers(files, read_hashes, failed, [&] { summarized = detail::summarize_plain_index(text, summary); });
       std::vector<std::size_t> at;  // listed shard -> position in `files` (both sorted)
       for (std::size_t i = 0, j = 0; summarized && i < summary.shard_names.size(); ++i) {
         const auto shard = c.directory / summary.shard_names[i];
@@ -762,7 +799,10 @@ inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx
       if (summarized && at.size() == summary.shard_names.size()) {
         for (const auto j : at)
           if (failed[j]) std::rethrow_exception(failed[j]);
-        for (const auto j : at) early.push_back(std::move(read[j]));
+        for (const auto j : at) {
+          early.push_back(std::move(read[j]));
+          hashes.push_back(std::move(read_hashes[j]));
+        }
       }
     } else {
       summarized = detail::summarize_plain_index(text, summary);
@@ -777,16 +817,17 @@ inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx
     detail::PairPrint pairs;
     std::vector<fs::path> listed;  // the index's shards (the folder may hold other files)
     for (const auto& shard : shard_names) listed.push_back(c.directory / shard);
-    auto headers = early.empty() ? detail::read_shard_headers(listed) : std::move(early);
+    auto headers = early.empty() ? detail::read_shard_headers(listed, hashes) : std::move(early);
     detail::reserve_tensors(c, headers);
     for (std::size_t i = 0; i < listed.size(); ++i)
-      detail::add_shard(c, listed[i], std::move(headers[i]), &pairs, detail::name_hash(shard_names[i]));
+      detail::add_shard(c, listed[i], std::move(headers[i]), hashes[i], &pairs, detail::name_hash(shard_names[i]));
     if (!full && pairs != summary.pairs) full = parse_safetensors_index(text, index.string());
     if (full) detail::check_index_matches(c, *full);
   } else {
-    auto headers = detail::read_shard_headers(files);
+    std::vector<std::vector<std::uint64_t>> hashes;
+    auto headers = detail::read_shard_headers(files, hashes);
     detail::reserve_tensors(c, headers);
-    for (std::size_t i = 0; i < files.size(); ++i) detail::add_shard(c, files[i], std::move(headers[i]));
+    for (std::size_t i = 0; i < files.size(); ++i) detail::add_shard(c, files[i], std::move(headers[i]), hashes[i]);
   }
   if (fs::path cfg = c.directory / "config.json"; fs::is_regular_file(cfg, ec)) c.config_file = cfg;
   return c;

@@ -3,9 +3,11 @@
 /// @file name_index.hpp
 /// @brief Tensor-name lookup without a string per name: a 64-bit name hash, an open-addressing
 ///        table of ids whose owner keeps the names, and an order-independent fingerprint of
-///        (tensor, shard) pairs that compares an index with its shards' headers in one pass.
+///        (tensor, shard) pairs that compares an index with its shards' headers in one pass; a
+///        small cache of views recently looked up.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -115,6 +117,33 @@ class NameIndex {
 
   std::vector<std::uint64_t> slots_;
   std::size_t size_ = 0;
+};
+
+// The last few keys looked up and what they stand for, found by address: views of names kept once
+// (a NameArena's, a NameTable's) are equal exactly when they are the same view, so a run of
+// tensors that share a few names (experts fused into one tensor) skips hashing and comparing them.
+// A miss says nothing: the caller then looks the key up the slow way and put()s the answer.
+template <class Value, std::size_t N = 8>
+class RecentViews {
+ public:
+  [[nodiscard]] const Value* find(std::string_view key) const noexcept {
+    for (std::size_t i = 0; i < used_; ++i)
+      if (slots_[i].key.data() == key.data() && slots_[i].key.size() == key.size()) return &slots_[i].value;
+    return nullptr;
+  }
+  void put(std::string_view key, Value value) {
+    slots_[next_] = Slot{key, std::move(value)};
+    next_ = (next_ + 1) % N;
+    used_ = used_ < N ? used_ + 1 : N;
+  }
+
+ private:
+  struct Slot {
+    std::string_view key;
+    Value value{};
+  };
+  std::array<Slot, N> slots_{};
+  std::size_t next_ = 0, used_ = 0;
 };
 
 }  // namespace detail
