@@ -2,19 +2,24 @@
 // SPDX-FileCopyrightText: accel contributors
 //
 // The floor under planning a sharded checkpoint: the least any planner must do before it plans.
-// Reads every shard's header of a folder on the threads accel would use (pread into one reused
-// buffer per thread), keeps each tensor's name, dtype, shape and offsets in flat per-shard arrays,
+// Reads every shard's header of a folder on the threads accel would use (mapped, or read into one
+// reused buffer per thread), keeps each tensor's name, dtype, shape and offsets in flat per-shard arrays,
 // and finds every name through one table over the whole folder (as a checkpoint-wide lookup and
 // the duplicate check need). No validation, no index, no names, no quantization, no tree, no plan:
 // `accel plan` on the same folder can only be slower, and the difference is what accel adds.
 //
-//   header_floor FOLDER [--threads N]
+//   header_floor FOLDER [--threads N] [--read]
+//
+// Each header is mapped and the names are views of the mappings (the page cache's pages are mapped,
+// not copied into fresh memory: the cheaper way on the machines measured); --read reads each into
+// a buffer per thread instead, copying the names out.
 //
 // It reads the compact form writers produce (`{"name":{"dtype":"F8_E4M3","shape":[7168,2048],
 // "data_offsets":[0,14680064]},...}`, no whitespace) and stops with exit code 2 on anything else.
 // Prints the tensors, header bytes and the time from the start of main to the finished table;
 // time it as a whole process (benchmarks/compare/plan_hub_names.py --floor).
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -37,7 +42,7 @@
 namespace {
 
 struct Entry {
-  std::uint32_t name_at = 0, name_size = 0;
+  std::string_view name;  // of Shard::names, or of the mapped header
   accel::DType dtype = accel::DType::F32;
   std::uint32_t rank = 0;
   std::uint64_t dims[8] = {};
@@ -46,7 +51,7 @@ struct Entry {
 };
 
 struct Shard {
-  std::string names;  // the names, back to back
+  std::string names;  // the names, back to back (a read header's buffer is reused)
   std::vector<Entry> entries;
 };
 
@@ -57,7 +62,7 @@ struct Shard {
 
 // The compact header form, entry by entry; `fail(at)` for anything else.
 template <class Fail>
-void scan(std::string_view text, Shard& out, Fail&& fail) {
+void scan(std::string_view text, bool keep_views, Shard& out, Fail&& fail) {
   const char* p = text.data();
   const char* const end = p + text.size();
   auto expect = [&](char c) {
@@ -86,7 +91,7 @@ void scan(std::string_view text, Shard& out, Fail&& fail) {
     return n;
   };
   out.entries.reserve(text.size() / 100 + 1);
-  out.names.reserve(text.size() / 2);
+  if (!keep_views) out.names.reserve(text.size() / 2);
   expect('{');
   while (p != end && *p == '"') {
     const auto name = string();
@@ -99,10 +104,13 @@ void scan(std::string_view text, Shard& out, Fail&& fail) {
       }
     } else {
       Entry e;
-      e.name_at = static_cast<std::uint32_t>(out.names.size());
-      e.name_size = static_cast<std::uint32_t>(name.size());
       e.hash = accel::detail::name_hash(name);
-      out.names.append(name);
+      if (keep_views) {
+        e.name = name;
+      } else {
+        e.name = std::string_view(out.names.data() + out.names.size(), name.size());  // reserved: no reallocation
+        out.names.append(name);
+      }
       expect('{');
       while (p != end && *p == '"') {
         const auto field = string();
@@ -135,12 +143,16 @@ void scan(std::string_view text, Shard& out, Fail&& fail) {
 int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   if (argc < 2 || std::string_view(argv[1]) == "--help") {
-    std::printf("usage: header_floor FOLDER [--threads N]\n"
+    std::printf("usage: header_floor FOLDER [--threads N] [--read]\n"
                 "Reads every shard header of FOLDER into flat arrays and one name table: the floor under planning it.\n");
     return argc < 2 ? 1 : 0;
   }
   unsigned wanted = 0;
-  if (argc == 4 && std::string_view(argv[2]) == "--threads") wanted = static_cast<unsigned>(std::stoul(argv[3]));
+  bool map = true;
+  for (int i = 2; i < argc; ++i) {
+    if (std::string_view(argv[i]) == "--read") map = false;
+    else if (std::string_view(argv[i]) == "--threads" && i + 1 < argc) wanted = static_cast<unsigned>(std::stoul(argv[++i]));
+  }
   std::vector<std::string> files;
   for (const auto& e : std::filesystem::directory_iterator(argv[1]))
     if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
@@ -155,11 +167,19 @@ int main(int argc, char** argv) {
         const int fd = ::open(files[i].c_str(), O_RDONLY | O_CLOEXEC);
         std::uint64_t n = 0;
         if (fd < 0 || ::pread(fd, &n, 8, 0) != 8) unexpected(files[i], 0);
-        auto& buffer = buffers[worker];
-        if (buffer.size() < n) buffer.resize(n);
-        if (::pread(fd, buffer.data(), n, 8) != static_cast<ssize_t>(n)) unexpected(files[i], 8);
+        std::string_view text;
+        if (map) {  // the mapping stays until the process ends: the names view it
+          void* p = ::mmap(nullptr, 8 + n, PROT_READ, MAP_PRIVATE, fd, 0);
+          if (p == MAP_FAILED) unexpected(files[i], 0);
+          text = std::string_view(static_cast<const char*>(p) + 8, n);
+        } else {
+          auto& buffer = buffers[worker];
+          if (buffer.size() < n) buffer.resize(n);
+          if (::pread(fd, buffer.data(), n, 8) != static_cast<ssize_t>(n)) unexpected(files[i], 8);
+          text = std::string_view(buffer.data(), n);
+        }
         ::close(fd);
-        scan(std::string_view(buffer.data(), n), shards[i], [&](std::size_t at) { unexpected(files[i], at); });
+        scan(text, map, shards[i], [&](std::size_t at) { unexpected(files[i], at); });
         header_bytes += n;
         return 0;
       },
@@ -170,11 +190,7 @@ int main(int argc, char** argv) {
     for (std::uint32_t k = 0; k < shards[s].entries.size(); ++k) ids.emplace_back(s, k);
   accel::detail::NameIndex table;
   table.reserve(ids.size());
-  const auto name_of = [&](std::uint32_t id) {
-    const auto& [s, k] = ids[id];
-    const auto& e = shards[s].entries[k];
-    return std::string_view(shards[s].names).substr(e.name_at, e.name_size);
-  };
+  const auto name_of = [&](std::uint32_t id) { return shards[ids[id].first].entries[ids[id].second].name; };
   std::uint64_t data_bytes = 0;
   for (std::uint32_t id = 0; id < ids.size(); ++id) {
     const auto& e = shards[ids[id].first].entries[ids[id].second];
@@ -185,7 +201,8 @@ int main(int argc, char** argv) {
     data_bytes += e.end - e.begin;
   }
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  std::printf("%zu shards, %zu tensors, %s of headers, %s of data, %u threads: %.1f ms in main\n", files.size(), ids.size(),
-              accel::text::format_bytes(header_bytes.load()).c_str(), accel::text::format_bytes(data_bytes).c_str(), threads, ms);
+  std::printf("%zu shards, %zu tensors, %s of headers (%s), %s of data, %u threads: %.1f ms in main\n", files.size(), ids.size(),
+              accel::text::format_bytes(header_bytes.load()).c_str(), map ? "mapped" : "read", accel::text::format_bytes(data_bytes).c_str(),
+              threads, ms);
   return 0;
 }

@@ -41,12 +41,12 @@ def fixture_path(folder, name):
 
 
 def cases():
-    """(label, config, [(tensor, dtype, shape)], budgets) per folder."""
+    """(label, config, [(tensor, dtype, shape)], budgets, shards or None) per folder."""
     for arch, dtype, budgets in (("DeepseekV3ForCausalLM", "BF16", GPUS_8), ("ViTForImageClassification", "F32", "0=100MB,cpu=1GB")):
         fixture = read_fixture(fixture_path("golden_maps_published", arch))
-        yield arch, fixture["config"], [(n, dtype, s) for n, s in fixture["tensors"]], budgets
+        yield arch, fixture["config"], [(n, dtype, s) for n, s in fixture["tensors"]], budgets, None
     fixture = read_fixture(fixture_path("quantized_published", "deepseek_v3_fp8"))
-    yield "DeepSeek-V3 FP8", fixture["config"], [tuple(t) for t in fixture["checkpoint_tensors"]], GPUS_8
+    yield "DeepSeek-V3 FP8", fixture["config"], [tuple(t) for t in fixture["checkpoint_tensors"]], GPUS_8, 163  # the Hub's shards
 
 
 def timed(cmd):
@@ -63,12 +63,12 @@ def main():
     ap.add_argument("--floor", help="header_floor_bench binary, timed beside A and B")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        for label, config, tensors, budgets in cases():
+        for label, config, tensors, budgets, shards in cases():
             folder = os.path.join(work, label.replace(" ", "_"))
             os.makedirs(folder)
             with open(os.path.join(folder, "config.json"), "w") as f:
                 json.dump(config, f)
-            write_checkpoint_files(folder, tensors)
+            write_checkpoint_files(folder, tensors, shards=shards)
             cmds = {name: [binary, "plan", "--checkpoint", folder, "--json", "--max-memory", budgets]
                     for name, binary in (("a", args.a), ("b", args.b))}
             if args.floor:

@@ -22,6 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 COMPAT = os.path.join(HERE, "..", "..", "tests", "compat")
 sys.path.insert(0, COMPAT)
 from gen_golden_maps import read_fixture, write_checkpoint_files  # noqa: E402
+
+PUBLISHED_SHARDS = 163  # model-00001-of-000163.safetensors ... on the Hub
 sys.path.insert(0, HERE)
 from plan_hub_checkpoint import summary  # noqa: E402  (median and p90, as the other planning benchmark)
 
@@ -42,7 +44,7 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump(fixture["config"], f)
-        write_checkpoint_files(folder, [tuple(t) for t in fixture["checkpoint_tensors"]])
+        write_checkpoint_files(folder, [tuple(t) for t in fixture["checkpoint_tensors"]], shards=PUBLISHED_SHARDS)
         cmd = [args.accel, "plan", "--checkpoint", folder, "--json", "--device-map", scenario["device_map"],
                "--max-memory", json.dumps(scenario["max_memory"])]
 
