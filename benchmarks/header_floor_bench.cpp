@@ -34,7 +34,6 @@
 #include <thread>
 #include <vector>
 
-#include <accel/model/detail/name_index.hpp>
 #include <accel/model/safetensors.hpp>
 #include <accel/runtime/parallel_for.hpp>
 #include <accel/runtime/text.hpp>
@@ -184,7 +183,8 @@ int main(int argc, char** argv) {
         return 0;
       },
       [](std::uint64_t) {});
-  // One table over the folder's names (shard, entry), as a checkpoint-wide lookup needs.
+  // One table over the folder's names (shard, entry), as a checkpoint-wide lookup needs: the kind
+  // SafetensorsHeader::name_index and Checkpoint::name_index are.
   std::vector<std::pair<std::uint32_t, std::uint32_t>> ids;
   for (std::uint32_t s = 0; s < shards.size(); ++s)
     for (std::uint32_t k = 0; k < shards[s].entries.size(); ++k) ids.emplace_back(s, k);
