@@ -185,3 +185,16 @@ TEST_CASE("the recent-views cache finds a key by its view, not by its text, and 
   CHECK(recent.find(a) == nullptr);
   CHECK(*recent.find(same_text) == 2);
 }
+
+TEST_CASE("a name arena keeps each name once, whether it was kept just before or long ago", "[names]") {
+  accel::NameArena arena;
+  std::string scratch = "model.layers.0.mlp.experts.gate_up_proj";
+  const auto first = arena.keep(scratch);
+  CHECK(first == scratch);
+  CHECK(first.data() != scratch.data());  // a copy the arena owns
+  CHECK(arena.keep(scratch).data() == first.data());  // just kept: found among the recent names
+  for (int i = 0; i < 10; ++i) arena.keep("model.layers." + std::to_string(i) + ".mlp.experts.down_proj");
+  CHECK(arena.keep(scratch).data() == first.data());  // long ago: found through the index
+  scratch = "model.layers.0.mlp.experts.gate_up_prox";  // same length, other text
+  CHECK(arena.keep(scratch).data() != first.data());
+}

@@ -335,11 +335,16 @@ class NameArena {
  public:
   /// @brief A lasting view of `name`: the one already kept, or a new copy.
   std::string_view keep(std::string_view name) {
+    // The names just kept first (experts in a row make the same few names): compared, not hashed.
+    for (const auto r : recent_)
+      if (r.size() == name.size() && r == name) return r;
     const auto hash = detail::name_hash(name);
     const auto id = static_cast<std::uint32_t>(names_->size());
     const auto name_of = [&](std::uint32_t i) -> std::string_view { return i == id ? name : std::string_view((*names_)[i]); };
-    if (const auto kept = index_.insert(hash, id, name_of)) return (*names_)[*kept];
-    return names_->emplace_back(name);
+    const auto kept = index_.insert(hash, id, name_of);
+    const std::string_view out = kept ? std::string_view((*names_)[*kept]) : std::string_view(names_->emplace_back(name));
+    recent_[next_++ % recent_.size()] = out;
+    return out;
   }
   /// @brief Shared ownership of what keep() returned views of.
   [[nodiscard]] std::shared_ptr<const void> storage() const { return names_; }
@@ -347,6 +352,8 @@ class NameArena {
  private:
   std::shared_ptr<std::deque<std::string>> names_ = std::make_shared<std::deque<std::string>>();
   detail::NameIndex index_;
+  std::array<std::string_view, 4> recent_{};
+  std::size_t next_ = 0;
 };
 
 inline void NameMapper::map_all(std::span<const std::string_view> names, NameArena& made, std::span<std::string_view> out) const {
