@@ -198,3 +198,15 @@ TEST_CASE("a name arena keeps each name once, whether it was kept just before or
   scratch = "model.layers.0.mlp.experts.gate_up_prox";  // same length, other text
   CHECK(arena.keep(scratch).data() != first.data());
 }
+
+TEST_CASE("map_all into a span maps like map_all into a vector, and refuses a span of another length", "[names]") {
+  const accel::NameMapper m(names_of("ViTForImageClassification"));
+  const std::vector<std::string_view> names{"vit.encoder.layer.0.attention.output.dense.bias", "classifier.weight"};
+  accel::NameArena a, b;
+  std::vector<std::string_view> out(names.size());
+  m.map_all(names, a, out);
+  CHECK(out == m.map_all(names, b));
+  CHECK(out[0] == "vit.layers.0.attention.o_proj.bias");
+  std::vector<std::string_view> short_out(1);
+  REQUIRE_THROWS_WITH(m.map_all(names, a, short_out), accel_test::contains("1 places for 2 names"));
+}

@@ -24,6 +24,7 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -206,6 +207,7 @@ class NameMapper {
     return out;
   }
   /// @brief As above, into `out` (as long as `names`): pieces of one table mapped on several threads.
+  /// @throws std::invalid_argument when `out` is not as long as `names`
   void map_all(std::span<const std::string_view> names, NameArena& made, std::span<std::string_view> out) const;
 
   /// @brief transformers' base-model prefix rule, applied before the renames: a name of a
@@ -357,6 +359,8 @@ class NameArena {
 };
 
 inline void NameMapper::map_all(std::span<const std::string_view> names, NameArena& made, std::span<std::string_view> out) const {
+  if (out.size() != names.size())
+    throw std::invalid_argument(detail::concat("NameMapper::map_all: ", out.size(), " places for ", names.size(), " names"));
   // Numbers a rule part or a top-level name spells stay in the shape: they can decide.
   std::vector<std::string_view> spelled;
   auto note = [&](std::string_view part) {

@@ -358,14 +358,16 @@ inline SafetensorsHeader read_header(const std::filesystem::path& path, std::vec
   // pread into memory not cleared first (the header overwrites it all).
   const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   struct stat st {};
-  if (fd.get() < 0 || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    const int error = fd.get() >= 0 ? (S_ISDIR(st.st_mode) ? EISDIR : EOPNOTSUPP) : errno;
-    if (fd.get() >= 0 || ::stat(path.c_str(), &st) != 0)
-      throw_error<checkpoint_error>("cannot read safetensors file '", label, "': ", std::strerror(fd.get() >= 0 ? error : errno),
-                                    "; check the path");
-    throw_error<checkpoint_error>("cannot open safetensors file '", label, "': ", std::strerror(error),
+  if (fd.get() < 0) {
+    const int open_error = errno;
+    if (::stat(path.c_str(), &st) != 0)  // missing, a dangling link, a loop
+      throw_error<checkpoint_error>("cannot read safetensors file '", label, "': ", std::strerror(errno), "; check the path");
+    throw_error<checkpoint_error>("cannot open safetensors file '", label, "': ", std::strerror(open_error),
                                   "; check the path and its permissions");
   }
+  // Not a regular file: what std::filesystem::file_size says of it (a folder, a FIFO, a device).
+  if (const int error = ::fstat(fd.get(), &st) != 0 ? errno : S_ISREG(st.st_mode) ? 0 : S_ISDIR(st.st_mode) ? EISDIR : EOPNOTSUPP)
+    throw_error<checkpoint_error>("cannot read safetensors file '", label, "': ", std::strerror(error), "; check the path");
   const auto size = static_cast<std::uint64_t>(st.st_size);
   if (size < 8) check_header_length(0, size, label);
   std::byte length[8];
