@@ -371,25 +371,17 @@ inline SafetensorsHeader read_header(const std::filesystem::path& path, std::vec
   const auto size = static_cast<std::uint64_t>(st.st_size);
   if (size < 8) check_header_length(0, size, label);
   std::byte length[8];
-  const auto read = [&](std::byte* into, std::uint64_t count, std::uint64_t at) {
-    std::uint64_t done = 0;
-    while (done < count) {
-      const ssize_t n = ::pread(fd.get(), into + done, static_cast<std::size_t>(count - done), static_cast<off_t>(at + done));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return false;
-      done += static_cast<std::uint64_t>(n);
-    }
-    return true;
-  };
-  if (!read(length, 8, 0))
+  int error = 0;
+  if (pread_full(fd.get(), length, 0, error) != 8)
     throw_error<checkpoint_error>("cannot read the header length of '", label, "' (short read); the file is unreadable");
   const std::uint64_t n = check_header_length(load_le<std::uint64_t>(length), size, label);
-  std::unique_ptr<std::byte[]> buf(new std::byte[static_cast<std::size_t>(8 + n)]);
-  std::memcpy(buf.get(), length, 8);
-  if (!read(buf.get() + 8, n, 8))
+  const std::unique_ptr<std::byte[]> owner(new std::byte[static_cast<std::size_t>(8 + n)]);
+  const std::span<std::byte> buf(owner.get(), static_cast<std::size_t>(8 + n));
+  std::memcpy(buf.data(), length, 8);
+  if (pread_full(fd.get(), buf.subspan(8), 8, error) != n)
     throw_error<checkpoint_error>("cannot read the ", n, "-byte header of '", label,
                                   "' (short read); the file changed while reading or is unreadable");
-  return parse_header(std::span<const std::byte>(buf.get(), static_cast<std::size_t>(8 + n)), size, label, hashes);
+  return parse_header(buf, size, label, hashes);
 }
 }  // namespace detail
 

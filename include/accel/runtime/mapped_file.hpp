@@ -33,24 +33,37 @@ inline std::int64_t current_file_size(int fd) noexcept {
   return ::fstat(fd, &st) == 0 ? static_cast<std::int64_t>(st.st_size) : -1;
 }
 
+/// @brief Reads up to `out.size()` bytes at `offset`, retrying short reads and EINTR.
+/// @return the bytes read: all of them, or fewer where the file ended (`error` 0) or a read
+///         failed (`error` its errno)
+inline std::size_t pread_full(int fd, std::span<std::byte> out, std::uint64_t offset, int& error) noexcept {
+  std::size_t done = 0;
+  error = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) error = errno;
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+  return done;
+}
+
 /// @brief Reads exactly `out.size()` bytes at `offset`, retrying short reads and EINTR.
 /// @param expected_size the file's size when its header was checked (for the message when it shrank)
 /// @throws accel::checkpoint_error when the file ends early (naming the file, the size it had and
 ///         the size it has now) or the read fails
 inline void pread_exact(int fd, std::span<std::byte> out, std::uint64_t offset, const std::filesystem::path& label,
                         std::uint64_t expected_size) {
-  std::size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t n = ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0)
-      detail::throw_error<checkpoint_error>("cannot read '", label.string(), "' at offset ", offset + done, ": ", std::strerror(errno));
-    if (n == 0)
-      detail::throw_error<checkpoint_error>("'", label.string(), "' shrank while it was being read: it was ", expected_size,
-                                    " bytes when its header was checked and is now ", current_file_size(fd),
-                                    " bytes (it ended at offset ", offset + done, "); something truncated or rewrote it: "
-                                    "load again once the file is complete");
-    done += static_cast<std::size_t>(n);
+  int error = 0;
+  const std::size_t done = pread_full(fd, out, offset, error);
+  if (done < out.size()) {
+    if (error)
+      detail::throw_error<checkpoint_error>("cannot read '", label.string(), "' at offset ", offset + done, ": ", std::strerror(error));
+    detail::throw_error<checkpoint_error>("'", label.string(), "' shrank while it was being read: it was ", expected_size,
+                                          " bytes when its header was checked and is now ", current_file_size(fd),
+                                          " bytes (it ended at offset ", offset + done, "); something truncated or rewrote it: "
+                                          "load again once the file is complete");
   }
 }
 
