@@ -384,11 +384,9 @@ inline void NameMapper::map_all(std::span<const std::string_view> names, NameAre
     if (buffer.size() < 2 * name.size() + 1) buffer.resize(2 * name.size() + 1);
     char* w = buffer.data();
     for (const char *p = name.data(), *end = p + name.size();;) {
-      const char* q = p;
-      bool digits = true;
-      for (; q != end && *q != '.'; ++q) digits = digits && *q >= '0' && *q <= '9';
+      const char* q = std::find(p, end, '.');
       const std::string_view part(p, static_cast<std::size_t>(q - p));
-      if (digits && q != p && std::find(spelled.begin(), spelled.end(), part) == spelled.end()) {
+      if (detail::is_block_number(part) && std::find(spelled.begin(), spelled.end(), part) == spelled.end()) {
         *w++ = '#';
       } else {
         *w++ = '=';
