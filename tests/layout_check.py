@@ -155,14 +155,16 @@ def main():
     if cxx:
         public = [h for h in headers if "/detail/" not in h]
         if backend_only:
+            mentions = {}  # header -> whether its own text mentions the backend (each file read once)
+
             def backend(h, seen):
                 if h in seen:
                     return False
                 seen.add(h)
-                with open(os.path.join(inc_root, h), encoding="utf-8") as f:
-                    if h != CONFIG and BACKEND.search(f.read()):
-                        return True
-                return any(backend(d, seen) for d in graph[h])
+                if h not in mentions:
+                    with open(os.path.join(inc_root, h), encoding="utf-8") as f:
+                        mentions[h] = h != CONFIG and BACKEND.search(f.read()) is not None
+                return mentions[h] or any(backend(d, seen) for d in graph[h])
 
             public = [h for h in public if h == CONFIG or backend(h, set())]
 
