@@ -368,6 +368,108 @@ TEST_CASE("temporaries left by a killed writer are removed when the folder is op
   REQUIRE_THAT(m.report().warnings[0], accel_test::contains("removed 2 temporary files left in offload folder"));
 }
 
+// Defect: another user of a shared offload folder plants links named as the writer's files. Before
+// the fix the journal was appended through a dangling link (created at its target), temporaries
+// were opened through links (the bytes landed outside, the folder kept a link), and the start-up
+// cleanup skipped dangling temporaries.
+TEST_CASE("links planted in an offload folder never redirect a write outside it, and the load says so", "[offload][journal]") {
+  accel_test::TempDir ckpt, folder, outside;
+  accel_test::write_safetensors(ckpt / "model.safetensors", disk_model());
+  const std::string pid = std::to_string(::getpid());
+  fs::create_symlink(outside / "journal", folder / "index.json.journal");        // dangling: an append would create it
+  fs::create_symlink(outside / "a.tmp", folder / ("a.w.dat.tmp." + pid));        // the temporary this process would use
+  fs::create_symlink(outside / "index.tmp", folder / ("index.json.tmp." + pid));
+  fs::create_symlink(outside / "stale.tmp", folder / "c.w.dat.tmp.4242");       // a dangling temporary of another pid
+  accel_test::write_text(outside / "b.target", std::string(32768, 'x'));
+  fs::create_symlink(outside / "b.target", folder / "b.w.dat");                  // an existing target of the right size
+  auto m = accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, disk_options(folder.path(), DType::F16));
+  REQUIRE(m.report().offload_written == 3);
+  for (const auto& s : disk_model()) {
+    INFO(s.name);
+    const auto v = m.at(s.name).host;
+    REQUIRE(std::vector<std::byte>(v.begin(), v.end()) == as_dtype(s, DType::F16));
+  }
+  // Nothing was created outside, the target of the planted .dat is untouched, and the folder
+  // holds regular files only.
+  std::vector<std::string> outside_names;
+  for (const auto& e : fs::directory_iterator(outside.path())) outside_names.push_back(e.path().filename().string());
+  REQUIRE(outside_names == std::vector<std::string>{"b.target"});
+  REQUIRE(read_text(outside / "b.target") == std::string(32768, 'x'));
+  for (const auto& e : fs::directory_iterator(folder.path())) {
+    INFO(e.path());
+    REQUIRE(fs::is_regular_file(fs::symlink_status(e.path())));
+  }
+  REQUIRE(accel::read_offload_index(folder.path()).size() == 3);
+  REQUIRE(m.report().warnings.size() == 1);
+  REQUIRE_THAT(m.report().warnings[0], accel_test::contains("removed 5 symbolic links from folder '" + folder.path().string() + "' ("));
+  REQUIRE_THAT(m.report().warnings[0], accel_test::contains(" and 2 more): accel never creates links there"));
+}
+
+TEST_CASE("an atomic write creates its file in the folder itself, whatever holds its temporary name", "[offload]") {
+  accel_test::TempDir folder, outside;
+  const std::string pid = std::to_string(::getpid());
+  // What the dump (offload_weight, write_offload_index) meets: links named as its temporaries.
+  fs::create_symlink(outside / "w.bin", folder / ("w.dat.tmp." + pid));
+  fs::create_symlink(outside / "index.bin", folder / ("index.json.tmp." + pid));
+  accel::OffloadIndex index;
+  const std::vector<std::byte> four(4, std::byte{7});
+  accel::offload_weight(folder.path(), "w", DType::F32, {1}, four, index);
+  accel::write_offload_index(folder.path(), index);
+  REQUIRE(fs::is_empty(outside.path()));
+  REQUIRE(fs::is_regular_file(fs::symlink_status(folder / "w.dat")));
+  REQUIRE(fs::file_size(folder / "w.dat") == 4);
+  REQUIRE(accel::read_offload_index(folder.path()).size() == 1);
+  REQUIRE_FALSE(fs::exists(fs::symlink_status(folder / ("w.dat.tmp." + pid))));
+  // A folder (not a link) holding the temporary name cannot be removed: the write fails, nothing moves.
+  fs::create_directory(folder / ("x.dat.tmp." + pid));
+  REQUIRE_THROWS_WITH(accel::offload_weight(folder.path(), "x", DType::F32, {1}, four, index),
+                      accel_test::contains("cannot create '" + (folder / ("x.dat.tmp." + pid)).string() + "': File exists"));
+  // clean_offload_folder removes links and temporaries in the writer's names only.
+  fs::create_symlink(outside / "elsewhere", folder / "notes.txt");
+  fs::create_symlink(outside / "elsewhere", folder / "y.dat");
+  accel_test::write_text(folder / "z.dat.tmp.99", "partial");
+  const auto cleaned = accel::clean_offload_folder(folder.path());
+  REQUIRE(cleaned.temporaries == 1);
+  REQUIRE(cleaned.links == std::vector<std::string>{"y.dat -> " + (outside / "elsewhere").string()});
+  REQUIRE(fs::is_symlink(folder / "notes.txt"));
+  REQUIRE(cleaned.links_warning(folder.path()) ==
+          "removed 1 symbolic link from folder '" + folder.path().string() + "' (y.dat -> " + (outside / "elsewhere").string() +
+              "): accel never creates links there and does not write through them; someone else can write to this folder, "
+              "so keep it private");
+}
+
+// Defect: under `ulimit -f` the first write past the limit raised SIGXFSZ, which kills (exit 153),
+// leaving a temporary and a journal. Now the write is refused before it starts: a config_error.
+TEST_CASE("a file-size limit without SIGXFSZ ignored is a config_error, not a kill, and leaves no temporary", "[offload][journal]") {
+  accel_test::TempDir ckpt, folder;
+  accel_test::write_safetensors(ckpt / "model.safetensors", disk_model());
+  const auto message = folder.path().parent_path() / (folder.path().filename().string() + ".message");
+  const int status = in_child([&] {
+    const rlimit limit{16384, 16384};  // SIGXFSZ keeps its default action: termination
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    try {
+      (void)accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, disk_options(folder.path(), DType::F16));
+    } catch (const accel::config_error& e) {
+      accel_test::write_text(message, e.what());
+      return 3;
+    }
+    return 0;
+  });
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 3);
+  const auto text = read_text(message);
+  fs::remove(message);
+  INFO(text);
+  REQUIRE_THAT(text, accel_test::contains("ran out of space (File too large) writing 'b.w.dat' (the file-size limit, ulimit -f, "
+                                          "is 16384 bytes): 2 tensors of 33.00 KiB"));
+  for (const auto& e : fs::directory_iterator(folder.path())) {
+    INFO(e.path());
+    REQUIRE_FALSE(accel::detail::is_temporary_name(e.path().filename().string()));
+    REQUIRE(e.path().filename() != "index.json.journal");
+  }
+  require_index_vouches_only_for_correct_files(folder.path());
+}
+
 TEST_CASE("a second load into a folder being written fails at once instead of racing", "[offload][journal]") {
   accel_test::TempDir ckpt, folder;
   accel_test::write_safetensors(ckpt / "model.safetensors", disk_model());

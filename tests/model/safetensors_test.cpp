@@ -196,10 +196,11 @@ TEST_CASE("reading a header from a file reads only the header and names the path
   // Not a file: a folder, and a FIFO no one writes to (opening one to read would wait for a writer).
   std::filesystem::create_directory(dir / "d.safetensors");
   REQUIRE_THROWS_WITH(accel::read_safetensors_header(dir / "d.safetensors"),
-                      accel_test::contains("cannot read safetensors file '" + (dir / "d.safetensors").string() + "': Is a directory"));
+                      accel_test::contains("cannot read safetensors file '" + (dir / "d.safetensors").string() + "': it is a folder, not a file"));
   REQUIRE(::mkfifo((dir / "f.safetensors").c_str(), 0600) == 0);
   REQUIRE_THROWS_WITH(accel::read_safetensors_header(dir / "f.safetensors"),
-                      accel_test::contains("cannot read safetensors file '" + (dir / "f.safetensors").string() + "'"));
+                      accel_test::contains("cannot read safetensors file '" + (dir / "f.safetensors").string() +
+                                           "': it is a FIFO (named pipe), not a file"));
 }
 
 TEST_CASE("sharded checkpoints resolve through the index, a folder or a single file", "[safetensors]") {

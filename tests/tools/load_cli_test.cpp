@@ -184,7 +184,7 @@ TEST_CASE("accel load reports broken checkpoints and maps with their documented 
     auto r = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) + " --device-map " +
                                                            quoted(dir / "map.json") + " 2>&1"));
     CHECK(r.status == 3);
-    CHECK(r.output.find("map.json' cannot be read: Too many levels of symbolic links") != std::string::npos);
+    CHECK(r.output.find("map.json': Too many levels of symbolic links") != std::string::npos);
   }
   SECTION("a device map placing a module and its child on different devices is a config error (3)") {
     write_model(dir.path());

@@ -5,8 +5,10 @@
 // load benchmark in one.
 #pragma once
 
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -96,10 +98,26 @@ inline std::string placement_label(const accel::Placement& p) { return p.is_gpu(
 
 }  // namespace detail_load
 
+// A tensor the dump cannot store as `<name>.dat` ('/', NUL, too long): a checkpoint problem, found
+// before any file is written.
+inline void check_dump_name(std::string_view name) {
+  if (auto why = accel::offload_name_problem(name))
+    throw accel::checkpoint_error("load: tensor '" + accel::detail::printable_name(name) + "' cannot be written by --dump-dir: " +
+                                  *why + " (a dumped tensor is the file <name>.dat); dump another checkpoint or rename the tensor");
+}
+
 // `--dump-dir`: every loaded tensor, as loaded, in accelerate's offload-folder format (index.json
 // + one raw `.dat` per tensor); GPU tensors are copied back through their device.
+// The folder is cleared of what it must not hold in the dump's names (links, temporaries; the
+// links removed are reported on stderr) and every file is created in it, never through a link.
 inline void dump_loaded_tensors(const accel::DispatchedModel& model, const std::vector<accel::DeviceMemoryPtr>& devices,
                                 const std::filesystem::path& dir) {
+  for (const auto& t : model.tensors()) check_dump_name(t.name);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw accel::config_error("load: cannot create dump folder '" + dir.string() + "': " + ec.message());
+  if (const auto warning = accel::clean_offload_folder(dir).links_warning(dir); !warning.empty())
+    std::fprintf(stderr, "accel load: warning: %s\n", warning.c_str());
   accel::OffloadIndex index;
   std::vector<std::byte> staging;
   for (const auto& t : model.tensors()) {
@@ -127,6 +145,10 @@ inline int run_load(std::span<char*> argv) {
   }
   const auto path = a.value("checkpoint");
   if (!path) throw accel::usage_error("load: --checkpoint PATH is required");
+  // A write past the file-size limit (ulimit -f) then fails with EFBIG, reported as a config_error
+  // naming the file, instead of raising SIGXFSZ, which kills the process mid-write. (The writers
+  // also check sizes against the limit first; this covers any write they do not foresee.)
+  std::signal(SIGXFSZ, SIG_IGN);
 
   accel::LoadOptions opts;
   opts.devices = a.has("simulate-gpus") ? accel::host_simulated_devices(detail_load::parse_sizes(*a.value("simulate-gpus")))
@@ -155,15 +177,22 @@ inline int run_load(std::span<char*> argv) {
   std::string map_source;
   std::optional<accel::DeviceMapMode> mode;
   std::error_code ec;
-  if (!map_arg.empty() && map_arg.front() == '{') {
-    map = accel::DeviceMap::from_json(map_arg);
+  const auto is_mode = [](std::string_view m) { return m == "auto" || m == "balanced" || m == "balanced_low_0" || m == "sequential"; };
+  if (!map_arg.empty() && (map_arg.front() == '{' || map_arg.front() == '[')) {
+    map = accel::DeviceMap::from_json(map_arg);  // an array is refused as "a JSON array, not an object"
     map_source = "given inline";
-  } else if (fs::is_regular_file(map_arg, ec)) {
-    map = accel::DeviceMap::from_json(accel::read_text_file(map_arg, "device map"));
+  } else if (fs::exists(fs::symlink_status(map_arg, ec))) {
+    // Whatever is at that path was meant as the map's file: a folder, a FIFO, a device or a
+    // dangling link is reported as what it is (read_text_file), a device map problem.
+    try {
+      map = accel::DeviceMap::from_json(accel::read_text_file(map_arg, "device map file"));
+    } catch (const accel::checkpoint_error& e) {
+      throw accel::config_error(std::string("load: ") + (e.what() + e.category().size() + std::strlen("[accel.] ")));
+    }
     map_source = "from " + map_arg;
-  } else if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory) {
-    // a symbolic link loop, no permission: meant as a file, but not readable
-    throw accel::config_error("load: device map file '" + map_arg + "' cannot be read: " + ec.message());
+  } else if (!is_mode(map_arg) && (map_arg.find('/') != std::string::npos || map_arg.ends_with(".json"))) {
+    throw accel::config_error("load: device map file '" + map_arg + "' does not exist; pass a JSON file, inline JSON, "
+                              "or a mode: auto, balanced, balanced_low_0 or sequential");
   } else {
     mode = accel::parse_device_map_mode(map_arg);
   }
@@ -174,6 +203,8 @@ inline int run_load(std::span<char*> argv) {
   // The model as `accel plan` builds it (model_args.hpp): its dtype decision is the one the
   // planner sizes with, so a map planned with the same arguments fits what is loaded.
   const auto checkpoint = accel::resolve_checkpoint(*path);
+  if (a.has("dump-dir"))
+    for (auto name : checkpoint.tensor_names) check_dump_name(name);
   const auto model = model_of_checkpoint(checkpoint, *path, a, requested_dtype);
   auto dtype = choose_dtype(a, model);
   opts.dtype = dtype.dtype;

@@ -14,8 +14,14 @@
 /// finished file so a killed or failed load leaves an index that vouches only for complete files.
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -31,6 +37,7 @@
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/error.hpp>
 #include <accel/runtime/text.hpp>
+#include <accel/runtime/unique_fd.hpp>
 #include <accel/model/dtype.hpp>
 #include <accel/model/json.hpp>
 #include <accel/model/safetensors.hpp>
@@ -138,6 +145,74 @@ OffloadEntry parse_offload_entry(const std::string& name, const nlohmann::json& 
 
 }  // namespace detail
 
+/// @brief What clean_offload_folder removed from a folder.
+struct FolderCleanup {
+  std::size_t temporaries = 0;      ///< files `*.tmp.<pid>` an interrupted writer left
+  std::vector<std::string> links;   ///< symbolic links in the writer's names, as "name -> target"
+  /// @brief A warning naming the links removed (at most three), or "" when none was.
+  [[nodiscard]] std::string links_warning(const std::filesystem::path& folder) const {
+    if (links.empty()) return {};
+    std::string list;
+    for (std::size_t i = 0; i < links.size() && i < 3; ++i) list += (i ? ", " : "") + links[i];
+    if (links.size() > 3) list += detail::concat(" and ", links.size() - 3, " more");
+    return detail::concat("removed ", text::plural(static_cast<long long>(links.size()), "symbolic link"), " from folder '",
+                          folder.string(), "' (", list, "): accel never creates links there and does not write through them; "
+                          "someone else can write to this folder, so keep it private");
+  }
+};
+
+namespace detail {
+/// @brief The journal beside index.json (accelerate reads only index.json and the `.dat` files).
+inline constexpr std::string_view offload_journal_name = "index.json.journal";
+
+/// @brief True for the names an offload writer creates in its folder: index.json, its journal,
+///        `*.dat` and temporaries.
+inline bool offload_folder_name(std::string_view name) noexcept {
+  return name == "index.json" || name == offload_journal_name || is_temporary_name(name) ||
+         (name.size() > 4 && name.substr(name.size() - 4) == ".dat");
+}
+
+// clean_offload_folder of the folder open as `dir`.
+inline FolderCleanup clean_offload_folder(int dir, const std::filesystem::path& folder) {
+  FolderCleanup out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(folder, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!offload_folder_name(name)) continue;
+    struct stat st {};
+    if (::fstatat(dir, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    const bool link = S_ISLNK(st.st_mode);
+    if (!link && !(is_temporary_name(name) && S_ISREG(st.st_mode))) continue;
+    std::string target(4096, '\0');
+    const ssize_t n = link ? ::readlinkat(dir, name.c_str(), target.data(), target.size()) : -1;
+    target.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    if (::unlinkat(dir, name.c_str(), 0) != 0)
+      throw_error<config_error>("cannot remove '", printable_name(name), "' from folder '", folder.string(), "': ", std::strerror(errno),
+                                "; remove it by hand (accel never creates ", link ? "links" : "it", " there)");
+    if (link)
+      out.links.push_back(concat(printable_name(name), " -> ", printable_name(target)));
+    else
+      ++out.temporaries;
+  }
+  if (ec) throw_error<config_error>("cannot list folder '", folder.string(), "': ", ec.message());
+  return out;
+}
+}  // namespace detail
+
+/// @brief Removes from an offload (or dump) folder what a writer must not find among its own names
+///        (index.json, its journal, `*.dat`, temporaries): every temporary an interrupted writer
+///        left (`*.tmp.<pid>`, a file or a link) and every symbolic link. Links are removed, never
+///        followed: a link planted by another user of the folder would otherwise send a write or
+///        an append outside it. The load layer calls it before writing into a folder.
+/// @throws accel::config_error when the folder cannot be opened, listed or an entry removed
+[[nodiscard]] inline FolderCleanup clean_offload_folder(const std::filesystem::path& folder) {
+  const detail::UniqueFd dir = detail::open_folder(folder);
+  if (dir.get() < 0)
+    detail::throw_error<config_error>("cannot open folder '", folder.string(), "': ", std::strerror(errno),
+                                      "; check that it exists and is writable");
+  return detail::clean_offload_folder(dir.get(), folder);
+}
+
 /// @brief Parses index.json text.
 /// @throws accel::checkpoint_error for invalid JSON (including duplicate keys and nesting deeper
 ///         than json_max_depth), an entry that is not an object, an unknown dtype or a shape that
@@ -192,12 +267,22 @@ inline nlohmann::ordered_json offload_index_object(const OffloadIndex& index) {
 }
 
 namespace detail {
-// Replaces `<folder>/index.json` with exactly `index`, atomically (no merge: the caller holds the
-// whole index).
-inline void write_whole_offload_index(const std::filesystem::path& folder, const OffloadIndex& index) {
+// Replaces index.json of `folder` (open as `dir`, see try_write_file_at) with exactly `index`,
+// atomically (no merge: the caller holds the whole index).
+inline void write_whole_offload_index(int dir, const std::filesystem::path& folder, const OffloadIndex& index) {
   const std::string text = offload_index_json(index);
   const std::span<const std::byte> part(reinterpret_cast<const std::byte*>(text.data()), text.size());
-  write_file_atomic(folder / "index.json", std::span<const std::span<const std::byte>>(&part, 1));
+  if (auto f = try_write_file_at(dir, "index.json", std::span<const std::span<const std::byte>>(&part, 1)))
+    throw_error<config_error>("cannot ", f->step, " the index of offload folder '", folder.string(), "': ", std::strerror(f->error),
+                              f->out_of_space() ? "; free disk space (or raise the file-size limit) or choose another offload folder"
+                                                : "; check that the offload folder is writable");
+}
+inline void write_whole_offload_index(const std::filesystem::path& folder, const OffloadIndex& index) {
+  const UniqueFd dir = open_folder(folder);
+  if (dir.get() < 0)
+    throw_error<config_error>("cannot open offload folder '", folder.string(), "': ", std::strerror(errno),
+                              "; check that it exists and is writable");
+  write_whole_offload_index(dir.get(), folder, index);
 }
 }  // namespace detail
 

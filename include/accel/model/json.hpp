@@ -5,14 +5,16 @@
 ///        rejects duplicate object keys (nlohmann keeps the last silently).
 #pragma once
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_set>
@@ -22,6 +24,8 @@
 
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/error.hpp>
+#include <accel/runtime/mapped_file.hpp>
+#include <accel/runtime/unique_fd.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 
@@ -281,37 +285,37 @@ inline std::optional<std::uint64_t> json_whole_number(const nlohmann::json& v) {
   return static_cast<std::uint64_t>(d);
 }
 
-/// @brief Reads a whole file as text.
+/// @brief The largest file read_text_file reads: far above any real index, config or device map
+///        (DeepSeek-V3's index of 92k tensors is 9 MB), far below what fits in memory.
+inline constexpr std::uint64_t text_file_max_bytes = std::uint64_t{1} << 30;
+
+/// @brief Reads a whole regular file as text.
 /// @param what what the file is, for messages ("checkpoint index", "model skeleton")
-/// @throws accel::checkpoint_error when it cannot be opened or read, naming the file and why
+/// @throws accel::checkpoint_error naming the file and why when it cannot be opened or read, is
+///         not a regular file (a FIFO would block, a device such as /dev/zero never ends, see
+///         detail::open_regular_file), or is larger than text_file_max_bytes
 inline std::string read_text_file(const std::filesystem::path& path, std::string_view what) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    detail::throw_error<checkpoint_error>("cannot read ", what, " '", path.string(), "': it is a folder, not a file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    detail::throw_error<checkpoint_error>("cannot open ", what, " '", path.string(), "': ", std::strerror(errno),
-                                          "; check the path and its permissions");
-  std::string text;
-  try {  // a read error (EISDIR, EIO) can surface as std::ios_base::failure from the stream buffer
-    // In blocks, not character by character (an index of 90k tensors is megabytes): the first as
-    // large as the file says it is, plus one byte to see its end (fresh memory is slow to touch,
-    // so no doubling for a regular file); pipes and /proc files, which say 0, grow as they read.
-    std::error_code size_ec;
-    const auto size = std::filesystem::file_size(path, size_ec);
-    const std::size_t first = size_ec ? 0 : static_cast<std::size_t>(std::min<std::uintmax_t>(size, 1u << 30)) + 1;
-    for (std::size_t got = 0;;) {
-      text.resize(std::max<std::size_t>({text.size() * 2, 64 * 1024, first}));
-      got += static_cast<std::size_t>(in.rdbuf()->sgetn(text.data() + got, static_cast<std::streamsize>(text.size() - got)));
-      if (got < text.size()) {
-        text.resize(got);
-        break;
-      }
-    }
-  } catch (const std::exception& e) {
-    detail::throw_error<checkpoint_error>("cannot read ", what, " '", path.string(), "': ", e.what());
+  struct stat st {};
+  const detail::UniqueFd fd = detail::open_regular_file(path, what, st);
+  const auto too_large = [&](std::uint64_t bytes) {
+    detail::throw_error<checkpoint_error>("cannot read ", what, " '", path.string(), "': it is ", bytes, " bytes, more than the ",
+                                          text_file_max_bytes, " accel reads as text; check the path");
+  };
+  if (static_cast<std::uint64_t>(st.st_size) > text_file_max_bytes) too_large(static_cast<std::uint64_t>(st.st_size));
+  // In one block as large as the file says it is, plus one byte to see its end (fresh memory is
+  // slow to touch, so no doubling); a file that grows while read (or a /proc file, which says 0)
+  // grows the buffer until its end, within the cap.
+  std::string text(static_cast<std::size_t>(st.st_size) + 1, '\0');
+  std::size_t got = 0;
+  for (;;) {
+    int error = 0;
+    got += pread_full(fd.get(), std::span(reinterpret_cast<std::byte*>(text.data()) + got, text.size() - got), got, error);
+    if (error) detail::throw_error<checkpoint_error>("cannot read ", what, " '", path.string(), "': ", std::strerror(error));
+    if (got < text.size()) break;
+    if (text.size() > text_file_max_bytes) too_large(text.size());
+    text.resize(std::max<std::size_t>(text.size() * 2, 64 * 1024));
   }
-  if (in.bad()) detail::throw_error<checkpoint_error>("cannot read ", what, " '", path.string(), "'");
+  text.resize(got);
   return text;
 }
 

@@ -354,20 +354,10 @@ namespace detail {
 // read_safetensors_header, also giving the names' hashes (see parse_header).
 inline SafetensorsHeader read_header(const std::filesystem::path& path, std::vector<std::uint64_t>* hashes) {
   const std::string label = path.string();
-  // Opened without blocking (a FIFO would wait for a writer), then checked to be a file; read with
-  // pread into memory not cleared first (the header overwrites it all).
-  const UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  // Opened without blocking and checked to be a file (detail::open_regular_file); read with pread
+  // into memory not cleared first (the header overwrites it all).
   struct stat st {};
-  if (fd.get() < 0) {
-    const int open_error = errno;
-    if (::stat(path.c_str(), &st) != 0)  // missing, a dangling link, a loop
-      throw_error<checkpoint_error>("cannot read safetensors file '", label, "': ", std::strerror(errno), "; check the path");
-    throw_error<checkpoint_error>("cannot open safetensors file '", label, "': ", std::strerror(open_error),
-                                  "; check the path and its permissions");
-  }
-  // Not a regular file: what std::filesystem::file_size says of it (a folder, a FIFO, a device).
-  if (const int error = ::fstat(fd.get(), &st) != 0 ? errno : S_ISREG(st.st_mode) ? 0 : S_ISDIR(st.st_mode) ? EISDIR : EOPNOTSUPP)
-    throw_error<checkpoint_error>("cannot read safetensors file '", label, "': ", std::strerror(error), "; check the path");
+  const UniqueFd fd = open_regular_file(path, "safetensors file", st);
   const auto size = static_cast<std::uint64_t>(st.st_size);
   if (size < 8) check_header_length(0, size, label);
   std::byte length[8];
@@ -557,10 +547,13 @@ namespace detail {
 inline void check_shards_exist(const std::filesystem::path& index, const std::vector<std::string>& shard_names) {
   const auto dir = index.parent_path();
   for (const auto& shard : shard_names) {
-    std::error_code ec;
-    if (!std::filesystem::is_regular_file(dir / shard, ec))
+    struct stat st {};
+    if (::stat((dir / shard).c_str(), &st) != 0)
       throw_error<checkpoint_error>("checkpoint index '", index.string(), "' names shard '", shard, "', which does not exist in '",
                                     dir.string(), "'; the download is incomplete or the index is stale");
+    if (!S_ISREG(st.st_mode))
+      throw_error<checkpoint_error>("checkpoint index '", index.string(), "' names shard '", shard, "', which is ",
+                                    file_kind(st.st_mode), " in '", dir.string(), "', not a file; replace it with the shard");
   }
 }
 }  // namespace detail
@@ -740,6 +733,12 @@ inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx
         detail::throw_error<checkpoint_error>("checkpoint file '", e.path().string(), "' cannot be resolved: ", fec.message(),
                                               fec == std::errc::too_many_symbolic_link_levels ? " (a symbolic link loop)" : "",
                                               "; fix or remove the link");
+      if (!regular && wanted) {  // a FIFO, a device or a folder named like a checkpoint file: say what it is
+        struct stat st {};
+        if (::stat(e.path().c_str(), &st) == 0)
+          detail::throw_error<checkpoint_error>("checkpoint file '", e.path().string(), "' is ", detail::file_kind(st.st_mode),
+                                                ", not a file; remove it or pass the checkpoint's files");
+      }
       if (!regular) continue;
       if (name.ends_with(".safetensors.index.json")) indexes.push_back(e.path());
       else if (name.ends_with(".safetensors")) files.push_back(e.path());
@@ -768,7 +767,7 @@ inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx
     // The common index (plain ASCII, each field in its usual form) is only summarized: its shards' headers must give the
     // same (tensor, shard) pairs, which a fingerprint compares; when they do not, or for any other
     // index, the index is read whole and compared name by name, which says what differs.
-    const MappedFile mapped(index);  // megabytes for large models: mapped, not copied
+    const MappedFile mapped(index, "checkpoint index");  // megabytes for large models: mapped, not copied
     const std::string_view text(reinterpret_cast<const char*>(mapped.data()), static_cast<std::size_t>(mapped.size()));
     detail::IndexSummary summary;
     std::optional<SafetensorsIndex> full;
@@ -823,7 +822,9 @@ inline void check_index_matches(const Checkpoint& c, const SafetensorsIndex& idx
     detail::reserve_tensors(c, headers);
     for (std::size_t i = 0; i < files.size(); ++i) detail::add_shard(c, files[i], std::move(headers[i]), hashes[i]);
   }
-  if (fs::path cfg = c.directory / "config.json"; fs::is_regular_file(cfg, ec)) c.config_file = cfg;
+  // Anything named config.json counts (a FIFO, a folder, a link to a device or to nothing): reading
+  // it then says what is wrong instead of planning as if the model had no config.
+  if (fs::path cfg = c.directory / "config.json"; fs::exists(fs::symlink_status(cfg, ec))) c.config_file = cfg;
   return c;
 }
 ///@}

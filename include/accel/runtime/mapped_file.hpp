@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <accel/runtime/config.hpp>
@@ -26,6 +27,42 @@
 
 ACCEL_NAMESPACE_BEGIN
 
+namespace detail {
+/// @brief What a file that is not a regular file is, for messages ("a FIFO (named pipe)").
+inline const char* file_kind(mode_t mode) noexcept {
+  if (S_ISDIR(mode)) return "a folder";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+/// @brief Opens an existing file for reading, refusing anything but a regular file. The open does
+///        not block (a FIFO would wait for a writer forever), and fstat of the open descriptor
+///        decides (a device such as /dev/zero would be read until memory runs out; a folder has no
+///        bytes), so a link swapped between the check and the read changes nothing.
+/// @param what what the file is, for messages ("model config", "safetensors file")
+/// @param st filled with the file's fstat
+/// @throws accel::checkpoint_error naming `what`, the path and why ("it is a FIFO (named pipe), not
+///         a regular file"; a missing file, a dangling link or no permission with the system's words)
+inline UniqueFd open_regular_file(const std::filesystem::path& path, std::string_view what, struct stat& st) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0) {
+    const int open_error = errno;
+    if (::stat(path.c_str(), &st) != 0)  // missing, a dangling link, a loop
+      throw_error<checkpoint_error>("cannot read ", what, " '", path.string(), "': ", std::strerror(errno), "; check the path");
+    throw_error<checkpoint_error>("cannot open ", what, " '", path.string(), "': ", std::strerror(open_error),
+                                  "; check the path and its permissions");
+  }
+  if (::fstat(fd.get(), &st) != 0)
+    throw_error<checkpoint_error>("cannot read ", what, " '", path.string(), "': ", std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    throw_error<checkpoint_error>("cannot read ", what, " '", path.string(), "': it is ", file_kind(st.st_mode),
+                                  ", not a file; check the path");
+  return fd;
+}
+}  // namespace detail
 
 /// @brief The current size of an open file, or -1 when fstat fails.
 inline std::int64_t current_file_size(int fd) noexcept {
@@ -71,14 +108,12 @@ inline void pread_exact(int fd, std::span<std::byte> out, std::uint64_t offset, 
 class MappedFile {
  public:
   MappedFile() = default;
-  /// @throws accel::checkpoint_error naming the file and the system error
-  explicit MappedFile(const std::filesystem::path& path) : path_(path) {
-    fd_ = detail::UniqueFd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (fd_.get() < 0)
-      detail::throw_error<checkpoint_error>("cannot open '", path.string(), "': ", std::strerror(errno), "; check the path and permissions");
+  /// @throws accel::checkpoint_error naming the file and the system error, or saying that it is
+  ///         not a regular file (a FIFO, a device, a folder: see detail::open_regular_file)
+  /// @param what what the file is, for messages ("checkpoint index")
+  explicit MappedFile(const std::filesystem::path& path, std::string_view what = "file") : path_(path) {
     struct stat st {};
-    if (::fstat(fd_.get(), &st) != 0)
-      detail::throw_error<checkpoint_error>("cannot stat '", path.string(), "': ", std::strerror(errno));
+    fd_ = detail::open_regular_file(path, what, st);
     size_ = static_cast<std::uint64_t>(st.st_size);
     mtime_ns_ = static_cast<std::uint64_t>(st.st_mtim.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(st.st_mtim.tv_nsec);
     dev_ = static_cast<std::uint64_t>(st.st_dev);

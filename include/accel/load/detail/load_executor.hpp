@@ -284,10 +284,12 @@ class LoadExecutor {
     std::vector<OffloadRequest> requests;
     for (const auto& [i, r] : offload_requests_) requests.push_back(r);
     offload_->prepare(requests);
-    if (const auto n = offload_->removed_temporaries())
+    if (const auto n = offload_->cleared().temporaries)
       state_->report.warnings.push_back(concat("removed ", text::plural(static_cast<long long>(n), "temporary file"),
                                                " left in offload folder '", options_.offload_folder.string(),
                                                "' by an interrupted load"));
+    if (auto warning = offload_->cleared().links_warning(options_.offload_folder); !warning.empty())
+      state_->report.warnings.push_back(std::move(warning));
   }
 
   void write_to_offload_folder(const PlannedTensor& t) {

@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
 /// @file mapped_file.hpp
-/// @brief POSIX file helpers for the loader: atomic file writes (temp file + fdatasync + rename),
-///        and the memory map and positional reads of runtime/mapped_file.hpp.
+/// @brief POSIX file helpers for the loader: atomic file writes (temp file + fdatasync + rename)
+///        relative to the folder's descriptor, following no link, within the file-size limit; and
+///        the memory map and positional reads of runtime/mapped_file.hpp.
 #pragma once
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -38,9 +40,12 @@ struct WriteFailure {
   [[nodiscard]] bool out_of_space() const noexcept { return error == ENOSPC || error == EFBIG || error == EDQUOT; }
 };
 
-/// @brief The temporary name write_file_atomic uses for `path`: `<path>.tmp.<pid>`.
+/// @brief The temporary name write_file_atomic uses for `name`: `<name>.tmp.<pid>`.
+inline std::string temporary_name(std::string_view name) { return std::string(name) + ".tmp." + std::to_string(::getpid()); }
+
+/// @brief The temporary path write_file_atomic uses for `path`: `<path>.tmp.<pid>`.
 inline std::filesystem::path temporary_path(const std::filesystem::path& path) {
-  return std::filesystem::path(path.string() + ".tmp." + std::to_string(::getpid()));
+  return path.parent_path() / temporary_name(path.filename().string());
 }
 
 /// @brief True for a name write_file_atomic leaves behind when killed: `<anything>.tmp.<digits>`.
@@ -52,18 +57,43 @@ inline bool is_temporary_name(std::string_view name) noexcept {
   return true;
 }
 
-/// @brief Writes `parts` (in order) to `path` atomically: a temp file in the same folder, flushed
-///        to the disk (fdatasync), then renamed over `path`; on any failure the temp file is
-///        removed, `path` is untouched, and the failing step and errno are returned.
-[[nodiscard]] inline std::optional<WriteFailure> try_write_file_atomic(const std::filesystem::path& path,
-                                                                       std::span<const std::span<const std::byte>> parts) {
-  const auto tmp = temporary_path(path);
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return WriteFailure{"create", errno};
+/// @brief The soft file-size limit (RLIMIT_FSIZE, `ulimit -f`), or nullopt when there is none. A
+///        write past it raises SIGXFSZ, whose default action kills the process, so writers check
+///        sizes against it first and report EFBIG instead.
+inline std::optional<std::uint64_t> file_size_limit() noexcept {
+  struct rlimit r {};
+  if (::getrlimit(RLIMIT_FSIZE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return std::nullopt;
+  return static_cast<std::uint64_t>(r.rlim_cur);
+}
+
+/// @brief Writes `parts` (in order) to the file `name` of the folder open as `dir`, atomically: a
+///        temporary in the same folder, flushed to the disk (fdatasync), then renamed over `name`;
+///        on any failure the temporary is removed, `name` is untouched, and the failing step and
+///        errno are returned.
+///
+/// Every step is relative to the folder's descriptor and follows no link: the temporary is created
+/// with O_EXCL | O_NOFOLLOW (an entry already holding its name, say a link planted by another user
+/// of the folder, is removed, never written through: unlinking a link removes the link, not its
+/// target), and the rename replaces the entry `name` itself, whatever it was. So the bytes land in
+/// this folder and nowhere else. A file larger than the file-size limit is refused before any byte
+/// is written (EFBIG, "write").
+[[nodiscard]] inline std::optional<WriteFailure> try_write_file_at(int dir, const std::string& name,
+                                                                   std::span<const std::span<const std::byte>> parts) {
+  std::uint64_t total = 0;
+  for (auto part : parts) total += part.size();
+  if (const auto limit = file_size_limit(); limit && total > *limit) return WriteFailure{"write", EFBIG};
+  const std::string tmp = temporary_name(name);
+  constexpr int flags = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  UniqueFd fd(::openat(dir, tmp.c_str(), flags, 0644));
+  int open_error = fd.get() < 0 ? errno : 0;
+  if (open_error == EEXIST && ::unlinkat(dir, tmp.c_str(), 0) == 0) {
+    fd = UniqueFd(::openat(dir, tmp.c_str(), flags, 0644));
+    open_error = fd.get() < 0 ? errno : 0;
+  }
+  if (fd.get() < 0) return WriteFailure{"create", open_error};
   auto fail = [&](const char* step, int err) {
     fd.reset();
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);
+    (void)::unlinkat(dir, tmp.c_str(), 0);
     return WriteFailure{step, err};
   };
   for (auto part : parts) {
@@ -76,8 +106,22 @@ inline bool is_temporary_name(std::string_view name) noexcept {
     }
   }
   if (::fdatasync(fd.get()) != 0) return fail("flush", errno);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail("rename into place", errno);
+  if (::renameat(dir, tmp.c_str(), dir, name.c_str()) != 0) return fail("rename into place", errno);
   return std::nullopt;
+}
+
+/// @brief Opens a folder to create files in it with try_write_file_at (the folder itself may be
+///        a link: the caller named it).
+inline UniqueFd open_folder(const std::filesystem::path& folder) noexcept {
+  return UniqueFd(::open(folder.empty() ? "." : folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+}
+
+/// @brief try_write_file_at for `path`: the file `path.filename()` of the folder `path.parent_path()`.
+[[nodiscard]] inline std::optional<WriteFailure> try_write_file_atomic(const std::filesystem::path& path,
+                                                                       std::span<const std::span<const std::byte>> parts) {
+  const UniqueFd dir = open_folder(path.parent_path());
+  if (dir.get() < 0) return WriteFailure{"open the folder of", errno};
+  return try_write_file_at(dir.get(), path.filename().string(), parts);
 }
 
 /// @brief try_write_file_atomic, throwing.
@@ -86,7 +130,7 @@ inline void write_file_atomic(const std::filesystem::path& path, std::span<const
   if (auto f = try_write_file_atomic(path, parts))
     throw_error<config_error>("cannot ", f->step, " '", f->step == std::string_view("create") ? temporary_path(path).string() : path.string(),
                               "': ", std::strerror(f->error),
-                              f->out_of_space() ? "; free disk space or choose another offload folder"
+                              f->out_of_space() ? "; free disk space (or raise the file-size limit) or choose another offload folder"
                                                 : "; check that the offload folder is writable");
 }
 

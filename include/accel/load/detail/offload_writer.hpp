@@ -7,8 +7,13 @@
 ///
 /// The rules, in the order a load meets them:
 /// 1. The folder is locked (flock on the folder itself) for the whole write; a second load into
-///    it fails at once instead of racing.
-/// 2. Temporaries a killed writer left (`*.tmp.<pid>`) are removed; a journal it left is replayed:
+///    it fails at once instead of racing. Every file is created relative to the folder's
+///    descriptor, following no link (detail::try_write_file_at; the journal with O_NOFOLLOW), so
+///    nothing is written outside the folder whatever other users of the folder planted in it.
+/// 2. Symbolic links in the folder's own names (index.json, its journal, `*.dat`, temporaries)
+///    are removed, and the load says so: accel never creates one, and reading or appending
+///    through one would reach outside the folder. Temporaries a killed writer left
+///    (`*.tmp.<pid>`, files or links) are removed; a journal it left is replayed:
 ///    each line vouches for one file that was complete (fdatasync, then rename) before the line
 ///    was appended, and is kept only when that file still has the recorded size.
 /// 3. Before any byte is written, every entry about to be rewritten leaves index.json (written
@@ -18,11 +23,13 @@
 /// 5. At the end the whole index is written once and the journal removed.
 /// Out of space (ENOSPC, EDQUOT, or EFBIG from a file-size limit) is a config_error naming the
 /// folder and the bytes still to write; the files already written stay vouched for, so the rerun
-/// after space is freed writes only the rest.
+/// after space is freed writes only the rest. A file larger than the file-size limit (`ulimit -f`)
+/// is refused before a byte of it is written (a write past the limit raises SIGXFSZ, which kills).
 #pragma once
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -50,9 +57,6 @@
 
 ACCEL_NAMESPACE_BEGIN
 namespace detail {
-
-/// @brief The journal beside index.json (accelerate reads only index.json and the `.dat` files).
-inline constexpr std::string_view offload_journal_name = "index.json.journal";
 
 /// @brief One tensor a load stores in the folder: its name and the entry it should have.
 struct OffloadRequest {
@@ -105,18 +109,13 @@ class OffloadFolderWriter {
     if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0)
       throw_error<config_error>("offload folder '", folder_.string(), "' is being written by another load (",
                                 std::strerror(errno), "); wait for it to finish or choose another offload folder");
-    for (const auto& e : std::filesystem::directory_iterator(folder_, ec)) {
-      std::error_code fec;
-      if (is_temporary_name(e.path().filename().string()) && e.is_regular_file(fec) && std::filesystem::remove(e.path(), fec))
-        ++removed_temporaries_;
-    }
-    if (ec) throw_error<config_error>("cannot list offload folder '", folder_.string(), "': ", ec.message());
+    cleared_ = clean_offload_folder(lock_.get(), folder_);
     index_ = read_offload_index(folder_);
     const auto journal = folder_ / offload_journal_name;
     if (std::filesystem::exists(journal, ec)) {
       replay_offload_journal(folder_, read_text_file(journal, "offload journal"), index_);
-      write_whole_offload_index(folder_, index_);
-      std::filesystem::remove(journal, ec);
+      write_whole_offload_index(lock_.get(), folder_, index_);
+      (void)::unlinkat(lock_.get(), offload_journal_name.data(), 0);
       sync_directory(folder_);
     }
   }
@@ -151,11 +150,8 @@ class OffloadFolderWriter {
       bytes_to_write_ += r.entry.size_bytes();
       ++tensors_to_write_;
     }
-    if (dropped) write_whole_offload_index(folder_, index_);  // stop vouching before anything is replaced
-    for (const auto* r : to_write) {
-      std::error_code ec;
-      std::filesystem::remove(offload_file(folder_, r->name), ec);
-    }
+    if (dropped) write_whole_offload_index(lock_.get(), folder_, index_);  // stop vouching before anything is replaced
+    for (const auto* r : to_write) (void)::unlinkat(lock_.get(), offload_file(folder_, r->name).filename().c_str(), 0);
     if (!to_write.empty()) sync_directory(folder_);
     struct statvfs fs {};
     if (bytes_to_write_ > 0 && ::statvfs(folder_.c_str(), &fs) == 0) {
@@ -177,7 +173,8 @@ class OffloadFolderWriter {
     ACCEL_EXPECTS(data.size() == r.entry.size_bytes(), "offload write of '", r.name, "': ", data.size(),
                   " bytes given, the entry needs ", r.entry.size_bytes());
     const auto path = offload_file(folder_, r.name);
-    if (auto f = try_write_file_atomic(path, std::span<const std::span<const std::byte>>(&data, 1))) fail(*f, path);
+    if (auto f = try_write_file_at(lock_.get(), path.filename().string(), std::span<const std::span<const std::byte>>(&data, 1)))
+      fail(*f, path);
     OffloadIndex one{{r.name, r.entry}};
     append_journal(offload_index_object(one).dump() + "\n", path);
     index_[r.name] = r.entry;
@@ -195,14 +192,17 @@ class OffloadFolderWriter {
     return used ? std::make_unique<OffloadFolder>(folder_, index_) : nullptr;
   }
 
-  /// @brief Files `*.tmp.<pid>` removed when the folder was opened.
-  [[nodiscard]] std::size_t removed_temporaries() const noexcept { return removed_temporaries_; }
+  /// @brief Temporaries (`*.tmp.<pid>`) and symbolic links removed when the folder was opened.
+  [[nodiscard]] const FolderCleanup& cleared() const noexcept { return cleared_; }
 
  private:
   [[noreturn]] void fail(const WriteFailure& f, const std::filesystem::path& path) const {
+    const auto limit = file_size_limit();
     if (f.out_of_space())
       throw_error<config_error>("offload folder '", folder_.string(), "' ran out of space (", std::strerror(f.error),
-                                ") writing '", path.filename().string(), "': ", text::plural(static_cast<long long>(tensors_to_write_), "tensor"),
+                                ") writing '", path.filename().string(), "'",
+                                f.error == EFBIG && limit ? concat(" (the file-size limit, ulimit -f, is ", *limit, " bytes)") : "",
+                                ": ", text::plural(static_cast<long long>(tensors_to_write_), "tensor"),
                                 " of ", text::format_bytes(bytes_to_write_), " (", bytes_to_write_,
                                 " bytes) are still to be written; free that much space (or raise the file-size limit) "
                                 "and load again: the ", written_, " tensor(s) already written are kept and reused, "
@@ -213,9 +213,12 @@ class OffloadFolderWriter {
 
   void append_journal(const std::string& line, const std::filesystem::path& path) {
     if (journal_.get() < 0) {
-      journal_ = UniqueFd(::open((folder_ / offload_journal_name).c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+      // In the folder itself, never through a link (one planted since the folder was cleared: ELOOP).
+      journal_ = UniqueFd(::openat(lock_.get(), offload_journal_name.data(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0644));
       if (journal_.get() < 0) fail({"create", errno}, folder_ / offload_journal_name);
     }
+    if (const auto limit = file_size_limit(); limit && static_cast<std::uint64_t>(current_file_size(journal_.get())) + line.size() > *limit)
+      fail({"journal", EFBIG}, path);  // the append would raise SIGXFSZ
     std::size_t done = 0;
     while (done < line.size()) {
       const ssize_t n = ::write(journal_.get(), line.data() + done, line.size() - done);
@@ -227,10 +230,9 @@ class OffloadFolderWriter {
   }
 
   void fold_journal() {
-    write_whole_offload_index(folder_, index_);
+    write_whole_offload_index(lock_.get(), folder_, index_);
     journal_.reset();
-    std::error_code ec;
-    std::filesystem::remove(folder_ / offload_journal_name, ec);
+    (void)::unlinkat(lock_.get(), offload_journal_name.data(), 0);
     sync_directory(folder_);
   }
 
@@ -242,7 +244,7 @@ class OffloadFolderWriter {
   std::uint64_t bytes_to_write_ = 0;
   std::size_t tensors_to_write_ = 0;
   std::size_t written_ = 0;
-  std::size_t removed_temporaries_ = 0;
+  FolderCleanup cleared_;
   bool finished_ = false;
 };
 

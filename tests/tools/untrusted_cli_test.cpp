@@ -1,0 +1,167 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// `accel plan` and `accel load` on hostile folders and paths, through the built command: links
+// planted where accel writes, file-size limits, FIFOs and devices where accel reads, names that
+// cannot be files. Each case failed (wrote outside, hung, was killed or said the wrong thing)
+// before its fix.
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/run_command.hpp"
+#include "support/safetensors_writer.hpp"
+
+using accel::DType;
+namespace fs = std::filesystem;
+
+namespace {
+using accel_test::quoted;
+
+void write_model(const fs::path& dir, const std::string& odd_name = {}) {
+  std::vector<accel_test::TensorSpec> t{{"model.embed.weight", DType::F16, {64, 16}, {}}, {"model.layers.0.w", DType::F32, {32, 32}, {}},
+                                        {"lm_head.weight", DType::F16, {64, 16}, {}}};
+  if (!odd_name.empty()) t.push_back({odd_name, DType::F32, {4}, {}});
+  accel_test::write_safetensors(dir / "model.safetensors", t);
+}
+
+// A command run with a hang guard: a blocking open would otherwise stall the test until ctest's limit.
+accel_test::CommandResult run_guarded(const std::string& args) {
+  return accel_test::run_command("timeout 20 " + accel_test::accel_cli(args) + " 2>&1");
+}
+
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("accel load --dump-dir and --offload-folder create files in their folders only, never through planted links",
+          "[cli][load][untrusted]") {
+  accel_test::TempDir dir, folder, outside;
+  write_model(dir.path());
+  // The shell plants links named as the temporaries of the process it then becomes (exec keeps
+  // the pid), a dangling journal link, and a stale dangling temporary of another pid.
+  const std::string plant = "ln -s " + quoted(outside / "w.tmp") + " " + quoted(folder / "model.layers.0.w.dat.tmp.") + "$$; " +
+                            "ln -s " + quoted(outside / "index.tmp") + " " + quoted(folder / "index.json.tmp.") + "$$; ";
+  SECTION("--dump-dir") {
+    const auto r = accel_test::run_command(
+        "sh -c \"" + plant + "exec " + accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) +
+                                                           " --device-map '{\\\"\\\": \\\"cpu\\\"}' --dump-dir " + quoted(folder.path())) +
+        "\" 2>&1");
+    INFO(r.output);
+    CHECK(r.status == 0);
+    CHECK_THAT(r.output, accel_test::contains("warning: removed 2 symbolic links from folder '" + folder.path().string()));
+    CHECK(names_in(folder.path()) ==
+          std::vector<std::string>{"index.json", "lm_head.weight.dat", "model.embed.weight.dat", "model.layers.0.w.dat"});
+  }
+  SECTION("--offload-folder") {
+    fs::create_symlink(outside / "journal", folder / "index.json.journal");
+    fs::create_symlink(outside / "stale", folder / "lm_head.weight.dat.tmp.1");
+    const auto r = accel_test::run_command(
+        "sh -c \"" + plant + "exec " + accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) +
+                                                           " --device-map '{\\\"\\\": \\\"disk\\\"}' --dtype float32 --offload-folder " +
+                                                           quoted(folder.path())) +
+        "\" 2>&1");
+    INFO(r.output);
+    CHECK(r.status == 0);
+    CHECK_THAT(r.output, accel_test::contains("removed 4 symbolic links from folder '" + folder.path().string()));
+    CHECK(names_in(folder.path()) == std::vector<std::string>{"index.json", "lm_head.weight.dat", "model.embed.weight.dat"});
+  }
+  for (const auto& name : names_in(folder.path())) CHECK(fs::is_regular_file(fs::symlink_status(folder / name)));
+  CHECK(fs::is_empty(outside.path()));
+}
+
+TEST_CASE("accel load under a file-size limit exits 3 with the limit named, instead of being killed by SIGXFSZ",
+          "[cli][load][untrusted]") {
+  accel_test::TempDir dir, folder;
+  write_model(dir.path());
+  // No trap: SIGXFSZ keeps the default action it has in a user's shell. 2 KiB float16 tensors
+  // become 4 KiB float32 files, over a limit of 1 or 2 KiB.
+  const auto r = accel_test::run_command(
+      "sh -c \"ulimit -f 2; exec " + accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) +
+                                                          " --device-map '{\\\"\\\": \\\"disk\\\"}' --dtype float32 --offload-folder " +
+                                                          quoted(folder.path())) + "\" 2>&1");
+  INFO(r.output);
+  CHECK(r.status == 3);
+  // (sh counts ulimit -f in blocks of 512 or 1024 bytes, depending on the shell.)
+  CHECK_THAT(r.output, accel_test::contains("ran out of space (File too large) writing 'model.embed.weight.dat' (the file-size "
+                                            "limit, ulimit -f, is "));
+  for (const auto& name : names_in(folder.path())) CHECK(name == "index.json");  // no temporary, no journal
+}
+
+TEST_CASE("a tensor whose name cannot be a file is a checkpoint error (6) for --dump-dir too, before anything is written",
+          "[cli][load][untrusted]") {
+  accel_test::TempDir dir, dump;
+  write_model(dir.path(), "sub/evil");
+  const auto r = run_guarded("load --checkpoint " + quoted(dir.path()) + " --device-map '{\"\": \"cpu\"}' --dump-dir " + quoted(dump.path()));
+  INFO(r.output);
+  CHECK(r.status == 6);
+  CHECK_THAT(r.output, accel_test::contains("tensor 'sub/evil' cannot be written by --dump-dir: it contains '/'"));
+  CHECK(fs::is_empty(dump.path()));
+}
+
+TEST_CASE("FIFOs, devices and folders where accel reads a file are refused by what they are, without blocking",
+          "[cli][plan][load][untrusted]") {
+  accel_test::TempDir dir, fifos;
+  write_model(dir.path());
+  const auto fifo = fifos / "pipe";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  REQUIRE(::mkfifo((fifos / "model.safetensors.index.json").c_str(), 0600) == 0);
+  const std::string ck = " --checkpoint " + quoted(dir.path());
+  struct Case {
+    std::string args;
+    int status;
+    std::string says;
+  };
+  const std::vector<Case> cases{
+      {"plan" + ck + " --config " + quoted(fifo), 6, "cannot read model config '" + fifo.string() + "': it is a FIFO (named pipe)"},
+      {"plan" + ck + " --config /dev/zero", 6, "cannot read model config '/dev/zero': it is a character device, not a file"},
+      {"load" + ck + " --config /dev/zero", 6, "cannot read model config '/dev/zero': it is a character device"},
+      {"plan --skeleton " + quoted(fifo), 3, "cannot read model skeleton '" + fifo.string() + "': it is a FIFO (named pipe)"},
+      {"plan --checkpoint " + quoted(fifos / "model.safetensors.index.json"), 6, "cannot read checkpoint index '"},
+      {"load" + ck + " --device-map " + quoted(fifo), 3, "cannot read device map file '" + fifo.string() + "': it is a FIFO"},
+      {"load" + ck + " --device-map " + quoted(dir.path()), 3, "cannot read device map file '" + dir.path().string() + "': it is a folder"},
+      {"load" + ck + " --device-map " + quoted(dir / "missing.json"), 3,
+       "device map file '" + (dir / "missing.json").string() + "' does not exist; pass a JSON file, inline JSON, or a mode"},
+      {"load" + ck + " --device-map '[0]'", 3, "device map is a JSON array, not an object"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.args);
+    const auto r = run_guarded(c.args + " --max-memory cpu=1GiB");
+    INFO(r.output);
+    CHECK(r.status == c.status);
+    CHECK_THAT(r.output, accel_test::contains(c.says));
+  }
+  SECTION("a config.json next to the checkpoint that is a FIFO or a link to /dev/zero is reported, not ignored") {
+    REQUIRE(::mkfifo((dir / "config.json").c_str(), 0600) == 0);
+    auto r = run_guarded("plan" + ck + " --max-memory cpu=1GiB");
+    INFO(r.output);
+    CHECK(r.status == 6);
+    CHECK_THAT(r.output, accel_test::contains("config.json': it is a FIFO (named pipe), not a file"));
+    fs::remove(dir / "config.json");
+    fs::create_symlink("/dev/zero", dir / "config.json");
+    r = run_guarded("load" + ck + " --max-memory cpu=1GiB");
+    CHECK(r.status == 6);
+    CHECK_THAT(r.output, accel_test::contains("config.json': it is a character device, not a file"));
+  }
+  SECTION("a shard that is a FIFO or a folder is named as such, not as missing") {
+    fs::remove(dir / "model.safetensors");
+    REQUIRE(::mkfifo((dir / "model.safetensors").c_str(), 0600) == 0);
+    auto r = run_guarded("plan" + ck + " --max-memory cpu=1GiB");
+    CHECK(r.status == 6);
+    CHECK_THAT(r.output, accel_test::contains("model.safetensors' is a FIFO (named pipe), not a file"));
+    accel_test::write_text(dir / "model.safetensors.index.json",
+                           R"({"weight_map": {"a": "d.safetensors"}})");
+    fs::remove(dir / "model.safetensors");
+    fs::create_directory(dir / "d.safetensors");
+    r = run_guarded("plan --checkpoint " + quoted(dir / "model.safetensors.index.json") + " --max-memory cpu=1GiB");
+    INFO(r.output);
+    CHECK(r.status == 6);
+    CHECK_THAT(r.output, accel_test::contains("names shard 'd.safetensors', which is a folder in '"));
+  }
+}
