@@ -83,7 +83,7 @@ TEST_CASE("read_model_config reads a file and names it in errors", "[architectur
   accel_test::ScratchDir dir("architecture");
   std::ofstream(dir / "config.json") << R"({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})";
   CHECK(accel::read_model_config(dir / "config.json").model_type == "gpt2");
-  CHECK_THROWS_WITH(accel::read_model_config(dir / "missing.json"), accel_test::contains("cannot open model config"));
+  CHECK_THROWS_WITH(accel::read_model_config(dir / "missing.json"), accel_test::contains("cannot read model config"));
 }
 
 TEST_CASE("the embedded catalog is the committed JSON and records where it came from", "[architecture][catalog]") {

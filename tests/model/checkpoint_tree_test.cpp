@@ -185,7 +185,7 @@ TEST_CASE("a config.json elsewhere is read through config_file (accel plan --con
   CHECK(class_of(m.tree, "transformer.h.0") == "GPT2Block");
   CHECK(m.tree.find_tensor("lm_head.weight"));  // GPT2Config ties by default
   CHECK_THROWS_WITH(accel::read_checkpoint_model(dir.path(), {.config_file = cfg / "missing.json"}),
-                    accel_test::contains("cannot open model config"));
+                    accel_test::contains("cannot read model config"));
 }
 
 TEST_CASE("a no-split class or glob that matches nothing is an error naming the nearest and the known classes", "[checkpoint_tree][no_split]") {

@@ -168,7 +168,7 @@ TEST_CASE("a malformed skeleton is a config error naming the field", "[module_tr
   REQUIRE_THROWS_WITH(bad(R"({"modules": [{"class": "X"}]})"), contains("modules[0] has no string 'name'"));
   REQUIRE_THROWS_WITH(bad(R"({"modules": [{"name": "a", "class": 3}]})"), contains("modules[0].class is a JSON number"));
   REQUIRE_THROWS_WITH(bad(R"({"modules": [], "modules": []})"), contains("duplicate key 'modules'"));
-  REQUIRE_THROWS_WITH(accel::read_skeleton("/nonexistent/s.json"), contains("cannot open model skeleton '/nonexistent/s.json'"));
+  REQUIRE_THROWS_WITH(accel::read_skeleton("/nonexistent/s.json"), contains("cannot read model skeleton '/nonexistent/s.json'"));
 }
 
 TEST_CASE("a checkpoint tree orders embeddings first, layers numerically and heads last", "[module_tree]") {

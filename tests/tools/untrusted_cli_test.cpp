@@ -165,3 +165,72 @@ TEST_CASE("FIFOs, devices and folders where accel reads a file are refused by wh
     CHECK_THAT(r.output, accel_test::contains("names shard 'd.safetensors', which is a folder in '"));
   }
 }
+
+namespace {
+// A two-layer Llama in bfloat16 with `config` as its config.json; `override` replaces one tensor's
+// dtype.
+void write_llama(const fs::path& dir, const std::string& config, const accel_test::TensorSpec& override = {}) {
+  std::vector<accel_test::TensorSpec> t{{"model.embed_tokens.weight", DType::BF16, {64, 16}, {}},
+                                        {"model.norm.weight", DType::BF16, {16}, {}},
+                                        {"lm_head.weight", DType::BF16, {64, 16}, {}}};
+  for (int i = 0; i < 2; ++i)
+    for (const char* p : {".self_attn.q_proj.weight", ".mlp.up_proj.weight", ".input_layernorm.weight"})
+      t.push_back({"model.layers." + std::to_string(i) + p, DType::BF16,
+                   p[1] == 'i' ? std::vector<std::int64_t>{16} : std::vector<std::int64_t>{16, 16}, {}});
+  for (auto& x : t)
+    if (x.name == override.name) x = override;
+  accel_test::write_safetensors(dir / "model.safetensors", t);
+  accel_test::write_text(dir / "config.json", R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "intermediate_size": 16,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 64, "tie_word_embeddings": false)" +
+                                                  config + "}");
+}
+}  // namespace
+
+// Defects: `"dtype": "int8"` planned bfloat16 weights at 1 byte each (exit 0) while load refused
+// it (exit 2); float8/float4 weights without a quantization_config planned (0) and failed to load
+// with "drop the dtype option" (2) when no option was given; config fields that overflow a
+// computed buffer's shape gave "negative dimension -9223372036854775808" (2).
+TEST_CASE("plan and load refuse alike, with exit 6 naming the field or tensor, a config.json or weights they cannot load",
+          "[cli][plan][load][untrusted]") {
+  struct Case {
+    std::string what, config;
+    accel_test::TensorSpec override;
+    int status;
+    std::string says;
+  };
+  const accel_test::TensorSpec f8{"model.layers.0.mlp.up_proj.weight", DType::F8_E4M3, {16, 16}, {}};
+  const accel_test::TensorSpec f4{"model.layers.0.mlp.up_proj.weight", DType::F4, {16, 16}, {}};
+  const std::vector<Case> cases{
+      {"an integer config dtype", R"(, "dtype": "int8")", {}, 6, "config.json': dtype is \"int8\", not a dtype a model loads in"},
+      {"an integer torch_dtype", R"(, "torch_dtype": "uint8")", {}, 6, "torch_dtype is \"uint8\", not a dtype a model loads in"},
+      {"float8 weights without quantization_config", R"(, "dtype": "bfloat16")", f8, 6,
+       "tensor 'model.layers.0.mlp.up_proj.weight' is stored as F8_E4M3 and cannot be loaded as bfloat16 (config.json's dtype)"},
+      {"float4 weights without quantization_config", R"(, "dtype": "bfloat16")", f4, 6,
+       "is stored as F4 and cannot be loaded as bfloat16 (config.json's dtype)"},
+      {"head_dim 2^62", R"(, "head_dim": 4611686018427387904)", {}, 6,
+       "gives buffer 'model.rotary_emb.inv_freq' of LlamaForCausalLM the dimension"},
+      {"partial_rotary_factor 1e300", R"(, "partial_rotary_factor": 1e300)", {}, 6, "= 2e+300, which makes it larger than 1024.00 PiB"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.what);
+    accel_test::TempDir dir;
+    write_llama(dir.path(), c.config, c.override);
+    for (const char* command : {"plan", "load"}) {
+      INFO(command);
+      const auto r = run_guarded(std::string(command) + " --checkpoint " + quoted(dir.path()) + " --max-memory cpu=1GiB");
+      INFO(r.output);
+      CHECK(r.status == c.status);
+      CHECK_THAT(r.output, accel_test::contains(c.says));
+    }
+  }
+  SECTION("a dtype option the weights cannot take is the option's problem (2), for plan as for load") {
+    accel_test::TempDir dir;
+    write_llama(dir.path(), "", f8);
+    for (const char* command : {"plan", "load"}) {
+      const auto r = run_guarded(std::string(command) + " --checkpoint " + quoted(dir.path()) + " --max-memory cpu=1GiB --dtype float16");
+      INFO(r.output);
+      CHECK(r.status == 2);
+      CHECK_THAT(r.output, accel_test::contains("is stored as F8_E4M3 and cannot be loaded as float16 (the dtype option)"));
+    }
+  }
+}

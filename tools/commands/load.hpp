@@ -102,7 +102,7 @@ inline std::string placement_label(const accel::Placement& p) { return p.is_gpu(
 // before any file is written.
 inline void check_dump_name(std::string_view name) {
   if (auto why = accel::offload_name_problem(name))
-    throw accel::checkpoint_error("load: tensor '" + accel::detail::printable_name(name) + "' cannot be written by --dump-dir: " +
+    throw accel::checkpoint_error("load: tensor '" + accel::text::printable(name) + "' cannot be written by --dump-dir: " +
                                   *why + " (a dumped tensor is the file <name>.dat); dump another checkpoint or rename the tensor");
 }
 

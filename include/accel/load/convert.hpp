@@ -21,10 +21,7 @@
 ACCEL_NAMESPACE_BEGIN
 
 /// @brief True when convert_elements supports `from` → `to` (identity, or both among F32/F16/BF16).
-[[nodiscard]] constexpr bool conversion_supported(DType from, DType to) noexcept {
-  auto f = [](DType d) { return d == DType::F32 || d == DType::F16 || d == DType::BF16; };
-  return from == to || (f(from) && f(to));
-}
+[[nodiscard]] constexpr bool conversion_supported(DType from, DType to) noexcept { return converts_between(from, to); }
 
 namespace detail {
 // Every 16-bit source has only 65536 values: bulk conversions from F16/BF16 are table lookups

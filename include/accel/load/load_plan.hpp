@@ -210,7 +210,7 @@ inline PlannedTensor plan_tensor(const SafetensorsHeader& header, TensorLocation
   t.storage = storage_for(t, options, gpu_count);
   if (t.storage == Storage::offload_file)
     if (auto why = offload_name_problem(t.name))
-      throw_error<checkpoint_error>("tensor '", printable_name(t.name), "' is placed on disk and converted, but its name cannot be "
+      throw_error<checkpoint_error>("tensor '", text::printable(t.name), "' is placed on disk and converted, but its name cannot be "
                                     "an offload file name: ", *why, "; rename the tensor in the checkpoint or keep it "
                                     "off disk (or in its stored dtype)");
   if (t.storage == Storage::offload_file && options.offload_folder.empty())
@@ -312,7 +312,7 @@ inline void refuse_mismatch_when_strict(const LoadPlan& plan, const LoadOptions&
       if (const auto* outer = detail::second_covering(map, *covering); outer && outer->second != covering->second)
         detail::throw_error<config_error>("device map keys '", text::excerpt(outer->first), "' (", outer->second.to_string(), ") and '",
                                   text::excerpt(covering->first), "' (", covering->second.to_string(),
-                                  ") both cover tensor '", detail::printable_name(name), "'; a module and its child cannot go to "
+                                  ") both cover tensor '", text::printable(name), "'; a module and its child cannot go to "
                                   "different devices: remove one key or split the outer module into its children");
       used_keys.insert(covering->first);
       plan.tensors.push_back(detail::plan_tensor(header, {s, e}, *covering, options, gpu_count, stored.count(name) > 0));

@@ -62,26 +62,6 @@ struct OffloadEntry {
 /// @brief An offload index: tensor name → entry.
 using OffloadIndex = std::map<std::string, OffloadEntry>;
 
-namespace detail {
-// A name from a file for a message: control bytes (NUL included, which would cut the message
-// short) as \xNN, the whole shortened as text::excerpt does.
-inline std::string printable_name(std::string_view name) {
-  std::string out;
-  for (char c : name.substr(0, std::min<std::size_t>(name.size(), 200))) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u >= 0x20 && u != 0x7f) {
-      out += c;
-      continue;
-    }
-    static constexpr char hex[] = "0123456789abcdef";
-    out += "\\x";
-    out += hex[u >> 4];
-    out += hex[u & 15];
-  }
-  return text::excerpt(out) + (name.size() > 200 ? concat("... (", name.size(), " bytes)") : std::string());
-}
-}  // namespace detail
-
 /// @brief Longest tensor name an offload folder stores: `<name>.dat.tmp.<pid>` must fit a file
 ///        name (255 bytes on Linux file systems).
 inline constexpr std::size_t offload_name_max = 255 - std::string_view(".dat.tmp.4194304").size();
@@ -103,7 +83,7 @@ inline constexpr std::size_t offload_name_max = 255 - std::string_view(".dat.tmp
 /// @throws accel::usage_error when the name cannot be a flat file name (see offload_name_problem)
 [[nodiscard]] inline std::filesystem::path offload_file(const std::filesystem::path& folder, std::string_view name) {
   if (auto why = offload_name_problem(name))
-    detail::throw_error<usage_error>("tensor name '", detail::printable_name(name), "' cannot be stored in an offload folder: ", *why,
+    detail::throw_error<usage_error>("tensor name '", text::printable(name), "' cannot be stored in an offload folder: ", *why,
                                      " (it must be a flat file name without '/' or NUL)");
   return folder / (std::string(name) + ".dat");
 }
@@ -113,7 +93,7 @@ namespace detail {
 // One index.json entry; `fail` throws.
 template <class Fail>
 OffloadEntry parse_offload_entry(const std::string& name, const nlohmann::json& v, Fail&& fail) {
-  const auto who = [&] { return concat("entry '", printable_name(name), "'"); };
+  const auto who = [&] { return concat("entry '", text::printable(name), "'"); };
   if (!v.is_object()) fail(concat(who(), " is not an object"));
   OffloadEntry e;
   auto dt = v.find("dtype");
@@ -187,10 +167,10 @@ inline FolderCleanup clean_offload_folder(int dir, const std::filesystem::path& 
     const ssize_t n = link ? ::readlinkat(dir, name.c_str(), target.data(), target.size()) : -1;
     target.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
     if (::unlinkat(dir, name.c_str(), 0) != 0)
-      throw_error<config_error>("cannot remove '", printable_name(name), "' from folder '", folder.string(), "': ", std::strerror(errno),
+      throw_error<config_error>("cannot remove '", text::printable(name), "' from folder '", folder.string(), "': ", std::strerror(errno),
                                 "; remove it by hand (accel never creates ", link ? "links" : "it", " there)");
     if (link)
-      out.links.push_back(concat(printable_name(name), " -> ", printable_name(target)));
+      out.links.push_back(concat(text::printable(name), " -> ", text::printable(target)));
     else
       ++out.temporaries;
   }

@@ -33,6 +33,7 @@
 #include <accel/model/module_tree.hpp>
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/error.hpp>
+#include <accel/runtime/text.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 
@@ -82,6 +83,9 @@ struct ModelConfig {
     if (!v->is_string()) bad(key, *v, "a dtype name");
     auto d = try_dtype_from_string(v->get<std::string>());
     if (!d) bad(key, *v, "a dtype name (float16, bfloat16, float32, ...)");
+    // transformers loads a model only in a floating-point dtype (torch refuses any other as the
+    // default dtype); accel converts among these three.
+    if (!converts_between(*d, DType::F32)) bad(key, *v, "a dtype a model loads in (float32, float16 or bfloat16)");
     c.dtype = d;
   }
   for (auto [key, out] : {std::pair{"tie_word_embeddings", &c.tie_word_embeddings},
@@ -603,23 +607,40 @@ struct BufferSpec {
   bool persistent = false;
 };
 
+/// @brief The largest buffer non_persistent_buffers computes from a config (2^60 bytes, so its size
+///        in bits fits 64 bits): nothing real comes near it, a field like `head_dim: 2^62` does.
+inline constexpr std::uint64_t buffer_max_bytes = std::uint64_t{1} << 60;
+
 /// @brief The buffers checkpoints do not hold (rotary `inv_freq`, `position_ids`, ...), with
 ///        shapes computed from the config; "model"-typed ones take `load_dtype`.
 /// @throws accel::checkpoint_error naming the buffer and the expression when the config lacks a
-///         value its shape needs
+///         value its shape needs, or gives it more than buffer_max_bytes
 [[nodiscard]] inline std::vector<BufferSpec> non_persistent_buffers(const Architecture& arch, const ModelConfig& config,
                                                                     DType load_dtype) {
   std::vector<BufferSpec> out;
   for (const auto& b : arch.buffers) {
     if (b.persistent) continue;
+    const DType dtype = b.dtype == "model" ? load_dtype : dtype_from_string(b.dtype);
     std::vector<std::int64_t> shape;
+    std::uint64_t numel = 1;
     for (const auto& e : b.shape) {
       auto v = evaluate_config_expression(e, arch, config);
       if (!v || *v < 0)
         detail::throw_error<checkpoint_error>("model config lacks what buffer '", b.name, "' of ", arch.name, " needs: ", e);
-      shape.push_back(static_cast<std::int64_t>(*v));
+      // Checked before the cast (a double past 2^63, or infinite, has no int64 value): a config
+      // whose fields give a buffer more bytes than any machine holds is a broken config.
+      const auto too_large = [&] {
+        detail::throw_error<checkpoint_error>("model config gives buffer '", b.name, "' of ", arch.name, " the dimension ", e, " = ",
+                                              *v, ", which makes it larger than ", text::format_bytes(buffer_max_bytes),
+                                              "; fix the config field it reads");
+      };
+      if (!(*v < 0x1p62)) too_large();
+      const auto dim = static_cast<std::uint64_t>(*v);
+      if (dim != 0 && numel > buffer_max_bytes / dim) too_large();
+      numel *= dim;
+      if (tensor_bytes(dtype, numel).value_or(buffer_max_bytes + 1) > buffer_max_bytes) too_large();
+      shape.push_back(static_cast<std::int64_t>(dim));
     }
-    const DType dtype = b.dtype == "model" ? load_dtype : dtype_from_string(b.dtype);
     for (auto& name : expand_template(arch, b.name, config)) out.push_back({std::move(name), dtype, shape, false});
   }
   return out;

@@ -232,6 +232,30 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
     if (is_floating(t->dtype) && bit_size(t->dtype) >= 16) return t->dtype;
   return std::nullopt;
 }
+// Every floating tensor that is not stored quantized is loaded in the model's dtype (`load_dtype`,
+// else config.json's): refused here, by the planner and the loader alike, when the loader cannot
+// convert it (float8 or float4 weights without a quantization_config saying how they are stored,
+// float64), so a plan never exists that its load refuses. `stored`: the quantization's per-tensor
+// marks, in Checkpoint::tensor_names order.
+template <class StoredMarks>
+inline void check_load_dtype(const Checkpoint& ckpt, const StoredMarks* stored, std::optional<DType> load_dtype,
+                             std::optional<DType> config_dtype) {
+  const auto target = load_dtype ? load_dtype : config_dtype;
+  if (!target) return;
+  for (std::size_t shard = 0, n = 0; shard < ckpt.headers.size(); ++shard)
+    for (const auto& e : ckpt.headers[shard].tensors) {
+      const bool as_stored = stored && (*stored)[n++];
+      if (as_stored || !is_floating(e.dtype) || converts_between(e.dtype, *target)) continue;
+      const auto what = concat("tensor '", text::printable(e.name), "' is stored as ", safetensors_name(e.dtype), " and cannot be loaded as ",
+                               torch_name(*target));
+      if (load_dtype)
+        throw_error<usage_error>(what, " (the dtype option): accel converts only among float32, float16 and bfloat16; "
+                                       "drop the dtype option");
+      throw_error<checkpoint_error>(what, " (config.json's dtype): accel converts only among float32, float16 and bfloat16, and "
+                                          "config.json has no quantization_config saying how ", safetensors_name(e.dtype),
+                                          " weights are stored; add the quantization_config the checkpoint was written with");
+    }
+}
 }  // namespace detail
 
 /// @brief Builds the model of a checkpoint from its safetensors headers and config.json.
@@ -274,6 +298,7 @@ inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
   auto naming = checkpoint_naming(ckpt, out.config ? &*out.config : nullptr, opts.model_names);
   out.names = std::move(naming.names);
   out.quantization = std::move(naming.quantization);
+  detail::check_load_dtype(ckpt, out.quantization ? &out.quantization->stored : nullptr, opts.load_dtype, out.auto_dtype);
   const ClassNames* class_names = naming.class_names;
   if (class_names && !class_names->exact)
     out.warnings.push_back(detail::concat("transformers' renames of ", class_names->class_name,

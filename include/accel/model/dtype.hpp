@@ -239,6 +239,13 @@ template <class EndsOk>
   return false;
 }
 
+/// @brief True when the loader converts `from` to `to`: the same dtype, or both among float32,
+///        float16 and bfloat16 (float8, float4, float64 and integers are loaded only as stored).
+[[nodiscard]] constexpr bool converts_between(DType from, DType to) noexcept {
+  constexpr auto common = [](DType d) { return d == DType::F32 || d == DType::F16 || d == DType::BF16; };
+  return from == to || (common(from) && common(to));
+}
+
 /// @brief What decides the dtype tensors are loaded in.
 struct LoadDTypeRule {
   /// The dtype floating tensors are loaded in (transformers' `dtype=`, already resolved from

@@ -69,6 +69,26 @@ template <class Int>
   return detail::concat(s.substr(0, limit), "... (", s.size(), " characters)");
 }
 
+/// @brief A name read from a file, for a message: control bytes (NUL, which would cut the message
+///        short; ESC, which would drive the terminal; newlines, which would forge lines) as \xNN,
+///        the whole shortened as excerpt does. Tensor, module and field names from checkpoints go
+///        through it in every message.
+[[nodiscard]] inline std::string printable(std::string_view name) {
+  std::string out;
+  for (char c : name.substr(0, std::min<std::size_t>(name.size(), 200))) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u >= 0x20 && u != 0x7f) {
+      out += c;
+      continue;
+    }
+    static constexpr char hex[] = "0123456789abcdef";
+    out += "\\x";
+    out += hex[u >> 4];
+    out += hex[u & 15];
+  }
+  return excerpt(out) + (name.size() > 200 ? detail::concat("... (", name.size(), " bytes)") : std::string());
+}
+
 /// @brief The elements of `items` written as `concat` writes them, separated by `sep`.
 ///
 /// In: `{1, 2, 3}` → `"1, 2, 3"`; `join(ids, ",")` → `"0,2"`.
@@ -84,13 +104,14 @@ template <class Range>
   return out;
 }
 
-/// @brief `'a', 'b', 'c'` — the first `limit` names quoted, then "and N more".
+/// @brief `'a', 'b', 'c'` — the first `limit` names quoted (printable: control bytes escaped), then
+///        "and N more".
 template <class Range>
 [[nodiscard]] std::string quoted_list(const Range& names, std::size_t limit = 8) {
   std::string out;
   std::size_t n = 0;
   for (const auto& name : names) {
-    if (n < limit) out += detail::concat(n ? ", '" : "'", name, "'");
+    if (n < limit) out += detail::concat(n ? ", '" : "'", printable(detail::concat(name)), "'");
     ++n;
   }
   if (n > limit) out += detail::concat(" and ", n - limit, " more");
