@@ -11,14 +11,22 @@
 // the step's token ids. A tensor in real GPU memory is copied back to the host before the CPU reads
 // it (an engine would run its kernels there instead).
 //
+// Before computing anything it checks what it is given: every config.json field it uses (type,
+// range, overflow), every tensor it reads against the shape config.json implies
+// (check_config_against_checkpoint), the prompt against the embedding table and the positions, and
+// the --expect file's shapes. A kernel indexes weights with these numbers, so one wrong field would
+// otherwise read past a weight's end or produce garbage tokens; an engine should do the same.
+//
 //   llama_generate --checkpoint DIR --prompt 1,17,254 --new-tokens 8
 //   llama_generate --checkpoint tests/compat/fixtures/forward/llama --simulate-gpus 1MiB,1MiB
 //       --max-memory 0=300KiB,1=300KiB,cpu=400KiB --expect tests/compat/fixtures/forward/llama/golden.json
 #include <accel/load/auto_dispatch.hpp>
+#include <accel/model/json.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -27,12 +35,14 @@
 #include <cstring>
 #include <deque>
 #include <exception>
-#include <fstream>
+#include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 namespace {
@@ -43,7 +53,7 @@ Greedy decoding with a Llama-architecture model (config.json + safetensors) plac
 
   --checkpoint DIR        the model folder (config.json, *.safetensors, index)
   --prompt IDS            prompt token ids, comma-separated (default: the --expect file's prompt)
-  --new-tokens N          tokens to generate (default: the --expect file's count, else 8)
+  --new-tokens N          tokens to generate, N >= 1 (default: the --expect file's count, else 8)
   --max-memory SPEC       budgets as accel plan takes them ('0=2GiB,1=2GiB,cpu=8GiB'); default: measured
   --simulate-gpus SIZES   host-simulated GPUs of these sizes ('1MiB,1MiB') instead of CUDA
   --no-gpu                no GPU at all, even where CUDA has some: CPU and disk only
@@ -56,23 +66,75 @@ Greedy decoding with a Llama-architecture model (config.json + safetensors) plac
   --expect FILE           golden.json from tests/compat/gen_forward.py: exit 1 unless the tokens are
                           identical and every step's logits are within --tolerance (relative to the
                           step's largest logit)
-  --tolerance X           default 1e-3
+  --tolerance X           a finite number >= 0 (default 1e-3)
   --quiet                 print only the tokens and the check
   --help                  this text
+
+Exit status (docs/exit-codes.md): 0 done (and matched --expect); 1 differs from --expect; 2 bad
+command line (an option's value, a prompt outside the vocabulary or the positions); 3 a bad --expect
+file, or bad budgets; 4 what this example does not implement (another architecture, a quantized
+weight, rope scaling); 5 no placement fits the budgets; 6 a bad config.json or checkpoint, one that
+contradicts the other, or weights whose logits are not finite; 70 a bug.
 )";
+
+// ---------------------------------------------------------------------------------------------
+// Refusals. Each kind of problem throws the accel error of its category, so that main() exits
+// with the code docs/exit-codes.md gives that category.
+
+template <class Error, class... Parts>
+[[noreturn]] void refuse(const Parts&... parts) {
+  std::ostringstream out;
+  out << "llama_generate: ";
+  (out << ... << parts);
+  throw Error(out.str());
+}
+// The command line (exit 2).
+template <class... Parts>
+[[noreturn]] void bad_usage(const Parts&... parts) { refuse<accel::usage_error>(parts...); }
+// The --expect file (exit 3).
+template <class... Parts>
+[[noreturn]] void bad_golden(const Parts&... parts) { refuse<accel::config_error>("the --expect file: ", parts...); }
+// What this example does not implement (exit 4).
+template <class... Parts>
+[[noreturn]] void not_implemented(const Parts&... parts) { refuse<accel::unavailable_error>(parts...); }
+// config.json, the checkpoint, or a contradiction between them (exit 6).
+template <class... Parts>
+[[noreturn]] void bad_checkpoint(const Parts&... parts) { refuse<accel::checkpoint_error>(parts...); }
+
+// The exit status of an accel error: docs/exit-codes.md's table for the accel command.
+int exit_code_for(const accel::error& e) {
+  static const std::map<std::string, int, std::less<>> codes = {
+      {"usage", 2},  {"config", 3},       {"unavailable", 4}, {"planning", 5}, {"checkpoint", 6},
+      {"comm", 7},   {"comm.timeout", 7}, {"nccl", 7},        {"launch", 8},   {"cuda", 9}};
+  const auto it = codes.find(e.category());
+  return it == codes.end() ? 70 : it->second;
+}
+
+// a × b, or nullopt when it does not fit in 64 bits: config.json can hold any number.
+std::optional<std::uint64_t> checked_mul(std::uint64_t a, std::uint64_t b) {
+  if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a) return std::nullopt;
+  return a * b;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command line
 
 struct Args {
   std::string checkpoint;
   std::vector<std::int64_t> prompt;
-  std::optional<int> new_tokens;
+  std::optional<std::size_t> new_tokens;
   std::optional<std::string> max_memory, simulate_gpus, dtype, offload_folder, expect;
   std::string device_map = "auto";
   accel::PlanObjective objective = accel::PlanObjective::fit;
   double tolerance = 1e-3;
   bool copy_back = false, quiet = false, no_gpu = false;
 };
-
-[[noreturn]] void fail(const std::string& what) { throw accel::usage_error("llama_generate: " + what); }
 
 std::vector<std::string> split(std::string_view text, char sep) {
   std::vector<std::string> out;
@@ -81,6 +143,30 @@ std::vector<std::string> split(std::string_view text, char sep) {
   while (std::getline(in, piece, sep))
     if (!piece.empty()) out.push_back(piece);
   return out;
+}
+
+// All of `text` as a whole number in [lo, hi]. (std::stoll would take "12abc" as 12 and say only
+// "stoll" about "x".)
+std::optional<std::int64_t> whole_number(std::string_view text, std::int64_t lo, std::int64_t hi) {
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi) return std::nullopt;
+  return v;
+}
+
+std::vector<std::int64_t> parse_token_ids(std::string_view value) {
+  std::vector<std::int64_t> ids;
+  for (std::size_t begin = 0;;) {
+    const std::size_t comma = std::min(value.find(',', begin), value.size());
+    const std::string_view piece = value.substr(begin, comma - begin);
+    const auto id = whole_number(piece, 0, std::numeric_limits<std::int64_t>::max());
+    if (!id)
+      bad_usage("--prompt takes token ids separated by commas, like 1,17,254; '", piece, "' in '", value,
+                "' is not a whole number >= 0");
+    ids.push_back(*id);
+    if (comma == value.size()) return ids;
+    begin = comma + 1;
+  }
 }
 
 Args parse_args(int argc, char** argv) {
@@ -94,65 +180,341 @@ Args parse_args(int argc, char** argv) {
     if (opt == "--copy-back") { a.copy_back = true; continue; }
     if (opt == "--quiet") { a.quiet = true; continue; }
     if (opt == "--no-gpu") { a.no_gpu = true; continue; }
-    if (i + 1 >= argc) fail(std::string(opt) + " needs a value (see --help)");
+    if (i + 1 >= argc) bad_usage(opt, " needs a value (see --help)");
     const std::string value = argv[++i];
     if (opt == "--checkpoint") a.checkpoint = value;
-    else if (opt == "--prompt") {
-      for (const auto& p : split(value, ',')) a.prompt.push_back(std::stoll(p));
-      if (a.prompt.empty()) fail("--prompt needs token ids like 1,17,254");
-    } else if (opt == "--new-tokens") a.new_tokens = std::stoi(value);
-    else if (opt == "--max-memory") a.max_memory = value;
+    else if (opt == "--prompt") a.prompt = parse_token_ids(value);
+    else if (opt == "--new-tokens") {
+      const auto n = whole_number(value, 1, std::numeric_limits<std::int32_t>::max());
+      if (!n) bad_usage("--new-tokens takes how many tokens to generate, a whole number >= 1; got '", value, "'");
+      a.new_tokens = static_cast<std::size_t>(*n);
+    } else if (opt == "--max-memory") a.max_memory = value;
     else if (opt == "--simulate-gpus") a.simulate_gpus = value;
     else if (opt == "--device-map") a.device_map = value;
     else if (opt == "--objective") a.objective = accel::parse_plan_objective(value);
-    else if (opt == "--dtype") a.dtype = value;
-    else if (opt == "--offload-folder") a.offload_folder = value;
+    else if (opt == "--dtype") {
+      if (value != "float32" && value != "bfloat16" && value != "float16")
+        bad_usage("--dtype takes float32, bfloat16 or float16 (the dtypes this example computes with); got '", value, "'");
+      a.dtype = value;
+    } else if (opt == "--offload-folder") a.offload_folder = value;
     else if (opt == "--expect") a.expect = value;
-    else if (opt == "--tolerance") a.tolerance = std::stod(value);
-    else fail("unknown option '" + std::string(opt) + "' (see --help)");
+    else if (opt == "--tolerance") {
+      // from_chars also reads "nan" and "inf": a NaN tolerance would make every comparison pass.
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), a.tolerance);
+      if (ec != std::errc() || end != value.data() + value.size() || !std::isfinite(a.tolerance) || a.tolerance < 0)
+        bad_usage("--tolerance takes a finite number >= 0, like 1e-3; got '", value, "'");
+    } else bad_usage("unknown option '", opt, "' (see --help)");
   }
-  if (a.checkpoint.empty()) fail("--checkpoint DIR is required (see --help)");
+  if (a.checkpoint.empty()) bad_usage("--checkpoint DIR is required (see --help)");
   return a;
 }
 
-nlohmann::json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) fail("cannot read " + path.string());
-  return nlohmann::json::parse(in);
+// ---------------------------------------------------------------------------------------------
+// Reading JSON files. accel::read_text_file opens without blocking and reads only a regular file
+// of bounded size (a FIFO named config.json would otherwise wait forever for a writer, /dev/zero
+// would never end); parse_json_strict also refuses duplicate keys, which would let one config.json
+// say two things. Both throw checkpoint_error naming the file.
+nlohmann::json read_json_file(const std::filesystem::path& path, std::string_view what) {
+  auto parsed = accel::parse_json_strict(accel::read_text_file(path, what));
+  if (!parsed.error.empty()) bad_checkpoint(what, " '", path.string(), "' is not valid JSON: ", parsed.error);
+  if (!parsed.value.is_object()) bad_checkpoint(what, " '", path.string(), "' is not a JSON object");
+  return std::move(parsed.value);
 }
 
-// What the decoder needs from config.json; anything it does not implement is refused by name.
+// ---------------------------------------------------------------------------------------------
+// config.json, read field by field: each refusal names the field and its value (nlohmann's own
+// conversions would say "type must be number, but is string" without saying which field).
+
+// `key` of `object` when present and not null (transformers reads null as "the default"), else nullptr.
+const nlohmann::json* field(const nlohmann::json& object, const std::string& key) {
+  const auto it = object.find(key);
+  return it == object.end() || it->is_null() ? nullptr : &*it;
+}
+
+[[noreturn]] void bad_field(std::string_view name, const nlohmann::json& value, std::string_view want) {
+  bad_checkpoint("config.json's ", name, " is ", accel::json_excerpt(value), ", not ", want,
+                 "; fix config.json (use the one the weights were saved with)");
+}
+
+// A size or a count: a whole number >= 1 that fits in 64 bits (zero heads would divide by zero,
+// a zero size would make weights without elements). Without the field: `fallback`, else refused.
+std::size_t positive_count(const nlohmann::json& j, const std::string& key, std::optional<std::size_t> fallback = std::nullopt) {
+  const nlohmann::json* v = field(j, key);
+  if (!v) {
+    if (fallback) return *fallback;
+    bad_checkpoint("config.json has no ", key, "; a Llama config.json gives it");
+  }
+  const auto n = accel::json_whole_number(*v);
+  if (!n || *n == 0 || *n > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+    bad_field(key, *v, "a whole number >= 1");
+  return static_cast<std::size_t>(*n);
+}
+
+// A finite number (JSON cannot write NaN, but 1e999 reads as infinity).
+double finite_number(const nlohmann::json& j, const std::string& key, std::string_view name, double fallback) {
+  const nlohmann::json* v = field(j, key);
+  if (!v) return fallback;
+  if (!v->is_number() || !std::isfinite(v->get<double>())) bad_field(name, *v, "a finite number");
+  return v->get<double>();
+}
+
+bool flag(const nlohmann::json& j, const std::string& key, bool fallback) {
+  const nlohmann::json* v = field(j, key);
+  if (!v) return fallback;
+  if (!v->is_boolean()) bad_field(key, *v, "true or false");
+  return v->get<bool>();
+}
+
+std::string text(const nlohmann::json& j, const std::string& key, std::string_view name, const std::string& fallback) {
+  const nlohmann::json* v = field(j, key);
+  if (!v) return fallback;
+  if (!v->is_string()) bad_field(name, *v, "a string");
+  return v->get<std::string>();
+}
+
+// What the decoder needs from config.json, each value checked on its own here and against the
+// tensors by check_config_against_checkpoint. Anything it does not implement is refused by name.
 struct LlamaConfig {
-  int hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0;
+  std::size_t hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, vocab = 0;
+  std::size_t max_positions = 0;
+  std::size_t q_dim = 0, kv_dim = 0;  // heads × head_dim and kv_heads × head_dim, without overflow
   double eps = 1e-6, rope_theta = 10000;
   bool tied = false;
 
   static LlamaConfig from_json(const nlohmann::json& j) {
-    const auto arch = j.value("architectures", nlohmann::json::array());
-    if (arch.empty() || arch[0] != "LlamaForCausalLM")
-      fail("config.json's architecture is " + (arch.empty() ? std::string("missing") : arch[0].dump()) +
-           "; this example implements LlamaForCausalLM only");
+    const nlohmann::json* arch = field(j, "architectures");
+    if (arch && (!arch->is_array() || (!arch->empty() && !(*arch)[0].is_string())))
+      bad_field("architectures", *arch, "a list of class names");
+    if (!arch || arch->empty() || (*arch)[0] != "LlamaForCausalLM")
+      not_implemented("config.json's architecture is ", arch && !arch->empty() ? (*arch)[0].dump() : std::string("missing"),
+                      "; this example implements LlamaForCausalLM only");
     LlamaConfig c;
-    c.hidden = j.at("hidden_size");
-    c.intermediate = j.at("intermediate_size");
-    c.layers = j.at("num_hidden_layers");
-    c.heads = j.at("num_attention_heads");
-    c.kv_heads = j.value("num_key_value_heads", c.heads);
-    c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null() ? j["head_dim"].get<int>() : c.hidden / c.heads;
-    c.vocab = j.at("vocab_size");
-    c.eps = j.value("rms_norm_eps", 1e-6);
-    c.tied = j.value("tie_word_embeddings", false);
-    const auto rope = j.value("rope_parameters", nlohmann::json::object());
-    c.rope_theta = rope.value("rope_theta", j.value("rope_theta", 10000.0));
-    const auto rope_type = rope.value("rope_type", std::string("default"));
-    if (rope_type != "default") fail("rope_type '" + rope_type + "' is not implemented (default only)");
-    if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) fail("rope_scaling is not implemented");
-    if (j.value("hidden_act", std::string("silu")) != "silu") fail("hidden_act must be silu");
-    if (j.value("attention_bias", false) || j.value("mlp_bias", false)) fail("attention/MLP biases are not implemented");
-    if (c.heads % c.kv_heads != 0) fail("num_attention_heads must be a multiple of num_key_value_heads");
+    c.hidden = positive_count(j, "hidden_size");
+    c.intermediate = positive_count(j, "intermediate_size");
+    c.layers = positive_count(j, "num_hidden_layers");
+    c.heads = positive_count(j, "num_attention_heads");
+    c.kv_heads = positive_count(j, "num_key_value_heads", c.heads);
+    c.vocab = positive_count(j, "vocab_size");
+    c.max_positions = positive_count(j, "max_position_embeddings", 2048);  // LlamaConfig's default
+    // Without head_dim, transformers takes hidden_size // num_attention_heads.
+    if (!field(j, "head_dim") && c.hidden / c.heads == 0)
+      bad_checkpoint("config.json has no head_dim and hidden_size / num_attention_heads (", c.hidden, " / ", c.heads,
+                     ") is 0; give head_dim or fix these fields");
+    c.head_dim = positive_count(j, "head_dim", c.hidden / c.heads);
+    if (c.heads % c.kv_heads != 0)
+      bad_checkpoint("config.json's num_attention_heads (", c.heads, ") is not a multiple of num_key_value_heads (", c.kv_heads,
+                     "): grouped attention shares each key/value head among a whole number of query heads");
+    if (c.head_dim % 2 != 0)
+      bad_checkpoint("config.json's head_dim is ", c.head_dim, ", odd: the rotary embedding rotates pairs of dimensions");
+    const auto q_dim = checked_mul(c.heads, c.head_dim), kv_dim = checked_mul(c.kv_heads, c.head_dim);
+    if (!q_dim || !kv_dim)
+      bad_checkpoint("config.json's num_attention_heads × head_dim (", c.heads, " × ", c.head_dim,
+                     ") overflows 64 bits; fix config.json (use the one the weights were saved with)");
+    c.q_dim = static_cast<std::size_t>(*q_dim);
+    c.kv_dim = static_cast<std::size_t>(*kv_dim);
+
+    c.eps = finite_number(j, "rms_norm_eps", "rms_norm_eps", 1e-6);
+    if (c.eps < 0) bad_field("rms_norm_eps", j.at("rms_norm_eps"), "a number >= 0");
+    c.tied = flag(j, "tie_word_embeddings", false);  // LlamaConfig's default
+
+    // Rotary settings: transformers 5 writes rope_parameters, older versions rope_theta beside it.
+    const nlohmann::json* rope = field(j, "rope_parameters");
+    if (rope && !rope->is_object()) bad_field("rope_parameters", *rope, "an object");
+    const nlohmann::json no_rope = nlohmann::json::object();
+    const nlohmann::json& rp = rope ? *rope : no_rope;
+    const bool nested = field(rp, "rope_theta") != nullptr;
+    const std::string theta_name = nested ? "rope_parameters.rope_theta" : "rope_theta";
+    c.rope_theta = finite_number(nested ? rp : j, "rope_theta", theta_name, 10000.0);
+    // theta is the base of the frequencies 1 / theta^(2i/d): 0 or less gives infinite or NaN angles.
+    if (c.rope_theta <= 0) bad_field(theta_name, (nested ? rp : j).at("rope_theta"), "a number > 0");
+    const std::string rope_type = text(rp, "rope_type", "rope_parameters.rope_type", "default");
+    if (rope_type != "default") not_implemented("rope_type '", rope_type, "' is not implemented (default only)");
+    if (field(j, "rope_scaling")) not_implemented("rope_scaling is not implemented");
+    if (text(j, "hidden_act", "hidden_act", "silu") != "silu") not_implemented("hidden_act must be silu");
+    if (flag(j, "attention_bias", false) || flag(j, "mlp_bias", false)) not_implemented("attention/MLP biases are not implemented");
     return c;
   }
 };
+
+// ---------------------------------------------------------------------------------------------
+// config.json against the checkpoint
+
+// One dimension a weight must have: its value and the config.json fields it comes from.
+struct Dim {
+  std::size_t value;
+  std::string fields;  // "hidden_size", or "num_attention_heads × head_dim (4 × 32)"
+};
+
+bool computes_with(accel::DType d) { return d == accel::DType::F32 || d == accel::DType::BF16 || d == accel::DType::F16; }
+
+// The checkpoint's tensor `name` must be there (`why`: what says so), be a dtype this example
+// computes with, and have exactly the shape config.json implies.
+void check_tensor(const accel::Checkpoint& checkpoint, const std::string& name, const std::vector<Dim>& dims, std::string_view why) {
+  const accel::TensorLocation* where = checkpoint.find(name);
+  if (!where)
+    bad_checkpoint("the checkpoint has no tensor '", name, "' although ", why,
+                   "; use the config.json the weights were saved with");
+  const accel::TensorEntry& t = checkpoint.entry(*where);
+  if (!computes_with(t.dtype))
+    not_implemented("'", name, "' is ", accel::torch_name(t.dtype), "; this example reads float32, bfloat16 and float16");
+  std::string implied = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) implied += (i ? ", " : "") + dims[i].fields;
+  implied += "]";
+  if (t.shape.size() != dims.size())
+    bad_checkpoint("'", name, "' has shape ", shape_text(t.shape), " but config.json implies ", implied,
+                   "; use the config.json the weights were saved with");
+  for (std::size_t i = 0; i < dims.size(); ++i)
+    if (static_cast<std::uint64_t>(t.shape[i]) != dims[i].value)
+      bad_checkpoint("config.json's ", dims[i].fields, " is ", dims[i].value, " but dimension ", i, " of '", name,
+                     "' (shape ", shape_text(t.shape), ", expected ", implied, ") is ", t.shape[i],
+                     "; config.json does not describe these weights: use the config.json they were saved with");
+}
+
+// Everything the decoder indexes with config.json's numbers, checked against the tensors really in
+// the checkpoint before anything is planned, loaded or computed: a hidden_size or vocab_size that
+// disagrees with the weights would make the arithmetic read past a weight's end (a crash, or heap
+// corruption) or compute garbage tokens without a word. Every tensor the decoder reads is checked:
+// the embedding, each layer's attention and MLP projections and norms, the final norm and the
+// head. (These are checkpoint names; for Llama they are the model's names the decoder uses too.)
+void check_config_against_checkpoint(const LlamaConfig& c, const accel::Checkpoint& checkpoint) {
+  const Dim hidden{c.hidden, "hidden_size"}, inter{c.intermediate, "intermediate_size"}, vocab{c.vocab, "vocab_size"};
+  const Dim q{c.q_dim, "num_attention_heads × head_dim (" + std::to_string(c.heads) + " × " + std::to_string(c.head_dim) + ")"};
+  const Dim kv{c.kv_dim, "num_key_value_heads × head_dim (" + std::to_string(c.kv_heads) + " × " + std::to_string(c.head_dim) + ")"};
+  check_tensor(checkpoint, "model.embed_tokens.weight", {vocab, hidden}, "every Llama has an input embedding");
+  const std::string per_layer = "config.json's num_hidden_layers is " + std::to_string(c.layers);
+  for (std::size_t l = 0; l < c.layers; ++l) {  // stops at the first missing layer, however large the count
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    check_tensor(checkpoint, p + "self_attn.q_proj.weight", {q, hidden}, per_layer);
+    check_tensor(checkpoint, p + "self_attn.k_proj.weight", {kv, hidden}, per_layer);
+    check_tensor(checkpoint, p + "self_attn.v_proj.weight", {kv, hidden}, per_layer);
+    check_tensor(checkpoint, p + "self_attn.o_proj.weight", {hidden, q}, per_layer);
+    check_tensor(checkpoint, p + "mlp.gate_proj.weight", {inter, hidden}, per_layer);
+    check_tensor(checkpoint, p + "mlp.up_proj.weight", {inter, hidden}, per_layer);
+    check_tensor(checkpoint, p + "mlp.down_proj.weight", {hidden, inter}, per_layer);
+    check_tensor(checkpoint, p + "input_layernorm.weight", {hidden}, per_layer);
+    check_tensor(checkpoint, p + "post_attention_layernorm.weight", {hidden}, per_layer);
+  }
+  // A layer past num_hidden_layers would be loaded but never run: the config is for another model.
+  constexpr std::string_view layers_prefix = "model.layers.";
+  for (const std::string_view name : checkpoint.tensor_names) {
+    if (!name.starts_with(layers_prefix)) continue;
+    const std::string_view rest = name.substr(layers_prefix.size());
+    const auto layer = whole_number(rest.substr(0, rest.find('.')), 0, std::numeric_limits<std::int64_t>::max());
+    if (layer && static_cast<std::uint64_t>(*layer) >= c.layers)
+      bad_checkpoint("the checkpoint has '", name, "' but config.json's num_hidden_layers is ", c.layers,
+                     "; use the config.json the weights were saved with");
+  }
+  check_tensor(checkpoint, "model.norm.weight", {hidden}, "every Llama has a final norm");
+  // The head: lm_head, or with tied embeddings the input embedding (checked above). A stored
+  // lm_head is checked either way.
+  if (!c.tied || checkpoint.find("lm_head.weight"))
+    check_tensor(checkpoint, "lm_head.weight", {vocab, hidden}, "config.json's tie_word_embeddings is false");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The --expect file
+
+// golden.json from tests/compat/gen_forward.py: the prompt, and per generated step transformers'
+// greedy token and last-position logits.
+struct Golden {
+  std::vector<std::int64_t> prompt, tokens;
+  std::vector<std::vector<float>> logits;  // [step][vocabulary]
+};
+
+std::vector<std::int64_t> golden_ids(const nlohmann::json& j, const std::string& key) {
+  const nlohmann::json* v = field(j, key);
+  if (!v || !v->is_array() || v->empty())
+    bad_golden(key, " is ", v ? accel::json_excerpt(*v) : std::string("missing"), ", not a non-empty list of token ids",
+               "; regenerate it with tests/compat/gen_forward.py");
+  std::vector<std::int64_t> ids;
+  for (const auto& id : *v) {
+    const auto n = accel::json_whole_number(id);
+    if (!n || *n > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      bad_golden(key, " holds ", accel::json_excerpt(id), ", not a token id (a whole number >= 0)");
+    ids.push_back(static_cast<std::int64_t>(*n));
+  }
+  return ids;
+}
+
+// Reads the file and checks its parts agree with each other: a check with nothing to compare (no
+// logits, no tokens) would pass any model, so each part must be there and one step long per token.
+Golden read_golden(const std::filesystem::path& path) {
+  nlohmann::json j;
+  try {
+    j = read_json_file(path, "--expect file");
+  } catch (const accel::checkpoint_error& e) {  // the file is a bad input of the check: exit 3, not 6
+    const std::string_view what = e.what();
+    throw accel::config_error(std::string(what.substr(what.find("] ") + 2)));
+  }
+  Golden g;
+  g.prompt = golden_ids(j, "prompt");
+  g.tokens = golden_ids(j, "tokens");
+  const nlohmann::json* steps = field(j, "new_tokens");
+  if (!steps || accel::json_whole_number(*steps) != std::optional<std::uint64_t>(g.tokens.size()))
+    bad_golden("new_tokens is ", steps ? accel::json_excerpt(*steps) : std::string("missing"), " but it holds ",
+               g.tokens.size(), " tokens; regenerate it with tests/compat/gen_forward.py");
+  const nlohmann::json* logits = field(j, "logits");
+  if (!logits || !logits->is_array() || logits->empty())
+    bad_golden("logits is ", logits ? accel::json_excerpt(*logits, 40) : std::string("missing"), ", not a list of ",
+               g.tokens.size(), " steps' logits, one per token; a check that compares nothing cannot pass",
+               " (regenerate it with tests/compat/gen_forward.py)");
+  if (logits->size() != g.tokens.size())
+    bad_golden("logits has ", logits->size(), " steps but tokens has ", g.tokens.size(),
+               "; each generated token needs its step's logits (regenerate it with tests/compat/gen_forward.py)");
+  for (std::size_t s = 0; s < logits->size(); ++s) {
+    const nlohmann::json& row = (*logits)[s];
+    if (!row.is_array() || row.empty() || (s > 0 && row.size() != g.logits[0].size()))
+      bad_golden("logits[", s, "] is ", accel::json_excerpt(row, 40), ", not a list of ",
+                 s > 0 ? std::to_string(g.logits[0].size()) + " numbers like the first step's" : std::string("numbers"));
+    auto& out = g.logits.emplace_back();
+    for (const auto& x : row) {
+      if (!x.is_number() || !std::isfinite(x.get<double>()))
+        bad_golden("logits[", s, "] holds ", accel::json_excerpt(x), ", not a finite number");
+      out.push_back(x.get<float>());
+    }
+  }
+  return g;
+}
+
+// The file against the model: a logit per id of the vocabulary, tokens inside it, and at least as
+// many steps as asked for.
+void check_golden_against_model(const Golden& g, std::size_t vocab, std::size_t new_tokens) {
+  if (g.logits[0].size() != vocab)
+    bad_golden("its logits have ", g.logits[0].size(), " entries per step but the model's vocabulary has ", vocab,
+               " ids; it was made for another model");
+  for (std::size_t s = 0; s < g.tokens.size(); ++s)
+    if (static_cast<std::uint64_t>(g.tokens[s]) >= vocab)
+      bad_golden("tokens[", s, "] is ", g.tokens[s], ", outside the model's vocabulary of ", vocab, " ids; it was made for another model");
+  if (new_tokens > g.tokens.size())
+    bad_usage("--new-tokens ", new_tokens, " asks for more steps than the --expect file's ", g.tokens.size(),
+              "; give at most ", g.tokens.size());
+}
+
+// The prompt indexes rows of the embedding table (read_rows and the resident copy alike read row
+// `id` directly), so each id must be a row the table really has; the whole sequence must fit the
+// positions the model was trained for.
+void check_prompt(const std::vector<std::int64_t>& prompt, bool prompt_from_golden, std::size_t new_tokens,
+                  bool count_from_golden, const accel::Checkpoint& checkpoint, const LlamaConfig& config) {
+  const auto& shape = checkpoint.entry(*checkpoint.find("model.embed_tokens.weight")).shape;  // checked: [vocab, hidden]
+  const auto rows = static_cast<std::uint64_t>(shape[0]);
+  for (const std::int64_t id : prompt) {
+    if (static_cast<std::uint64_t>(id) < rows) continue;
+    const std::string problem = "prompt token " + std::to_string(id) + " is outside the vocabulary: 'model.embed_tokens.weight' has " +
+                                std::to_string(rows) + " rows, so ids go from 0 to " + std::to_string(rows - 1);
+    if (prompt_from_golden) bad_golden(problem, "; it was made for another model");
+    bad_usage(problem);
+  }
+  if (prompt.size() + new_tokens > config.max_positions) {
+    const std::string problem = "a prompt of " + std::to_string(prompt.size()) + " tokens and " + std::to_string(new_tokens) +
+                                " new tokens need " + std::to_string(prompt.size() + new_tokens) +
+                                " positions, more than config.json's max_position_embeddings " + std::to_string(config.max_positions);
+    if (prompt_from_golden && count_from_golden) bad_golden(problem, "; it was made for another model");
+    bad_usage(problem, "; give fewer --new-tokens or a shorter --prompt");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The arithmetic
 
 // Element i of a weight in the dtype it was loaded in.
 float element(const std::byte* data, accel::DType dtype, std::size_t i) {
@@ -169,10 +531,9 @@ float element(const std::byte* data, accel::DType dtype, std::size_t i) {
       return dtype == accel::DType::BF16 ? accel::bf16_to_float(h) : accel::half_to_float(h);
     }
     default:
-      fail("weights of dtype " + std::string(accel::torch_name(dtype)) + " are not supported (float32, bfloat16, float16)");
+      not_implemented("weights of dtype ", accel::torch_name(dtype), " are not supported (float32, bfloat16, float16)");
   }
 }
-
 // A loaded weight as the host sees it.
 struct Weight {
   const std::byte* data = nullptr;
@@ -245,10 +606,11 @@ class HostViews {
 Weight weight_of(const accel::FetchedModule& module, const std::string& name, HostViews& views,
                  std::optional<int> execution_gpu) {
   const accel::FetchedTensor* t = module.find(name);
-  if (!t) fail("the checkpoint has no tensor '" + name + "'");
+  if (!t) bad_checkpoint("the loaded model has no tensor '", name, "'");
   const auto& h = *t->handle;
-  if (h.dtype != accel::DType::F32 && h.dtype != accel::DType::BF16 && h.dtype != accel::DType::F16)
-    fail("'" + name + "' is " + std::string(accel::torch_name(h.dtype)) + "; this example reads float32, bfloat16 and float16");
+  // Checked in the checkpoint already; the load dtype (--dtype) is one of these too.
+  if (!computes_with(h.dtype))
+    not_implemented("'", name, "' is ", accel::torch_name(h.dtype), "; this example reads float32, bfloat16 and float16");
   // Resident tensors stay on their own GPU; offloaded ones arrived in a fetch buffer on the execution GPU.
   const std::optional<int> gpu = h.storage == accel::Storage::device ? std::optional<int>(h.placement.index) : execution_gpu;
   Weight w{views.view(t->data, h.size_bytes, gpu), h.dtype, static_cast<std::size_t>(h.shape.empty() ? 1 : h.shape[0]), 1};
@@ -265,10 +627,10 @@ void rms_norm(const float* x, const std::vector<float>& weight, double eps, floa
 }
 
 // Rotary embedding of one head in place (transformers' rotate_half convention).
-void rope(float* v, int head_dim, std::int64_t position, const std::vector<float>& inv_freq) {
-  const int half = head_dim / 2;
-  for (int j = 0; j < half; ++j) {
-    const float angle = static_cast<float>(position) * inv_freq[static_cast<std::size_t>(j)];
+void rope(float* v, std::size_t head_dim, std::int64_t position, const std::vector<float>& inv_freq) {
+  const std::size_t half = head_dim / 2;
+  for (std::size_t j = 0; j < half; ++j) {
+    const float angle = static_cast<float>(position) * inv_freq[j];
     const float c = std::cos(angle), s = std::sin(angle), a = v[j], b = v[j + half];
     v[j] = a * c - b * s;
     v[j + half] = b * c + a * s;
@@ -281,31 +643,32 @@ struct StepStats {
   std::uint64_t streamed = 0;
 };
 
+// The decoder over a model whose config check_config_against_checkpoint has checked: every size
+// below is a dimension of the weights it indexes.
 class Decoder {
  public:
   Decoder(accel::DispatchedModel& model, LlamaConfig config, HostViews& views)
-      : model_(model), c_(config), views_(views), k_cache_(static_cast<std::size_t>(c_.layers)),
-        v_cache_(static_cast<std::size_t>(c_.layers)) {
-    for (int l = 0; l < c_.layers; ++l) order_.push_back("model.layers." + std::to_string(l));
+      : model_(model), c_(config), views_(views), k_cache_(c_.layers), v_cache_(c_.layers) {
+    for (std::size_t l = 0; l < c_.layers; ++l) order_.push_back("model.layers." + std::to_string(l));
     order_.push_back("model.norm");
     // A tied head is the embedding table itself: streamed whole when it is offloaded.
     head_ = model_.find("lm_head.weight") && model_.find("lm_head.weight")->name == "lm_head.weight" ? "lm_head" : "model.embed_tokens";
     order_.push_back(head_);
-    for (int j = 0; j < c_.head_dim / 2; ++j)
-      inv_freq_.push_back(static_cast<float>(1.0 / std::pow(c_.rope_theta, 2.0 * j / c_.head_dim)));
+    for (std::size_t j = 0; j < c_.head_dim / 2; ++j)
+      inv_freq_.push_back(static_cast<float>(1.0 / std::pow(c_.rope_theta, 2.0 * static_cast<double>(j) / static_cast<double>(c_.head_dim))));
   }
 
   // Runs `ids` (the prompt, or the last token) through the model; returns the last position's logits.
   std::vector<float> step(const std::vector<std::int64_t>& ids, StepStats& stats) {
-    const std::size_t n = ids.size(), hidden = static_cast<std::size_t>(c_.hidden);
+    const std::size_t n = ids.size(), hidden = c_.hidden;
     std::vector<float> h = embed(ids, stats);
     const bool overlap = model_.fetch_buffer_count() > 1;
     for (std::size_t m = 0; m + 1 < order_.size(); ++m) {
       accel::FetchedModule module = model_.fetch(order_[m]);
       stats.streamed += offloaded_bytes(module);
       if (overlap) model_.prefetch(order_[m + 1]);  // copies while this module computes
-      if (m < static_cast<std::size_t>(c_.layers)) {
-        layer(static_cast<int>(m), module, h, n);
+      if (m < c_.layers) {
+        layer(m, module, h, n);
       } else {  // model.norm: only the last position is needed for the next token
         const auto norm = weight_of(module, "model.norm.weight", views_, model_.execution_device()).to_floats();
         rms_norm(&h[(n - 1) * hidden], norm, c_.eps, &h[(n - 1) * hidden]);
@@ -315,12 +678,15 @@ class Decoder {
     accel::FetchedModule head = model_.fetch(head_);
     stats.streamed += offloaded_bytes(head);
     if (overlap) model_.prefetch(order_.front());  // the next step starts with the first layer
-    std::vector<float> logits(static_cast<std::size_t>(c_.vocab));
+    std::vector<float> logits(c_.vocab);
     weight_of(head, head_ + ".weight", views_, model_.execution_device()).matvec(&h[(n - 1) * hidden], logits.data());
     views_.clear();
     position_ += static_cast<std::int64_t>(n);
     return logits;
   }
+
+  // The position of the last token run so far (the one the latest logits predict after).
+  [[nodiscard]] std::int64_t last_position() const noexcept { return position_ - 1; }
 
  private:
   std::uint64_t offloaded_bytes(const accel::FetchedModule& module) const {
@@ -334,7 +700,7 @@ class Decoder {
   // The rows of `ids`: read_rows for a table off the GPUs, the resident rows otherwise.
   std::vector<float> embed(const std::vector<std::int64_t>& ids, StepStats& stats) {
     const accel::TensorHandle& table = model_.at("model.embed_tokens.weight");
-    const std::size_t hidden = static_cast<std::size_t>(c_.hidden), row = table.size_bytes / static_cast<std::size_t>(table.shape[0]);
+    const std::size_t hidden = c_.hidden, row = table.size_bytes / static_cast<std::size_t>(table.shape[0]);
     std::vector<std::byte> rows(ids.size() * row);
     if (table.storage != accel::Storage::device) {
       if (const auto gpu = model_.execution_device()) {
@@ -357,22 +723,20 @@ class Decoder {
     return h;
   }
 
-  void layer(int l, const accel::FetchedModule& module, std::vector<float>& h, std::size_t n) {
-    const std::string p = order_[static_cast<std::size_t>(l)] + ".";
+  void layer(std::size_t l, const accel::FetchedModule& module, std::vector<float>& h, std::size_t n) {
+    const std::string p = order_[l] + ".";
     const auto gpu = model_.execution_device();
     auto w = [&](const char* name) { return weight_of(module, p + name, views_, gpu); };
     const auto ln1 = w("input_layernorm.weight").to_floats(), ln2 = w("post_attention_layernorm.weight").to_floats();
     const Weight wq = w("self_attn.q_proj.weight"), wk = w("self_attn.k_proj.weight"), wv = w("self_attn.v_proj.weight"),
                  wo = w("self_attn.o_proj.weight"), wg = w("mlp.gate_proj.weight"), wu = w("mlp.up_proj.weight"),
                  wd = w("mlp.down_proj.weight");
-    const std::size_t hidden = static_cast<std::size_t>(c_.hidden), hd = static_cast<std::size_t>(c_.head_dim),
-                      q_dim = static_cast<std::size_t>(c_.heads) * hd, kv_dim = static_cast<std::size_t>(c_.kv_heads) * hd,
-                      inter = static_cast<std::size_t>(c_.intermediate);
-    auto& keys = k_cache_[static_cast<std::size_t>(l)];
-    auto& values = v_cache_[static_cast<std::size_t>(l)];
+    const std::size_t hidden = c_.hidden, hd = c_.head_dim, q_dim = c_.q_dim, kv_dim = c_.kv_dim, inter = c_.intermediate;
+    auto& keys = k_cache_[l];
+    auto& values = v_cache_[l];
     std::vector<float> x(hidden), q(q_dim), k(kv_dim), v(kv_dim), attn(q_dim), o(hidden), g(inter), u(inter), d(hidden);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    const std::size_t group = static_cast<std::size_t>(c_.heads / c_.kv_heads);
+    const std::size_t group = c_.heads / c_.kv_heads;
     for (std::size_t t = 0; t < n; ++t) {
       float* ht = &h[t * hidden];
       const std::int64_t pos = position_ + static_cast<std::int64_t>(t);
@@ -380,13 +744,13 @@ class Decoder {
       wq.matvec(x.data(), q.data());
       wk.matvec(x.data(), k.data());
       wv.matvec(x.data(), v.data());
-      for (int head = 0; head < c_.heads; ++head) rope(&q[static_cast<std::size_t>(head) * hd], c_.head_dim, pos, inv_freq_);
-      for (int head = 0; head < c_.kv_heads; ++head) rope(&k[static_cast<std::size_t>(head) * hd], c_.head_dim, pos, inv_freq_);
+      for (std::size_t head = 0; head < c_.heads; ++head) rope(&q[head * hd], hd, pos, inv_freq_);
+      for (std::size_t head = 0; head < c_.kv_heads; ++head) rope(&k[head * hd], hd, pos, inv_freq_);
       keys.insert(keys.end(), k.begin(), k.end());
       values.insert(values.end(), v.begin(), v.end());
       const std::size_t len = keys.size() / kv_dim;  // causal: this token and every earlier one
       std::vector<float> scores(len);
-      for (std::size_t head = 0; head < static_cast<std::size_t>(c_.heads); ++head) {
+      for (std::size_t head = 0; head < c_.heads; ++head) {
         const float* qh = &q[head * hd];
         const std::size_t kvh = head / group;
         float top = -INFINITY;
@@ -424,8 +788,15 @@ class Decoder {
   std::int64_t position_ = 0;
 };
 
-std::size_t argmax(const std::vector<float>& v) {
-  return static_cast<std::size_t>(std::max_element(v.begin(), v.end()) - v.begin());
+// The greedy token of a step. A NaN or infinite logit means the arithmetic broke down (a NaN or
+// infinite weight, an overflow); max_element would still pick some index, so it is refused instead.
+std::int64_t greedy_token(const std::vector<float>& logits, std::size_t step, std::int64_t position) {
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    if (!std::isfinite(logits[i]))
+      bad_checkpoint("step ", step, " (the logits after position ", position, "): the logit of token ", i, " is ",
+                     logits[i], ", so no token can be chosen; check the weights for NaN or infinite values and config.json's ",
+                     "rms_norm_eps and rope settings");
+  return static_cast<std::int64_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
 std::string join(const std::vector<std::int64_t>& ids) {
@@ -435,15 +806,27 @@ std::string join(const std::vector<std::int64_t>& ids) {
 }
 
 int run(const Args& args) {
-  std::optional<nlohmann::json> golden;
-  if (args.expect) golden = read_json(*args.expect);
-  std::vector<std::int64_t> prompt = args.prompt;
-  if (prompt.empty() && golden) prompt = golden->at("prompt").get<std::vector<std::int64_t>>();
-  if (prompt.empty()) fail("give --prompt (or --expect with a golden file)");
-  const int new_tokens = args.new_tokens.value_or(golden ? golden->at("new_tokens").get<int>() : 8);
-  const LlamaConfig config = LlamaConfig::from_json(read_json(std::filesystem::path(args.checkpoint) / "config.json"));
-  for (auto id : prompt)
-    if (id < 0 || id >= config.vocab) fail("prompt token " + std::to_string(id) + " is outside the vocabulary");
+  // What to run and what to compare it with.
+  std::optional<Golden> golden;
+  if (args.expect) golden = read_golden(*args.expect);
+  if (golden && !args.prompt.empty() && args.prompt != golden->prompt)
+    bad_usage("--prompt ", join(args.prompt), " differs from the --expect file's prompt ", join(golden->prompt),
+              ": its logits are for that prompt; drop --prompt");
+  const bool prompt_from_golden = args.prompt.empty() && golden;
+  const std::vector<std::int64_t> prompt = prompt_from_golden ? golden->prompt : args.prompt;
+  if (prompt.empty()) bad_usage("give --prompt (or --expect with a golden file)");
+  const std::size_t new_tokens = args.new_tokens.value_or(golden ? golden->tokens.size() : 8);
+
+  // The model, checked before anything is planned, loaded or computed: config.json on its own, then
+  // against the tensors the checkpoint really holds, then the prompt and the --expect file against both.
+  const accel::Checkpoint checkpoint = accel::resolve_checkpoint(args.checkpoint);
+  if (!checkpoint.config_file)
+    bad_checkpoint("no config.json next to the checkpoint in '", checkpoint.directory.string(),
+                   "'; this example reads the model's sizes from it");
+  const LlamaConfig config = LlamaConfig::from_json(read_json_file(*checkpoint.config_file, "model config"));
+  check_config_against_checkpoint(config, checkpoint);
+  check_prompt(prompt, prompt_from_golden, new_tokens, !args.new_tokens, checkpoint, config);
+  if (golden) check_golden_against_model(*golden, config.vocab, new_tokens);
 
   // Plan with accel's defaults for this checkpoint, then load with that plan.
   std::vector<accel::DeviceMemoryPtr> devices;
@@ -462,7 +845,6 @@ int run(const Args& args) {
   options.load.progress = false;
   if (args.dtype) options.load.dtype = accel::dtype_from_string(*args.dtype);
   if (args.offload_folder) options.load.offload_folder = *args.offload_folder;
-  const accel::Checkpoint checkpoint = accel::resolve_checkpoint(args.checkpoint);
   const accel::AutoDispatchPlan plan = accel::plan_auto_dispatch(checkpoint, options);
   accel::DispatchedModel model = accel::load_checkpoint_and_dispatch(checkpoint, plan.plan.device_map, plan.load);
 
@@ -489,13 +871,13 @@ int run(const Args& args) {
   std::vector<std::vector<float>> logits;
   std::vector<StepStats> stats;
   std::vector<std::int64_t> input = prompt;
-  for (int s = 0; s < new_tokens; ++s) {
+  for (std::size_t s = 0; s < new_tokens; ++s) {
     StepStats st;
     const auto t0 = std::chrono::steady_clock::now();
     logits.push_back(decoder.step(input, st));
     st.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     stats.push_back(st);
-    tokens.push_back(static_cast<std::int64_t>(argmax(logits.back())));
+    tokens.push_back(greedy_token(logits.back(), s, decoder.last_position()));
     input = {tokens.back()};
   }
 
@@ -516,28 +898,28 @@ int run(const Args& args) {
   }
   if (!golden) return 0;
 
-  const auto want_tokens = golden->at("tokens").get<std::vector<std::int64_t>>();
-  const auto want_logits = golden->at("logits").get<std::vector<std::vector<float>>>();
+  // Every generated step against the file's (check_golden_against_model: it has at least as many
+  // steps, each as long as the vocabulary), so the check always compares something.
   double worst = 0;
   std::size_t worst_step = 0;
-  for (std::size_t s = 0; s < logits.size() && s < want_logits.size(); ++s) {
-    if (want_logits[s].size() != logits[s].size()) fail("the golden file's logits do not match the vocabulary size");
+  for (std::size_t s = 0; s < new_tokens; ++s) {
     double scale = 0, diff = 0;
     for (std::size_t i = 0; i < logits[s].size(); ++i) {
-      scale = std::max(scale, std::abs(static_cast<double>(want_logits[s][i])));
-      diff = std::max(diff, std::abs(static_cast<double>(logits[s][i]) - want_logits[s][i]));
+      scale = std::max(scale, std::abs(static_cast<double>(golden->logits[s][i])));
+      diff = std::max(diff, std::abs(static_cast<double>(logits[s][i]) - golden->logits[s][i]));
     }
-    if (scale > 0 && diff / scale > worst) {
-      worst = diff / scale;
+    const double error = scale > 0 ? diff / scale : diff;  // all-zero expected logits: compared absolutely
+    if (error > worst) {
+      worst = error;
       worst_step = s;
     }
   }
-  const bool same_tokens = tokens == std::vector<std::int64_t>(want_tokens.begin(), want_tokens.begin() +
-                                                                   std::min<std::ptrdiff_t>(static_cast<std::ptrdiff_t>(want_tokens.size()), new_tokens));
-  const bool ok = same_tokens && worst <= args.tolerance && static_cast<std::size_t>(new_tokens) <= want_tokens.size();
-  std::printf("%s transformers: tokens %s, logits max relative error %.3g (step %zu; tolerance %.3g)\n",
-              ok ? "matches" : "DIFFERS FROM", same_tokens ? "identical" : ("expected " + join(want_tokens)).c_str(), worst,
-              worst_step, args.tolerance);
+  const std::vector<std::int64_t> want(golden->tokens.begin(), golden->tokens.begin() + static_cast<std::ptrdiff_t>(new_tokens));
+  const bool same_tokens = tokens == want;
+  const bool ok = same_tokens && worst <= args.tolerance;
+  std::printf("%s transformers: tokens %s, logits max relative error %.3g (step %zu of %zu compared; tolerance %.3g)\n",
+              ok ? "matches" : "DIFFERS FROM", same_tokens ? "identical" : ("expected " + join(want)).c_str(), worst,
+              worst_step, new_tokens, args.tolerance);
   return ok ? 0 : 1;
 }
 
@@ -546,8 +928,11 @@ int run(const Args& args) {
 int main(int argc, char** argv) {
   try {
     return run(parse_args(argc, argv));
-  } catch (const std::exception& e) {
+  } catch (const accel::error& e) {
     std::fprintf(stderr, "%s\n", e.what());
-    return 2;
+    return exit_code_for(e);
+  } catch (const std::exception& e) {  // not one of the refusals above: a bug (docs/exit-codes.md)
+    std::fprintf(stderr, "llama_generate: unexpected error (a bug, please report it): %s\n", e.what());
+    return 70;
   }
 }
