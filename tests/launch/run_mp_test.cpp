@@ -385,7 +385,7 @@ TEST_CASE("a program that cannot be found or executed is a launch error with exi
   {
     Launcher l(dir, {"--cpu", dir / "missing"});
     CHECK(l.wait() == 8);
-    CHECK_THAT(l.err(), contains("no executable file at that path"));
+    CHECK_THAT(l.err(), contains("no file at that path"));
   }
   {
     const std::string junk = dir / "junk";

@@ -35,7 +35,10 @@ TEST_CASE("bad byte sizes are config errors naming the string and the units", "[
     REQUIRE_THROWS_AS(parse_byte_size(bad), accel::config_error);
   }
   REQUIRE_THROWS_WITH(parse_byte_size("5MBB"), contains("invalid memory size '5MBB' (unknown unit or not a number)"));
-  REQUIRE_THROWS_WITH(parse_byte_size("-1GB"), contains("the part before the unit is not a non-negative number"));
+  REQUIRE_THROWS_WITH(parse_byte_size("-1GB"), contains("'-1GB' (a size cannot be negative; 0 gives nothing)"));
+  REQUIRE_THROWS_WITH(parse_byte_size("-1"), contains("'-1' (a size cannot be negative; 0 gives nothing)"));
+  REQUIRE_THROWS_WITH(parse_byte_size(" -0.5 KiB"), contains("(a size cannot be negative"));
+  REQUIRE_THROWS_WITH(parse_byte_size("--1"), contains("(unknown unit or not a number)"));
   REQUIRE_THROWS_WITH(parse_byte_size("99999999999TiB"), contains("larger than 2^64 bytes"));
   REQUIRE_THROWS_WITH(parse_byte_size("x"), contains("KiB/MiB/GiB/TiB"));
 }

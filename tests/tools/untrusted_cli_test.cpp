@@ -234,3 +234,44 @@ TEST_CASE("plan and load refuse alike, with exit 6 naming the field or tensor, a
     }
   }
 }
+
+TEST_CASE("unclear messages: a negative budget, a program that is not executable, a read-only offload folder",
+          "[cli][untrusted]") {
+  accel_test::TempDir dir;
+  write_model(dir.path());
+  SECTION("--max-memory 0=-1 says the budget is negative") {
+    const auto r = run_guarded("plan --checkpoint " + quoted(dir.path()) + " --max-memory 0=-1,cpu=1GiB");
+    CHECK(r.status == 3);
+    CHECK_THAT(r.output, accel_test::contains("invalid memory size '-1' (a size cannot be negative; 0 gives nothing)"));
+  }
+  SECTION("a program that exists but is not executable, or is a folder, is named as such, not as missing") {
+    accel_test::write_text(dir / "script.sh", "#!/bin/sh\necho hi\n");
+    fs::permissions(dir / "script.sh", fs::perms::owner_read | fs::perms::owner_write);
+    auto r = run_guarded("launch --cpu --num_processes 1 -- " + quoted(dir / "script.sh"));
+    CHECK(r.status == 8);
+    CHECK_THAT(r.output, accel_test::contains("cannot run the program '" + (dir / "script.sh").string() + "': '" +
+                                              (dir / "script.sh").string() + "' is not executable by you (chmod +x it"));
+    r = run_guarded("launch --cpu --num_processes 1 -- " + quoted(dir.path()));
+    CHECK(r.status == 8);
+    CHECK_THAT(r.output, accel_test::contains("' is a folder"));
+    r = run_guarded("launch --cpu --num_processes 1 -- " + quoted(dir / "nothing"));
+    CHECK_THAT(r.output, accel_test::contains("cannot find the program '" + (dir / "nothing").string() + "': no file at that path"));
+  }
+  SECTION("an offload folder on a small read-only file system is read-only, not short of space") {
+    // A private mount namespace with a read-only 4 KiB tmpfs: needs root (CI runs as root).
+    const auto folder = dir / "ro";
+    fs::create_directory(folder);
+    const auto probe = accel_test::run_command("unshare -m sh -c 'mount -t tmpfs -o ro,size=4k tmpfs " + quoted(folder) + "' 2>&1");
+    if (probe.status != 0) {
+      WARN("test skipped: cannot mount a read-only tmpfs here (" + probe.output + ")");
+      return;
+    }
+    const auto r = accel_test::run_command(
+        "unshare -m sh -c \"mount -t tmpfs -o ro,size=4k tmpfs " + quoted(folder) + " && exec " +
+        accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) + " --device-map '{\\\"\\\": \\\"disk\\\"}' --dtype float32 "
+                              "--offload-folder " + quoted(folder)) + "\" 2>&1");
+    INFO(r.output);
+    CHECK(r.status == 3);
+    CHECK_THAT(r.output, accel_test::contains("' is on a read-only file system, and the load writes 2 tensors of 8.00 KiB"));
+  }
+}

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <accel/plan/max_memory.hpp>
@@ -33,6 +34,34 @@ inline std::string xml_escape(std::string_view s) {
 // SVG coordinates and lengths, one decimal.
 inline std::string num(double v) { return accel::text::fixed(v, 1); }
 
+// `text` in lines of at most `max_chars` characters, broken at spaces; a longer word (a path) is
+// cut. SVG text does not wrap by itself: a long line (a model folder's path, the measured-rates
+// cache's) would run past the picture's right edge.
+inline std::vector<std::string> wrap_text(std::string_view text, std::size_t max_chars) {
+  std::vector<std::string> lines;
+  std::string line;
+  for (std::size_t at = 0; at <= text.size();) {
+    const std::size_t end = std::min(text.find(' ', at), text.size());
+    std::string_view word = text.substr(at, end - at);
+    at = end + 1;
+    if (word.empty()) continue;
+    if (!line.empty() && line.size() + 1 + word.size() > max_chars) lines.push_back(std::exchange(line, {}));
+    for (; word.size() > max_chars; word.remove_prefix(max_chars)) lines.emplace_back(word.substr(0, max_chars));
+    line += (line.empty() ? "" : " ") + std::string(word);
+  }
+  if (!line.empty() || lines.empty()) lines.push_back(std::move(line));
+  return lines;
+}
+
+// One <text> per line of `lines`, from baseline `y` down by `step`; returns the next baseline.
+inline double text_lines(std::string& svg, const std::vector<std::string>& lines, double y, double step, std::string_view attributes) {
+  for (const auto& line : lines) {
+    svg += "<text x=\"20\" y=\"" + num(y) + "\" " + std::string(attributes) + ">" + xml_escape(line) + "</text>\n";
+    y += step;
+  }
+  return y;
+}
+
 /// Sizes of each map key (a module's or tensor's bytes, every shared tensor once).
 struct KeySize {
   std::string key;
@@ -54,7 +83,24 @@ inline std::string render_plan_svg(const accel::PlanResult& plan, const accel::P
   for (auto i : rows) scale = std::max({scale, plan.devices[i].budget.value_or(0), plan.devices[i].placed});
   const double scale_bytes = static_cast<double>(scale);
   auto x_of = [&](double bytes) { return left + bar_w * bytes / scale_bytes; };
-  const double height = top + row_h * static_cast<double>(rows.size()) + 70;
+  // Lines of about 7 px a character at 12-13 px: the picture's width less its margins.
+  const auto title_lines = wrap_text(title, 80);
+  const double top_y = top + 22 * static_cast<double>(title_lines.size() - 1);
+  std::string stream;
+  if (report.streamed_from_cpu + report.streamed_from_disk == 0) {
+    stream = "nothing streams per forward pass: every weight stays on its execution device";
+  } else {
+    stream = "per forward pass: " + accel::text::format_bytes(report.streamed_from_cpu) + " from CPU + " +
+             accel::text::format_bytes(report.streamed_from_disk) + " from disk to " +
+             (report.execution_device ? "GPU " + report.execution_device->to_string() : std::string("CPU")) +
+             ", about " + accel::text::format_seconds(report.seconds_total()) + " of transfers at " +
+             accel::text::fixed(report.bandwidths.host_to_device / 1e9, 1) + " GB/s host-to-GPU and " +
+             accel::text::fixed(report.bandwidths.disk_read / 1e9, 1) + " GB/s disk";
+  }
+  const auto stream_lines = wrap_text(stream, 120);
+  const auto objective_lines = objectives_line.empty() ? std::vector<std::string>{} : wrap_text(objectives_line, 130);
+  const double height = top_y + row_h * static_cast<double>(rows.size()) + 30 +
+                        20 * static_cast<double>(stream_lines.size() + objective_lines.size());
   std::string s;
   s += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + num(width) + "\" height=\"" + num(height) +
        "\" viewBox=\"0 0 " + num(width) + " " + num(height) + "\" font-family=\"DejaVu Sans, Arial, sans-serif\">\n";
@@ -62,18 +108,18 @@ inline std::string render_plan_svg(const accel::PlanResult& plan, const accel::P
        "<rect width=\"6\" height=\"6\" fill=\"#fdecea\"/><line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#e57373\" stroke-width=\"2\"/>"
        "</pattern></defs>\n";
   s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  s += "<text x=\"20\" y=\"28\" font-size=\"18\" font-weight=\"bold\">" + xml_escape(title) + "</text>\n";
-  s += "<text x=\"20\" y=\"50\" font-size=\"12\" fill=\"#555\">model " + xml_escape(accel::text::format_bytes(plan.total_bytes)) +
+  const double below_title = text_lines(s, title_lines, 28, 22, "font-size=\"18\" font-weight=\"bold\"");
+  s += "<text x=\"20\" y=\"" + num(below_title) + "\" font-size=\"12\" fill=\"#555\">model " + xml_escape(accel::text::format_bytes(plan.total_bytes)) +
        ", largest layer " + xml_escape(accel::text::format_bytes(plan.largest_layer)) +
        "; every bar on one scale, full width " + xml_escape(accel::text::format_bytes(scale)) + "</text>\n";
-  s += "<text x=\"20\" y=\"66\" font-size=\"12\" fill=\"#555\">the grey bar is a device's budget, the red line its limit, "
+  s += "<text x=\"20\" y=\"" + num(below_title + 16) + "\" font-size=\"12\" fill=\"#555\">the grey bar is a device's budget, the red line its limit, "
        "the hatched end the reserve kept for the largest layer</text>\n";
   static constexpr const char* gpu_colors[] = {"#4c78a8", "#72b7b2", "#54a24b", "#88b4d8"};
   static constexpr const char* cpu_colors[] = {"#f58518", "#f2b05e"};
   static constexpr const char* disk_colors[] = {"#9d9d9d", "#c7c7c7"};
   for (std::size_t r = 0; r < rows.size(); ++r) {
     const auto& d = plan.devices[rows[r]];
-    const double y = top + row_h * static_cast<double>(r);
+    const double y = top_y + row_h * static_cast<double>(r);
     const std::string label = d.device.is_gpu() ? "GPU " + d.device.to_string() : d.device.is_cpu() ? "CPU" : "disk";
     s += "<text x=\"20\" y=\"" + num(y + 19) + "\" font-size=\"15\" font-weight=\"bold\">" + label + "</text>\n";
     s += "<text x=\"20\" y=\"" + num(y + 36) + "\" font-size=\"11\" fill=\"#555\">" +
@@ -125,21 +171,8 @@ inline std::string render_plan_svg(const accel::PlanResult& plan, const accel::P
                num(100.0 * static_cast<double>(d.placed) / static_cast<double>(*d.budget)) + "%)";
     s += "<text x=\"" + num(left + bar_w + 12) + "\" y=\"" + num(y + 20) + "\" font-size=\"12\">" + xml_escape(right) + "</text>\n";
   }
-  const double fy = top + row_h * static_cast<double>(rows.size()) + 20;
-  std::string stream;
-  if (report.streamed_from_cpu + report.streamed_from_disk == 0) {
-    stream = "nothing streams per forward pass: every weight stays on its execution device";
-  } else {
-    stream = "per forward pass: " + accel::text::format_bytes(report.streamed_from_cpu) + " from CPU + " +
-             accel::text::format_bytes(report.streamed_from_disk) + " from disk to " +
-             (report.execution_device ? "GPU " + report.execution_device->to_string() : std::string("CPU")) +
-             ", about " + accel::text::format_seconds(report.seconds_total()) + " of transfers at " +
-             accel::text::fixed(report.bandwidths.host_to_device / 1e9, 1) + " GB/s host-to-GPU and " +
-             accel::text::fixed(report.bandwidths.disk_read / 1e9, 1) + " GB/s disk";
-  }
-  s += "<text x=\"20\" y=\"" + num(fy) + "\" font-size=\"13\">" + xml_escape(stream) + "</text>\n";
-  if (!objectives_line.empty())  // both objectives' bytes and time per pass, side by side
-    s += "<text x=\"20\" y=\"" + num(fy + 20) + "\" font-size=\"12\" fill=\"#333\">" + xml_escape(objectives_line) + "</text>\n";
+  const double fy = text_lines(s, stream_lines, top_y + row_h * static_cast<double>(rows.size()) + 20, 18, "font-size=\"13\"");
+  text_lines(s, objective_lines, fy + 2, 18, "font-size=\"12\" fill=\"#333\"");  // both objectives, side by side
   s += "</svg>\n";
   return s;
 }

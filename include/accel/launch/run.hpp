@@ -87,12 +87,17 @@ inline PreparedJob prepare_job(const LaunchOptions& options, const LaunchHooks& 
   for (const auto& w : job.plan.warnings) say("warning: " + w);
 
   const std::string& program = options.command.front();
-  job.program_path = proc::find_program(program, getenv_opt("PATH").value_or("/usr/local/bin:/usr/bin:/bin"));
-  if (job.program_path.empty())
+  const std::string path_var = getenv_opt("PATH").value_or("/usr/local/bin:/usr/bin:/bin");
+  job.program_path = proc::find_program(program, path_var);
+  if (job.program_path.empty()) {
+    // Something by that name that cannot run (not executable, a folder) is named as such, not as missing.
+    if (auto reason = proc::unrunnable_reason(program, path_var); !reason.empty())
+      accel::detail::throw_error<launch_error>("cannot run the program '", program, "': ", reason);
     accel::detail::throw_error<launch_error>("cannot find the program '", program, "'",
                                              program.find('/') != std::string::npos
-                                                 ? ": no executable file at that path"
+                                                 ? ": no file at that path"
                                                  : concat(" on PATH; give its path, e.g. ./", program));
+  }
   if (options.log_dir) make_directories(*options.log_dir);
   bool hosts_store = false;
   if (hooks.host_store)

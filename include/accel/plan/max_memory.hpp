@@ -52,6 +52,13 @@ inline std::optional<double> parse_number(std::string_view s) {
   return v;
 }
 
+// "-1", "-2.5": a number but for its sign (said as such, not as "not a number").
+inline bool negative_number(std::string_view s) {
+  s = text::trim(s);
+  return s.size() > 1 && s.front() == '-' && parse_number(s.substr(1));
+}
+inline constexpr std::string_view negative_size = " (a size cannot be negative; 0 gives nothing)";
+
 [[noreturn]] inline void bad_size(std::string_view text, std::string_view why) {
   throw_error<config_error>("invalid memory size '", text::excerpt(text), "'", why,
                             "; use a byte count (68719476736) or a number with a unit: KiB/MiB/GiB/TiB (powers of 2), "
@@ -82,7 +89,9 @@ inline std::optional<double> parse_number(std::string_view s) {
   const std::string_view s = text::trim(text);
   for (const auto& u : units) {
     if (!detail::iends_with(s, u.suffix)) continue;
-    auto number = detail::parse_number(s.substr(0, s.size() - u.suffix.size()));
+    const auto digits = s.substr(0, s.size() - u.suffix.size());
+    auto number = detail::parse_number(digits);
+    if (!number && detail::negative_number(digits)) detail::bad_size(text, detail::negative_size);
     if (!number) detail::bad_size(text, " (the part before the unit is not a non-negative number)");
     const double bytes = *number * u.factor;
     if (bytes >= 18446744073709551615.0) detail::bad_size(text, " (larger than 2^64 bytes)");
@@ -90,6 +99,7 @@ inline std::optional<double> parse_number(std::string_view s) {
     return u.decimal && s.back() == 'b' ? n / 8 : n;
   }
   auto number = detail::parse_number(s);
+  if (!number && detail::negative_number(s)) detail::bad_size(text, detail::negative_size);
   if (!number) detail::bad_size(text, s.empty() ? " (empty)" : " (unknown unit or not a number)");
   if (*number >= 18446744073709551615.0) detail::bad_size(text, " (larger than 2^64 bytes)");
   if (*number != std::floor(*number)) detail::bad_size(text, " (a byte count must be a whole number)");

@@ -143,6 +143,26 @@ inline std::string find_program(const std::string& name, std::string_view path_v
   return "";
 }
 
+/// @brief Why find_program found nothing to run for `name`: what is at its path (or the first
+///        PATH entry holding that name) when something is, "" when nothing is.
+inline std::string unrunnable_reason(const std::string& name, std::string_view path_var) {
+  auto why = [](const std::string& p) -> std::string {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) return "";
+    if (S_ISDIR(st.st_mode)) return "'" + p + "' is a folder";
+    if (!S_ISREG(st.st_mode)) return "'" + p + "' is not a regular file";
+    return "'" + p + "' is not executable by you (chmod +x it, or run it through its interpreter)";
+  };
+  if (name.empty() || name.find('/') != std::string::npos) return why(name);
+  for (std::size_t pos = 0; pos <= path_var.size();) {
+    const auto colon = path_var.find(':', pos);
+    std::string dir(path_var.substr(pos, colon == std::string_view::npos ? std::string_view::npos : colon - pos));
+    pos = colon == std::string_view::npos ? path_var.size() + 1 : colon + 1;
+    if (auto reason = why((dir.empty() ? "." : dir) + "/" + name); !reason.empty()) return reason;
+  }
+  return "";
+}
+
 /// @brief A pidfd for `pid` (Linux 5.3+; always close-on-exec): readable once the process has
 /// ended and can be reaped. Empty when the kernel has none or the process is gone.
 inline UniqueFd open_pidfd(pid_t pid) noexcept {

@@ -154,7 +154,12 @@ class OffloadFolderWriter {
     for (const auto* r : to_write) (void)::unlinkat(lock_.get(), offload_file(folder_, r->name).filename().c_str(), 0);
     if (!to_write.empty()) sync_directory(folder_);
     struct statvfs fs {};
-    if (bytes_to_write_ > 0 && ::statvfs(folder_.c_str(), &fs) == 0) {
+    if (bytes_to_write_ > 0 && ::fstatvfs(lock_.get(), &fs) == 0) {
+      // A read-only file system reports its free blocks like any other: say what is wrong.
+      if (fs.f_flag & ST_RDONLY)
+        throw_error<config_error>("offload folder '", folder_.string(), "' is on a read-only file system, and the load writes ",
+                                  text::plural(static_cast<long long>(tensors_to_write_), "tensor"), " of ",
+                                  text::format_bytes(bytes_to_write_), " into it; choose a writable offload folder");
       const std::uint64_t free = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
       if (free < bytes_to_write_)
         throw_error<config_error>("offload folder '", folder_.string(), "' has ", text::format_bytes(free), " (", free,
