@@ -111,6 +111,66 @@ TEST_CASE("the embedded catalog is the committed JSON and records where it came 
   }
 }
 
+// Format 2 shares a base model's entry between its heads: the head lists its own modules with a
+// marker where the base's go, and inherits what it leaves out.
+TEST_CASE("a format-2 catalog expands a head over its base exactly, and refuses a broken one", "[architecture][catalog]") {
+  const std::string base = R"({"architecture": "TinyModel", "model_type": "tiny", "config_class": "TinyConfig",
+      "base_model_prefix": "model", "defaults": {"num_hidden_layers": 4, "hidden_size": 8},
+      "no_split_modules": ["TinyLayer"], "attribute_map": {"n_layer": "num_hidden_layers"},
+      "modules": [{"path": "", "class": "TinyModel"}, {"path": "embed", "class": "Embedding", "parameters": ["weight"]},
+                  {"path": "layers", "class": "ModuleList"}, {"path": "layers.{i}", "class": "TinyLayer", "parameters": ["w"]},
+                  {"path": "norm", "class": "TinyNorm", "parameters": ["weight"]},
+                  {"path": "rotary", "class": "TinyRotary", "buffers": ["inv_freq"]}],
+      "repeats": {"layers": "num_hidden_layers"},
+      "buffers": [{"name": "rotary.inv_freq", "shape": ["hidden_size // 2"], "dtype": "float32", "persistent": false}]})";
+  const std::string head = R"({"architecture": "TinyForCausalLM", "base": "TinyModel", "base_path": "model",
+      "base_model_prefix": "model", "defaults": {"tie_word_embeddings": true},
+      "tied": {"true": [["lm_head.weight", "model.embed.weight"]], "false": []},
+      "modules": [{"path": "", "class": "TinyForCausalLM"}, {"path": "model", "base": true},
+                  {"path": "lm_head", "class": "Linear", "parameters": ["weight"]}]})";
+  const auto doc = [](const std::string& entries) {
+    return R"({"format": 2, "transformers": "9.9.9", "mappings": {"MODEL_MAPPING_NAMES": ["TinyModel"],
+               "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES": ["TinyForCausalLM", "HugeForCausalLM"]},
+               "skipped": [{"architecture": "HugeForCausalLM", "reason": "needs timm"}], "architectures": [)" + entries + "]}";
+  };
+  const auto cat = accel::parse_architecture_catalog(doc(head + "," + base));  // a head may come before its base
+  REQUIRE(cat.architectures.size() == 2);
+  const auto* h = cat.find("TinyForCausalLM");
+  REQUIRE(h);
+  Strings paths;
+  for (const auto& m : h->modules) paths.push_back(m.path + "=" + m.class_name);
+  CHECK(paths == Strings{"=TinyForCausalLM", "model=TinyModel", "model.embed=Embedding", "model.layers=ModuleList",
+                         "model.layers.{i}=TinyLayer", "model.norm=TinyNorm", "model.rotary=TinyRotary", "lm_head=Linear"});
+  CHECK(h->modules[4].parameters == Strings{"w"});
+  CHECK(h->modules[6].buffers == Strings{"inv_freq"});
+  CHECK(h->model_type == "tiny");
+  CHECK(h->config_class == "TinyConfig");
+  CHECK(h->no_split_modules == Strings{"TinyLayer"});
+  CHECK(h->attribute_map.at("n_layer") == "num_hidden_layers");
+  CHECK(h->defaults == nlohmann::json::parse(R"({"num_hidden_layers": 4, "hidden_size": 8, "tie_word_embeddings": true})"));
+  REQUIRE(h->repeats.size() == 1);
+  CHECK(h->repeats[0] == std::pair<std::string, std::string>{"model.layers", "num_hidden_layers"});
+  REQUIRE(h->buffers.size() == 1);
+  CHECK(h->buffers[0].name == "model.rotary.inv_freq");
+  CHECK(h->tied_if_tied == std::vector<Strings>{{"lm_head.weight", "model.embed.weight"}});
+  CHECK(cat.mappings.at("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES") == Strings{"TinyForCausalLM", "HugeForCausalLM"});
+  REQUIRE(cat.skipped.size() == 1);
+  CHECK(cat.skipped[0] == std::pair<std::string, std::string>{"HugeForCausalLM", "needs timm"});
+  // The base's own entry is unchanged by its heads.
+  CHECK(cat.find("TinyModel")->modules.size() == 6);
+
+  SECTION("broken sharing is refused by name") {
+    std::string no_marker = head;
+    no_marker.replace(no_marker.find(R"({"path": "model", "base": true},)"), std::string(R"({"path": "model", "base": true},)").size(), "");
+    CHECK_THROWS_WITH(accel::parse_architecture_catalog(doc(no_marker + "," + base)),
+                      accel_test::contains("TinyForCausalLM names a base but marks where it goes in 'modules' 0 times"));
+    CHECK_THROWS_WITH(accel::parse_architecture_catalog(doc(head)),
+                      accel_test::contains("TinyForCausalLM names base 'TinyModel', which the catalog does not hold"));
+    CHECK_THROWS_WITH(accel::parse_architecture_catalog(R"({"format": 3, "architectures": []})"),
+                      accel_test::contains("is not a catalog of format 1 or 2"));
+  }
+}
+
 TEST_CASE("architectures are found by class name; others are unknown with a reason", "[architecture][catalog]") {
   CHECK(accel::find_architecture(config(R"({"architectures": ["LlamaForCausalLM"]})")).architecture->model_type == "llama");
   CHECK(accel::find_architecture(config(R"({"architectures": ["T5ForConditionalGeneration"]})")).known());

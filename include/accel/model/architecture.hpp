@@ -162,6 +162,11 @@ struct ArchitectureCatalog {
   std::string transformers_version;  ///< the transformers release it was generated from
   std::string torch_version;         ///< the torch release it was generated with
   std::vector<Architecture> architectures;
+  /// transformers' auto mappings (`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`, ...) -> every class they
+  /// name (format 2; empty for format 1): each is an entry or in `skipped`.
+  std::map<std::string, std::vector<std::string>, std::less<>> mappings;
+  /// Classes of the mappings the generator could not build, with the reason (format 2).
+  std::vector<std::pair<std::string, std::string>> skipped;
 
   /// @brief The entry for an architecture class name, or nullptr.
   [[nodiscard]] const Architecture* find(std::string_view name) const {
@@ -214,55 +219,150 @@ struct CatalogReader {
     return out;
   }
 
-  static Architecture entry(const nlohmann::json& e) {
+  // `path` of a base's module mounted at `at` ("" is the base's root).
+  static std::string mounted(const std::string& at, const std::string& path) { return path.empty() ? at : at + "." + path; }
+  static bool is_base_marker(const nlohmann::json& x) {
+    const auto it = x.find("base");
+    return it != x.end() && it->is_boolean() && it->get<bool>();
+  }
+
+  // One entry. A format-2 entry naming a "base" (another entry, already read as `base`) shares its
+  // modules, buffers and repeats mounted at "base_path", and its fields the entry leaves out (see
+  // the format in tests/compat/gen_catalog.py).
+  static Architecture entry(const nlohmann::json& e, const Architecture* base = nullptr) {
     Architecture a;
     a.name = str(e, "architecture", "an entry");
     const std::string& w = a.name;
-    a.covers = str(e, "covers", w);
-    a.model_type = str(e, "model_type", w);
-    a.config_class = str(e, "config_class", w);
+    std::string at;
+    if (e.contains("base")) {
+      const std::string base_name = str(e, "base", w);
+      if (!base || base->name != base_name) fail(w, "names base '" + base_name + "', which the catalog does not hold");
+      at = str(e, "base_path", w);
+      if (at.empty()) fail(w, "has an empty 'base_path'");
+    }
+    // A field the entry gives, else its base's (format 2), else empty.
+    const auto inherit = [&](const char* key, auto& field, auto read, const auto& from_base) {
+      if (e.contains(key)) field = read();
+      else if (base && !at.empty()) field = from_base;
+    };
+    a.covers = e.contains("covers") ? str(e, "covers", w) : std::string();
+    a.model_type = at.empty() || e.contains("model_type") ? str(e, "model_type", w) : base->model_type;
+    a.config_class = at.empty() || e.contains("config_class") ? str(e, "config_class", w) : base->config_class;
     a.base_model_prefix = str(e, "base_model_prefix", w);
-    // Named locals: a range-for over items() of a temporary would dangle.
-    const auto attribute_map = e.value("attribute_map", nlohmann::json::object());
-    for (const auto& [k, v] : attribute_map.items())
-      if (v.is_string()) a.attribute_map.emplace(k, v.get<std::string>());
-    a.defaults = e.value("defaults", nlohmann::json::object());
-    a.no_split_modules = strings(e, "no_split_modules", w);
-    a.keep_in_fp32_modules = strings(e, "keep_in_fp32_modules", w);
-    a.keep_in_fp32_modules_strict = strings(e, "keep_in_fp32_modules_strict", w);
+    const auto read_map = [&] {
+      std::map<std::string, std::string, std::less<>> out;
+      const auto attribute_map = e.value("attribute_map", nlohmann::json::object());  // named: items() of a temporary dangles
+      for (const auto& [k, v] : attribute_map.items())
+        if (v.is_string()) out.emplace(k, v.get<std::string>());
+      return out;
+    };
+    inherit("attribute_map", a.attribute_map, read_map, base ? base->attribute_map : decltype(a.attribute_map){});
+    if (base && !at.empty()) a.defaults = base->defaults;
+    const auto defaults = e.value("defaults", nlohmann::json::object());  // named: items() of a temporary dangles
+    for (const auto& [k, v] : defaults.items()) a.defaults[k] = v;
+    const std::vector<std::string> none;
+    inherit("no_split_modules", a.no_split_modules, [&] { return strings(e, "no_split_modules", w); }, base ? base->no_split_modules : none);
+    inherit("keep_in_fp32_modules", a.keep_in_fp32_modules, [&] { return strings(e, "keep_in_fp32_modules", w); },
+            base ? base->keep_in_fp32_modules : none);
+    inherit("keep_in_fp32_modules_strict", a.keep_in_fp32_modules_strict,
+            [&] { return strings(e, "keep_in_fp32_modules_strict", w); }, base ? base->keep_in_fp32_modules_strict : none);
     const auto tied = e.value("tied", nlohmann::json::object());
     a.tied_if_tied = groups(tied, "true", w);
     a.tied_if_untied = groups(tied, "false", w);
-    for (const auto& m : e.at("modules"))
+
+    const auto modules = e.find("modules");
+    if (modules == e.end() || !modules->is_array()) fail(w, "has no 'modules' list");
+    std::size_t markers = 0;
+    for (const auto& m : *modules) {
+      if (is_base_marker(m)) {
+        if (at.empty() || str(m, "path", w) != at) fail(w, "has a base marker in 'modules' without a matching base_path");
+        ++markers;
+        for (const auto& bm : base->modules)
+          a.modules.push_back({mounted(at, bm.path), bm.class_name, bm.parameters, bm.buffers, bm.children});
+        continue;
+      }
       a.modules.push_back({str(m, "path", w), str(m, "class", w), strings(m, "parameters", w), strings(m, "buffers", w),
                            strings(m, "children", w)});
+    }
+    if (!at.empty() && markers != 1) fail(w, "names a base but marks where it goes in 'modules' " + std::to_string(markers) + " times");
+
     const auto repeats = e.value("repeats", nlohmann::json::object());
     for (const auto& [k, v] : repeats.items())
       if (v.is_string()) a.repeats.emplace_back(k, v.get<std::string>());
-    const auto buffers = e.value("buffers", nlohmann::json::array());
-    for (const auto& b : buffers)
-      a.buffers.push_back({str(b, "name", w), strings(b, "shape", w), str(b, "dtype", w), b.value("persistent", true)});
-    const auto conversions = e.value("conversions", nlohmann::json::array());
-    for (const auto& c : conversions)
-      a.conversions.push_back({str(c, "kind", w), strings(c, "source", w), strings(c, "target", w), strings(c, "operations", w)});
+    if (!at.empty())
+      for (const auto& [path, count] : base->repeats) {
+        auto full = mounted(at, path);
+        if (std::none_of(a.repeats.begin(), a.repeats.end(), [&](const auto& r) { return r.first == full; }))
+          a.repeats.emplace_back(std::move(full), count);
+      }
+
+    const auto base_buffers = [&] {
+      for (const auto& b : base->buffers) a.buffers.push_back({mounted(at, b.name), b.shape, b.dtype, b.persistent});
+    };
+    if (const auto buffers = e.find("buffers"); buffers != e.end()) {
+      for (const auto& b : *buffers) {
+        if (is_base_marker(b)) {
+          if (at.empty()) fail(w, "has a base marker in 'buffers' but no base");
+          base_buffers();
+          continue;
+        }
+        a.buffers.push_back({str(b, "name", w), strings(b, "shape", w), str(b, "dtype", w), b.value("persistent", true)});
+      }
+    } else if (!at.empty()) {
+      base_buffers();
+    }
+    const auto read_conversions = [&] {
+      std::vector<WeightConversion> out;
+      const auto conversions = e.value("conversions", nlohmann::json::array());
+      for (const auto& c : conversions)
+        out.push_back({str(c, "kind", w), strings(c, "source", w), strings(c, "target", w), strings(c, "operations", w)});
+      return out;
+    };
+    inherit("conversions", a.conversions, read_conversions, base ? base->conversions : std::vector<WeightConversion>{});
     return a;
+  }
+
+  // The base an entry names ("" when none).
+  static std::string base_of(const nlohmann::json& e) {
+    const auto it = e.find("base");
+    return it != e.end() && it->is_string() ? it->get<std::string>() : std::string();
   }
 };
 
 }  // namespace detail
 
-/// @brief Parses catalog JSON (the embedded one, or another generated by gen_catalog.py).
-/// @throws accel::usage_error when it is not a catalog of format 1
+/// @brief Parses catalog JSON: the embedded one, another generated by gen_catalog.py, or a user's
+///        (tests/compat/gen_user_catalog.py). Format 1 lists whole entries; format 2 also shares a
+///        base model's entry between its heads and lists the mappings and the classes skipped.
+/// @throws accel::usage_error when it is not a catalog of format 1 or 2, or an entry is malformed
 [[nodiscard]] inline ArchitectureCatalog parse_architecture_catalog(std::string_view text) {
   auto parsed = parse_json_strict(text);
-  if (!parsed.error.empty() || !parsed.value.is_object() || parsed.value.value("format", 0) != 1 ||
-      !parsed.value.contains("architectures") || !parsed.value["architectures"].is_array())
-    detail::CatalogReader::fail("document", parsed.error.empty() ? "is not a format-1 catalog" : "is not JSON: " + parsed.error);
+  const int format = parsed.error.empty() && parsed.value.is_object() ? parsed.value.value("format", 0) : 0;
+  if ((format != 1 && format != 2) || !parsed.value.contains("architectures") || !parsed.value["architectures"].is_array())
+    detail::CatalogReader::fail("document", parsed.error.empty() ? "is not a catalog of format 1 or 2" : "is not JSON: " + parsed.error);
+  const auto& doc = parsed.value;
   ArchitectureCatalog cat;
-  cat.transformers_version = detail::CatalogReader::str(parsed.value, "transformers", "document");
-  cat.torch_version = detail::CatalogReader::str(parsed.value, "torch", "document");
+  cat.transformers_version = detail::CatalogReader::str(doc, "transformers", "document");
+  cat.torch_version = doc.contains("torch") ? detail::CatalogReader::str(doc, "torch", "document") : std::string();
   try {
-    for (const auto& e : parsed.value["architectures"]) cat.architectures.push_back(detail::CatalogReader::entry(e));
+    // Entries without a base first, then the heads that share one (a base is never a head).
+    std::map<std::string, std::size_t, std::less<>> read;
+    for (const auto& e : doc["architectures"])
+      if (detail::CatalogReader::base_of(e).empty()) {
+        cat.architectures.push_back(detail::CatalogReader::entry(e));
+        read.emplace(cat.architectures.back().name, cat.architectures.size() - 1);
+      }
+    for (const auto& e : doc["architectures"])
+      if (const auto base = detail::CatalogReader::base_of(e); !base.empty()) {
+        const auto it = read.find(base);
+        cat.architectures.push_back(detail::CatalogReader::entry(e, it == read.end() ? nullptr : &cat.architectures[it->second]));
+      }
+    if (const auto mappings = doc.find("mappings"); mappings != doc.end() && mappings->is_object())
+      for (const auto& [name, classes] : mappings->items())
+        cat.mappings.emplace(name, detail::CatalogReader::strings(nlohmann::json{{"m", classes}}, "m", name));
+    if (const auto skipped = doc.find("skipped"); skipped != doc.end() && skipped->is_array())
+      for (const auto& x : *skipped)
+        cat.skipped.emplace_back(detail::CatalogReader::str(x, "architecture", "skipped"), detail::CatalogReader::str(x, "reason", "skipped"));
   } catch (const nlohmann::json::exception& e) {
     detail::CatalogReader::fail("entry", e.what());
   }
@@ -302,9 +402,9 @@ inline std::size_t json_object_end(std::string_view text, std::size_t open) {
 // whole catalog would cost more than the plan). nullptr when the text has no entry by that name
 // in the generator's compact form; callers then fall back to the whole catalog.
 inline const Architecture* embedded_architecture(std::string_view name) {
-  static std::mutex mutex;
+  static std::recursive_mutex mutex;  // a head's base is looked up while the head is
   static std::map<std::string, std::unique_ptr<Architecture>, std::less<>> cache;
-  std::lock_guard<std::mutex> lock(mutex);
+  std::lock_guard<std::recursive_mutex> lock(mutex);
   if (auto it = cache.find(name); it != cache.end()) return it->second.get();
   const std::string& text = embedded_catalog_text();
   const std::string key = concat("{\"architecture\":\"", name, "\",");
@@ -313,8 +413,10 @@ inline const Architecture* embedded_architecture(std::string_view name) {
     if (const auto end = json_object_end(text, open); end != std::string::npos) {
       auto parsed = parse_json_strict(std::string_view(text).substr(open, end - open));
       if (parsed.error.empty() && parsed.value.is_object()) {
+        const std::string base_name = CatalogReader::base_of(parsed.value);
+        const Architecture* base = base_name.empty() || base_name == name ? nullptr : embedded_architecture(base_name);
         try {
-          entry = std::make_unique<Architecture>(CatalogReader::entry(parsed.value));
+          entry = std::make_unique<Architecture>(CatalogReader::entry(parsed.value, base));
         } catch (const nlohmann::json::exception& e) {
           CatalogReader::fail("entry", e.what());
         }
