@@ -82,6 +82,13 @@ def shrink(d):
         out["layer_types"] = out["layer_types"][:out["num_hidden_layers"]]
     if "mlp_layer_types" in out and isinstance(out["mlp_layer_types"], list) and "num_hidden_layers" in out:
         out["mlp_layer_types"] = out["mlp_layer_types"][:out["num_hidden_layers"]]
+    # GPT-Neo: attention_types, [[pattern, times], ...], must expand to exactly num_layers; the
+    # saved attention_layers is that expansion (left out: the config computes it again).
+    if isinstance(out.get("attention_types"), list) and out["attention_types"] and isinstance(out.get("num_layers"), int):
+        pattern = out["attention_types"][0][0]
+        if out["num_layers"] % len(pattern) == 0:
+            out["attention_types"] = [[pattern, out["num_layers"] // len(pattern)]]
+            out.pop("attention_layers", None)
     return out
 
 

@@ -151,6 +151,41 @@ TEST_CASE("BERT: no phantom lm_head although BertConfig ties by default; int64 i
   CHECK(class_of(m.tree, "embeddings") == "BertEmbeddings");
 }
 
+// GPT-Neo's attention keeps its causal mask (local layers: a sliding window) as a non-persistent
+// bool buffer, 1 x 1 x max_position_embeddings^2: 4 MiB per block at 1.3B, that no checkpoint
+// stores. transformers counts it in the block's size and so in the largest-layer reserve; a tree
+// without it put a block more on a GPU than transformers does (tests/compat golden maps).
+TEST_CASE("GPT-Neo: each block's causal mask is a computed bool buffer counted in the block", "[checkpoint_tree][gpt_neo]") {
+  accel_test::TempDir dir;
+  write_checkpoint(dir.path(),
+                   {"transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.attn.attention.q_proj.weight",
+                    "transformer.h.0.mlp.c_fc.weight", "transformer.h.1.attn.attention.q_proj.weight",
+                    "transformer.h.1.mlp.c_fc.weight", "transformer.ln_f.weight"},
+                   R"({"architectures": ["GPTNeoForCausalLM"], "model_type": "gpt_neo", "hidden_size": 8, "num_layers": 2,
+                       "num_heads": 2, "attention_types": [[["global", "local"], 1]], "max_position_embeddings": 16,
+                       "window_size": 4})");
+  const auto m = accel::read_checkpoint_model(dir.path());
+  REQUIRE(m.architecture != nullptr);
+  CHECK(m.no_split_classes() == Strings{"GPTNeoBlock"});
+  CHECK(m.buffers_added == 2);
+  for (const char* block : {"transformer.h.0", "transformer.h.1"}) {
+    INFO(block);
+    const auto& mask = tensor(m.tree, std::string(block) + ".attn.attention.bias");
+    CHECK(mask.buffer);
+    CHECK_FALSE(mask.persistent);
+    CHECK(mask.dtype == DType::BOOL);
+    CHECK(mask.shape == std::vector<std::int64_t>{1, 1, 16, 16});
+    CHECK(class_of(m.tree, block) == "GPTNeoBlock");
+  }
+  CHECK(class_of(m.tree, "transformer.h.0.attn.attention") == "GPTNeoSelfAttention");
+  // GPTNeoConfig ties by default: lm_head is the embedding's copy.
+  REQUIRE(m.tree.find_tensor("lm_head.weight"));
+  CHECK(accel::index_tree(m.tree).tied_groups.size() == 1);
+  // In float16: two 8 x 4 weights at 2 bytes, and the mask at 1 byte an element whatever the load dtype.
+  const auto sizes = accel::compute_module_sizes(m.tree, accel::SizeOptions{DType::F16});
+  CHECK(sizes.module[*m.tree.find_module("transformer.h.1")] == 2 * 8 * 4 * 2 + 16 * 16);
+}
+
 TEST_CASE("an unknown architecture keeps the header heuristics and says why", "[checkpoint_tree]") {
   accel_test::TempDir dir;
   write_checkpoint(dir.path(), {"model.layers.0.w", "model.embed_tokens.weight"},
