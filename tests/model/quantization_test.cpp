@@ -353,3 +353,206 @@ TEST_CASE("a large checkpoint's names, worked out in pieces beside its quantizat
   }
   CHECK(fused_scales == 14 * 128 * 3);
 }
+
+// ---- Issue 33: what a hostile config.json or header could slip past the checks ----
+
+namespace {
+
+// The message of the checkpoint_error `f` throws (FAIL when it throws nothing or something else).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const accel::checkpoint_error& e) {
+    return e.what();
+  }
+  FAIL("no checkpoint_error");
+  return {};
+}
+
+std::string config_error(const char* json) {
+  return error_of([&] { (void)accel::parse_quantization_config(quant(json)); });
+}
+
+std::string classify_error(const Tensors& t, const char* json) {
+  return error_of([&] { (void)t.classify(json); });
+}
+
+// compressed-tensors, one int4 group of 128 for every Linear, with an `ignore` list spliced in.
+std::string ct_w4(const std::string& ignore) {
+  return R"({"quant_method":"compressed-tensors","format":"pack-quantized","ignore":)" + ignore +
+         R"(,"config_groups":{"group_0":{"targets":["Linear"],"weights":{"num_bits":4,"type":"int","strategy":"group","group_size":128}}}})";
+}
+
+// One int4 layer packed in int32 (in 512, out 256, groups of 128) at `module`.
+Tensors& add_w4(Tensors& t, const std::string& module) {
+  return t.add(module + ".weight_packed", DType::I32, {256, 64}).add(module + ".weight_scale", DType::BF16, {256, 4})
+      .add(module + ".weight_shape", DType::I64, {2});
+}
+
+}  // namespace
+
+TEST_CASE("names and values from files are escaped in every message: a NUL byte does not cut it short", "[quantization]") {
+  using namespace std::string_literals;
+  auto m = config_error(R"({"quant_method":"fp8\u0000 and the rest"})");
+  REQUIRE_THAT(m, contains("quantization method 'fp8\\x00 and the rest' is unknown"));
+  m = config_error(R"({"quant_method":"compressed-tensors","format":"dense\u0000x"})");
+  REQUIRE_THAT(m, contains("format 'dense\\x00x' is not supported"));
+  m = config_error(R"({"quant_method":"compressed-tensors","config_groups":{"g\u0000x":7}})");
+  REQUIRE_THAT(m, contains("config_groups.g\\x00x is 7, not an object"));
+  Tensors named;
+  named.add("m.q\0x.weight"s, DType::F8_E4M3, {256, 256});
+  m = classify_error(named, fp8_block);
+  REQUIRE_THAT(m, contains("tensor 'm.q\\x00x.weight'"));
+  REQUIRE_THAT(m, contains("no 'm.q\\x00x.weight_scale_inv'; the checkpoint is incomplete"));
+  Tensors awq;  // the description carries the config's own `version`
+  awq.add("m.q.qweight", DType::I32, {512, 32}).add("m.q.qzeros", DType::I32, {4, 32});
+  m = classify_error(awq, R"({"quant_method":"awq","bits":4,"group_size":128,"version":"gemm\u0000x"})");
+  REQUIRE_THAT(m, contains("awq (gemm\\x00x, 4-bit, groups of 128) packed weight but the checkpoint has no 'm.q.scales'"));
+  Tensors dense;
+  dense.add("m.\x1b[2Jq.weight", DType::BF16, {4, 4});
+  m = classify_error(dense, fp8_block);
+  REQUIRE_THAT(m, contains("(m.\\x1b[2Jq.weight is bfloat16)"));
+}
+
+TEST_CASE("integer fields: 2^64 - 1 is not -1, and every integer is checked against its range", "[quantization]") {
+  auto m = config_error(R"({"quant_method":"gptq","bits":4,"group_size":18446744073709551615})");
+  REQUIRE_THAT(m, contains("quantization_config.group_size is 18446744073709551615, not -1 or a positive integer"));
+  m = config_error(R"({"quant_method":"awq","bits":4,"group_size":9223372036854775808})");
+  REQUIRE_THAT(m, contains("group_size is 9223372036854775808"));
+  m = config_error(R"({"quant_method":"compressed-tensors","config_groups":{"g":{"weights":{"num_bits":4,"strategy":"group","group_size":18446744073709551615}}}})");
+  REQUIRE_THAT(m, contains("config_groups.g.weights.group_size is 18446744073709551615"));
+  m = config_error(R"({"quant_method":"compressed-tensors","config_groups":{"g":{"weights":{"num_bits":4,"strategy":"channel","group_size":0}}}})");
+  REQUIRE_THAT(m, contains("config_groups.g.weights.group_size is 0, not -1 or a positive integer"));
+  m = config_error(R"({"quant_method":"compressed-tensors","config_groups":{"g":{"weights":{"num_bits":18446744073709551615}}}})");
+  REQUIRE_THAT(m, contains("config_groups.g.weights.num_bits is 18446744073709551615, not an integer from 1 to 32"));
+  m = config_error(R"({"quant_method":"fp8","weight_block_size":[4611686018427387904,128]})");
+  REQUIRE_THAT(m, contains("weight_block_size is [4611686018427387904, 128], not [rows, columns] of positive integers up to"));
+  m = config_error(R"({"quant_method":"gptq","bits":18446744073709551612})");
+  REQUIRE_THAT(m, contains("bits is 18446744073709551612, not 2, 3, 4 or 8"));
+  // What the libraries write still reads.
+  REQUIRE(parsed(R"({"quant_method":"gptq","bits":4,"group_size":-1})").group_size == -1);
+  REQUIRE(parsed(R"({"quant_method":"compressed-tensors","config_groups":{"g":{"weights":{"num_bits":8,"strategy":"channel","group_size":null}}}})").strategy == "channel");
+}
+
+TEST_CASE("compressed-tensors ignore: a list of names and valid re: patterns, none naming a layer stored quantized", "[quantization]") {
+  REQUIRE_THAT(config_error(ct_w4(R"("lm_head")").c_str()), contains("quantization_config.ignore is \"lm_head\", not a list of module names"));
+  REQUIRE_THAT(config_error(ct_w4(R"(["lm_head",7])").c_str()), contains("quantization_config.ignore[1] is 7, not a module name"));
+  auto m = config_error(ct_w4(R"(["re:.*(mlp"])").c_str());
+  REQUIRE_THAT(m, contains("quantization_config.ignore entry 're:.*(mlp' is not a regular expression accel can read"));
+  REQUIRE_THAT(m, contains("missing )"));
+  REQUIRE_THAT(config_error(ct_w4(R"(["re:*lm_head"])").c_str()), contains("nothing to repeat"));
+  REQUIRE_THAT(config_error(ct_w4(R"(["re:[a-"])").c_str()), contains("'re:[a-'"));
+  REQUIRE_THAT(config_error(ct_w4(R"(["re:(?<=mlp)gate"])").c_str()), contains("lookbehind"));
+  REQUIRE_THAT(config_error(ct_w4("[\"re:" + std::string(600, 'a') + "\"]").c_str()), contains("600 bytes"));
+
+  Tensors t;
+  add_w4(t, "model.layers.0.mlp.down_proj");
+  add_w4(t, "model.layers.0.self_attn.q_proj");
+  t.add("model.layers.0.mlp.gate.weight", DType::BF16, {8, 512}).add("lm_head.weight", DType::BF16, {64, 512});
+  // Real lists: plain names and patterns that match only the layers left in bfloat16.
+  const auto ok = t.classify(ct_w4(R"(["lm_head","re:.*mlp\\.gate$","re:model\\.layers\\.\\d+\\.mlp\\.gate(?:_up)?$","re:visual.*"])").c_str());
+  REQUIRE(ok.modules == 2);
+  m = classify_error(t, ct_w4(R"(["lm_head","re:.*"])").c_str());
+  REQUIRE_THAT(m, contains("ignore entry 're:.*' matches layer 'model.layers.0.mlp.down_proj'"));
+  REQUIRE_THAT(m, contains("'model.layers.0.mlp.down_proj.weight_packed' is stored quantized"));
+  REQUIRE_THAT(m, contains("transformers would leave the layer unquantized and could not load"));
+  m = classify_error(t, ct_w4(R"(["model.layers.0.self_attn.q_proj"])").c_str());
+  REQUIRE_THAT(m, contains("ignore entry 'model.layers.0.self_attn.q_proj' matches layer 'model.layers.0.self_attn.q_proj'"));
+  m = classify_error(t, ct_w4(R"(["re:model.layers.0.(mlp|self_attn).(down|o)_proj"])").c_str());  // re.match: a prefix
+  REQUIRE_THAT(m, contains("layer 'model.layers.0.mlp.down_proj'"));
+  // A pattern that takes exponential time by backtracking is matched in one pass over the name.
+  Tensors slow;
+  add_w4(slow, std::string(64, 'a'));
+  REQUIRE(slow.classify(ct_w4(R"(["re:(a+)+b","re:(a|aa)*c","re:(.*)*x$"])").c_str()).modules == 1);
+}
+
+TEST_CASE("compressed-tensors: a weight strategy compressed-tensors does not define is refused naming the group", "[quantization]") {
+  auto m = config_error(R"({"quant_method":"compressed-tensors","config_groups":{"group_0":{"targets":["Linear"],"weights":{"num_bits":4,"strategy":"per-row","group_size":128}}}})");
+  REQUIRE_THAT(m, contains("quantization_config.config_groups.group_0.weights.strategy is \"per-row\", not one of tensor, channel, group, block, token, tensor_group"));
+  REQUIRE_THAT(config_error(R"({"quant_method":"compressed-tensors","config_groups":{"g":{"weights":{"num_bits":4,"strategy":7}}}})"),
+               contains("config_groups.g.weights.strategy is 7"));
+  REQUIRE_THAT(config_error(R"({"quant_method":"compressed-tensors","config_groups":{"g":{"weights":{"num_bits":4,"strategy":"group"}}}})"),
+               contains("config_groups.g.weights.group_size is null, not a positive integer (strategy 'group' needs one)"));
+  // compressed-tensors reads strategies in any case, and infers one from group_size when absent.
+  REQUIRE(parsed(R"({"quant_method":"compressed-tensors","config_groups":{"g":{"weights":{"num_bits":8,"strategy":"CHANNEL"}}}})").strategy == "channel");
+  REQUIRE(parsed(R"({"quant_method":"compressed-tensors","config_groups":{"g":{"weights":{"num_bits":4,"group_size":32}}}})").strategy == "group");
+  for (const char* s : {"tensor", "channel", "block", "token", "tensor_group", "attn_head"}) {
+    const auto j = std::string(R"({"quant_method":"compressed-tensors","config_groups":{"g":{"weights":{"num_bits":8,"strategy":")") + s +
+                   R"(","group_size":)" + (std::string(s) == "tensor_group" ? "16" : "null") + "}}}}";
+    REQUIRE(parsed(j.c_str()).strategy == s);
+  }
+}
+
+TEST_CASE("compressed-tensors: overlapping config_groups apply the group compressed-tensors picks, and its shapes are checked", "[quantization]") {
+  // match_targets' order: targets naming the layer exactly, then `re:` patterns (each set
+  // alphabetically), then class names such as Linear; the first target's group applies.
+  const char* mixed = R"({"quant_method":"compressed-tensors","format":"mixed-precision","config_groups":{
+    "int4":{"targets":["Linear"],"weights":{"num_bits":4,"type":"int","strategy":"group","group_size":128}},
+    "int8":{"targets":["re:.*down_proj$"],"weights":{"num_bits":8,"type":"int","strategy":"channel"}}}})";
+  Tensors t;
+  add_w4(t, "m.q_proj");
+  t.add("m.down_proj.weight_packed", DType::I32, {256, 128}).add("m.down_proj.weight_scale", DType::BF16, {256, 1});
+  const auto q = t.classify(mixed);
+  REQUIRE(q.modules == 2);
+  REQUIRE(q.weight_elements == 2 * 256 * 512);  // down_proj unpacked at 8 bits, not counted as int4
+  Tensors wrong_down = t;
+  wrong_down.entries[4].shape = {256, 4};  // int4 groups of 128: the shape of the other group
+  auto m = classify_error(wrong_down, mixed);
+  REQUIRE_THAT(m, contains("tensor 'm.down_proj.weight_scale' has shape [256, 4] but one scale per output channel of 256 gives [256, 1]"));
+  REQUIRE_THAT(m, contains("config_groups.int8"));
+  Tensors wrong_q = t;
+  wrong_q.entries[1].shape = {256, 1};
+  REQUIRE_THAT(classify_error(wrong_q, mixed), contains("tensor 'm.q_proj.weight_scale' has shape [256, 1] but 512 input columns in groups of 128 gives [256, 4]"));
+  // Two patterns match the layer: the one first in alphabetical order wins ("re:.*" before "re:m").
+  const char* two = R"({"quant_method":"compressed-tensors","config_groups":{
+    "b":{"targets":["re:m\\..*"],"weights":{"num_bits":4,"strategy":"group","group_size":128}},
+    "a":{"targets":["re:.*down_proj"],"weights":{"num_bits":8,"strategy":"channel"}}}})";
+  REQUIRE_THAT(classify_error(wrong_down, two), contains("config_groups.a"));
+  // An exact name beats every pattern.
+  const char* exact = R"({"quant_method":"compressed-tensors","config_groups":{
+    "by_name":{"targets":["m.down_proj"],"weights":{"num_bits":8,"strategy":"channel"}},
+    "rest":{"targets":["re:.*"],"weights":{"num_bits":4,"strategy":"group","group_size":128}}}})";
+  REQUIRE(t.classify(exact).modules == 2);
+  REQUIRE_THAT(classify_error(wrong_down, exact), contains("config_groups.by_name"));
+  REQUIRE_THAT(config_error(R"({"quant_method":"compressed-tensors","config_groups":{"g":{"targets":["re:("],"weights":{"num_bits":4}}}})"),
+               contains("config_groups.g.targets entry 're:(' is not a regular expression accel can read"));
+}
+
+TEST_CASE("fp8: a scale is told by its name; a float8 scale is a malformed scale, not a weight", "[quantization]") {
+  Tensors t;  // the scale first, as a header sorted by name lists it
+  t.add("m.q.weight_scale_inv", DType::F8_E4M3, {2, 2}).add("m.q.weight", DType::F8_E4M3, {256, 256});
+  auto m = classify_error(t, fp8_block);
+  REQUIRE_THAT(m, contains("scale 'm.q.weight_scale_inv' is float8_e4m3fn; fp8 scales are float32 / bfloat16"));
+  REQUIRE_THAT(m, !contains("_scale_inv_scale_inv"));
+  Tensors input;
+  input.add("m.q.weight", DType::F8_E4M3, {256, 256}).add("m.q.weight_scale_inv", DType::F32, {2, 2}).add("m.q.input_scale", DType::F8_E5M2, {1});
+  REQUIRE_THAT(classify_error(input, fp8_block), contains("scale 'm.q.input_scale' is float8_e5m2"));
+  Tensors lone;
+  lone.add("m.k.weight_scale", DType::F8_E4M3, {1}).add("m.q.weight", DType::F8_E4M3, {256, 256}).add("m.q.weight_scale_inv", DType::F32, {2, 2});
+  REQUIRE_THAT(classify_error(lone, fp8_block), contains("scale 'm.k.weight_scale' is float8_e4m3fn"));
+}
+
+TEST_CASE("zero-element tensors with huge dimensions: companion shapes are computed without overflow, or refused", "[quantization]") {
+  constexpr std::int64_t big = std::int64_t{1} << 62;
+  Tensors ct;
+  ct.add("m.q.weight_packed", DType::I32, {0, big}).add("m.q.weight_scale", DType::BF16, {0, 1});
+  auto m = classify_error(ct, ct_w4("[]").c_str());
+  REQUIRE_THAT(m, contains("tensor 'm.q.weight_packed' has shape [0, 4611686018427387904]"));
+  REQUIRE_THAT(m, contains("overflow"));
+  Tensors gptq;
+  gptq.add("m.q.qweight", DType::I32, {0, big}).add("m.q.qzeros", DType::I32, {1, 1}).add("m.q.scales", DType::F16, {1, 1});
+  m = classify_error(gptq, R"({"quant_method":"awq","bits":4,"group_size":128})");
+  REQUIRE_THAT(m, contains("tensor 'm.q.qweight' has shape [0, 4611686018427387904]"));
+  REQUIRE_THAT(m, contains("overflow"));
+  Tensors rows;
+  rows.add("m.q.qweight", DType::I32, {big, 0}).add("m.q.qzeros", DType::I32, {1, 1}).add("m.q.scales", DType::F16, {1, 1});
+  REQUIRE_THAT(classify_error(rows, R"({"quant_method":"gptq","bits":4,"group_size":128})"), contains("overflow"));
+  // Ceil-divided blocks of the largest dimension a header can hold: exact, not wrapped negative.
+  Tensors fp8;
+  fp8.add("m.q.weight", DType::F8_E4M3, {0, INT64_MAX}).add("m.q.weight_scale_inv", DType::F32, {0, 1});
+  REQUIRE_THAT(classify_error(fp8, fp8_block), contains("gives [0, 72057594037927936]"));
+  Tensors exact = fp8;
+  exact.entries[1].shape = {0, std::int64_t{72057594037927936}};
+  REQUIRE(exact.classify(fp8_block).modules == 1);
+}
