@@ -4,9 +4,11 @@
 #include <accel/load/auto_dispatch.hpp>
 
 #include <fstream>
+#include <random>
 #include <set>
 
 #include "support/catch.hpp"
+#include "support/models.hpp"
 #include "support/safetensors_writer.hpp"
 
 namespace fs = std::filesystem;
@@ -205,4 +207,102 @@ TEST_CASE("the speed objective moves an untied embedding off the GPUs and loads 
   for (auto r : ids) want.insert(want.end(), table.host.begin() + r * 32, table.host.begin() + (r + 1) * 32);
   REQUIRE(got == want);
   REQUIRE_THROWS_WITH(model.fetch("model.embed_tokens"), accel_test::contains("use read_rows"));
+}
+
+namespace {
+
+// One draw of the sweep below: 1-3 GPUs of 512 KiB - 7.5 MiB (8-120 MiB for the full-size model),
+// sometimes a cpu budget, a dtype and an objective; the mode cycles through the four.
+struct SweepCase {
+  std::vector<std::uint64_t> gpus;
+  std::optional<std::uint64_t> cpu;
+  DType dtype = DType::BF16;
+  accel::PlanObjective objective = accel::PlanObjective::fit;
+  std::string mode;
+  [[nodiscard]] std::string budgets() const {
+    std::string out;
+    for (std::size_t i = 0; i < gpus.size(); ++i) out += (i ? "," : "") + std::to_string(i) + "=" + std::to_string(gpus[i]);
+    return cpu ? out + ",cpu=" + std::to_string(*cpu) : out;
+  }
+  [[nodiscard]] std::string describe() const {
+    return "--device-map " + mode + " --max-memory " + budgets() + " --dtype " + std::string(accel::torch_name(dtype)) +
+           " --objective " + std::string(accel::plan_objective_name(objective));
+  }
+};
+
+// Drawn from mt19937's raw output (specified by the standard, unlike its distributions), so every
+// platform draws the same cases.
+std::vector<SweepCase> sweep_cases(std::size_t count) {
+  std::mt19937 rng(20240917);
+  auto draw = [&](std::uint64_t lo, std::uint64_t hi) { return lo + rng() % (hi - lo + 1); };
+  const DType dtypes[] = {DType::BF16, DType::F16, DType::F32};
+  const char* modes[] = {"auto", "balanced", "balanced_low_0", "sequential"};
+  std::vector<SweepCase> out;
+  for (std::size_t k = 0; k < count; ++k) {
+    SweepCase c;
+    const auto n = draw(1, 3);
+    for (std::uint64_t g = 0; g < n; ++g) c.gpus.push_back(draw(512, 7680) << 10);
+    if (draw(0, 9) < 7) c.cpu = draw(0, 7680) << 10;
+    c.dtype = dtypes[draw(0, 2)];
+    c.objective = draw(0, 1) ? accel::PlanObjective::speed : accel::PlanObjective::fit;
+    c.mode = modes[k % 4];
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("every map the one-call load plans loads on GPUs exactly as large as their budgets, or is refused before "
+          "anything is allocated",
+          "[auto_dispatch][execution]") {
+  accel_test::TempDir dir;
+  accel_test::write_scaled_llama(dir.path());
+  const auto checkpoint = accel::resolve_checkpoint(dir.path());
+  std::size_t loaded = 0, refused = 0, idle_execution_gpu = 0;
+  for (const auto& c : sweep_cases(120)) {
+    INFO(c.describe());
+    auto devices = accel::host_simulated_devices(c.gpus);
+    accel::AutoDispatchOptions o = options(devices, c.mode, c.budgets());
+    o.objective = c.objective;
+    o.load.dtype = c.dtype;
+    o.load.offload_folder = dir / "offload";
+    o.load.staging_bytes = 64 << 10;
+    std::optional<accel::DispatchedModel> model;
+    try {
+      model.emplace(accel::load_checkpoint_and_dispatch(dir.path(), o));
+    } catch (const accel::planning_error& e) {
+      // Refused up front: naming the layer and each GPU's room, with nothing allocated anywhere.
+      CHECK_THAT(e.what(), accel_test::contains("no GPU has room for a fetch buffer of '"));
+      for (const auto& d : devices) CHECK(static_cast<accel::HostSimulatedDevice&>(*d).allocations() == 0);
+      ++refused;
+      continue;
+    } catch (const accel::cuda_error& e) {
+      FAIL_CHECK("the load of its own plan failed while allocating: " << e.what());
+      continue;
+    }
+    ++loaded;
+    // The load used what the plan says, and its buffers hold every offloaded layer.
+    const auto planned = accel::plan_auto_dispatch(checkpoint, o);
+    const auto& e = planned.plan.execution;
+    REQUIRE(e.loadable());
+    CHECK(model->execution_device() == e.gpu);
+    CHECK(model->fetch_buffer_count() == (e.fetch_buffer_bytes ? e.fetch_slots : 0));
+    CHECK(model->fetch_buffer_bytes() <= e.fetch_buffer_bytes);
+    std::set<std::string> offloaded;
+    for (const auto& t : model->tensors()) {
+      CHECK(planned.plan.device_map.placement_of(t.name) == t.placement);
+      const auto& rows = planned.load.row_read_tensors;
+      if (!t.placement.is_gpu() && std::find(rows.begin(), rows.end(), t.name) == rows.end())
+        offloaded.insert(std::string(accel::layer_of(t.name)));
+    }
+    for (const auto& layer : offloaded) CHECK(model->fetch(layer).tensors().size() > 0);
+    const bool holds_weights = std::any_of(model->tensors().begin(), model->tensors().end(),
+                                           [&](const auto& t) { return t.placement.is_gpu() && t.placement.index == e.gpu; });
+    if (e.gpu && !holds_weights && !offloaded.empty()) ++idle_execution_gpu;
+  }
+  // The sweep covers what went wrong: fetch buffers on an execution GPU that holds no weights.
+  CHECK(idle_execution_gpu > 0);
+  CHECK(loaded + refused == 120);
+  CHECK(refused < 12);
 }

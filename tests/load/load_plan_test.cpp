@@ -80,3 +80,36 @@ TEST_CASE("plan and load agree on every tensor's bytes for every catalog archite
   CHECK(checked > 1000);
   CHECK(kept_fp32 > 0);  // T5's `wo` and DeepSeek-V3's router gate were kept in float32 on both sides
 }
+
+TEST_CASE("a load takes its execution GPU and fetch buffers from the plan, and refuses one sized for less",
+          "[load_plan][execution]") {
+  accel_test::TempDir dir;
+  accel_test::write_safetensors(dir / "model.safetensors", {{"a.w", DType::F32, {50}, {}},
+                                                            {"b.w", DType::F32, {25}, {}},
+                                                            {"c.w", DType::F32, {100}, {}}});
+  const auto checkpoint = accel::resolve_checkpoint(dir.path());
+  const auto map = accel::DeviceMap::from_json(R"({"a": 1, "b": 1, "c": "cpu"})");
+  // Without a plan: the lowest GPU of the map, fetch_slots buffers.
+  const auto bare = accel::plan_load(checkpoint, map, {}, 2);
+  CHECK(bare.execution_gpu == 1);
+  CHECK(bare.fetch_slots == 2);
+  CHECK(bare.largest_offloaded_layer == 400);
+  CHECK(bare.largest_offloaded_unit == "c");
+  // With the plan's: its GPU (holding no weight) and its count.
+  accel::LoadOptions planned;
+  planned.execution = accel::ExecutionPlan{0, 1, 400, "c"};
+  const auto plan = accel::plan_load(checkpoint, map, planned, 2);
+  CHECK(plan.execution_gpu == 0);
+  CHECK(plan.fetch_slots == 1);
+  // A plan that kept room for less than this load offloads, or none, is refused before anything is allocated.
+  planned.execution = accel::ExecutionPlan{0, 2, 399, "c"};
+  REQUIRE_THROWS_AS(accel::plan_load(checkpoint, map, planned, 2), accel::planning_error);
+  REQUIRE_THROWS_WITH(accel::plan_load(checkpoint, map, planned, 2),
+                      accel_test::contains("layer 'c' is loaded off the GPUs and needs a fetch buffer of 400 bytes") &&
+                          accel_test::contains("on execution GPU 0, but the plan kept room for 2 of 399 bytes"));
+  planned.execution = accel::ExecutionPlan{0, 0, 400, "c"};
+  REQUIRE_THROWS_WITH(accel::plan_load(checkpoint, map, planned, 2),
+                      accel_test::contains("the plan kept room for none (no GPU has room for its largest offloaded layer 'c')"));
+  planned.execution = accel::ExecutionPlan{3, 1, 400, "c"};
+  REQUIRE_THROWS_AS(accel::plan_load(checkpoint, map, planned, 2), accel::unavailable_error);
+}

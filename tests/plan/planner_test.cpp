@@ -565,3 +565,72 @@ TEST_CASE("budget_scale multiplies every budget after balancing, as a quantizer'
   REQUIRE(scaled.gpus.at(0) == static_cast<std::uint64_t>(static_cast<double>(balanced.gpus.at(0)) * 0.9));
   REQUIRE(scaled.gpus.at(1) == static_cast<std::uint64_t>(static_cast<double>(balanced.gpus.at(1)) * 0.9));
 }
+
+TEST_CASE("the execution GPU is the one the plan kept its reserve on, even when it holds no weights", "[planner][execution]") {
+  // GPU 0 keeps room for c (400), so a (200) does not fit there: GPU 0 holds nothing, GPU 1 is full.
+  const auto t = three_layers();
+  const auto plan = accel::plan_device_map(t, budgets("0=500,1=300,cpu=1000"));
+  REQUIRE(json(plan.device_map) == R"({"a":1,"b":1,"c":"cpu"})");
+  CHECK(plan.execution.gpu == 0);
+  CHECK(plan.execution.fetch_slots == 1);
+  CHECK(plan.execution.fetch_buffer_bytes == 400);
+  CHECK(plan.execution.largest_offloaded_layer == "c");
+  CHECK(plan.execution.loadable());
+  CHECK(plan.warnings.empty());
+  const auto report = accel::make_plan_report(plan);
+  CHECK(report.execution_device == Placement::gpu(0));
+  CHECK_THAT(accel::format_plan_table(plan, report),
+             accel_test::contains("execution GPU 0: room kept for 1 fetch buffer of 400 B ('c', the largest layer left on cpu "
+                                  "or disk)") &&
+                 accel_test::contains("stream to GPU 0"));
+  // Two buffers asked, room for one: the plan says one and why.
+  auto two = budgets("0=500,1=300,cpu=1000");
+  two.gpu_reserve_layers = 2;
+  const auto fewer = accel::plan_device_map(t, two);
+  CHECK(fewer.execution.gpu == 0);
+  CHECK(fewer.execution.fetch_slots == 1);
+  REQUIRE(fewer.warnings.size() == 1);
+  CHECK_THAT(fewer.warnings[0], accel_test::contains("GPU 0 has room for 1 of the 2 fetch buffers of 'c' (400 B"));
+}
+
+TEST_CASE("a map no GPU can fetch its largest offloaded layer into is a warning, or refused when the loader plans",
+          "[planner][execution]") {
+  const auto t = three_layers();
+  auto o = budgets("0=300,1=300,cpu=1000");  // GPU 0 too small for c, GPU 1 full
+  const auto plan = accel::plan_device_map(t, o);
+  REQUIRE(json(plan.device_map) == R"({"a":1,"b":1,"c":"cpu"})");
+  CHECK_FALSE(plan.execution.loadable());
+  CHECK(plan.execution.fetch_slots == 0);
+  REQUIRE(plan.warnings.size() == 1);
+  CHECK_THAT(plan.warnings[0], accel_test::contains("no GPU has room for a fetch buffer of 'c' (400 B, the largest layer left on cpu "
+                                                    "or disk)") &&
+                                   accel_test::contains("GPU 0 has 300 B left of its 300 B budget, GPU 1 has 0 B left of its "
+                                                        "300 B budget"));
+  CHECK_THAT(accel::format_plan_table(plan, accel::make_plan_report(plan)),
+             accel_test::contains("execution GPU 0: no room for a fetch buffer of 400 B ('c'); this map cannot be loaded"));
+  o.require_fetch_room = true;
+  REQUIRE_THROWS_AS(accel::plan_device_map(t, o), accel::planning_error);
+  REQUIRE_THROWS_WITH(accel::plan_device_map(t, o),
+                      accel_test::contains("cannot load this map: no GPU has room for a fetch buffer of 'c'"));
+  // A map with no weight on any GPU runs on the CPU: no execution GPU, nothing to refuse.
+  auto cpu_only = budgets("0=100,cpu=1000");
+  cpu_only.require_fetch_room = true;
+  const auto host = accel::plan_device_map(t, cpu_only);
+  REQUIRE(json(host.device_map) == R"({"":"cpu"})");
+  CHECK_FALSE(host.execution.gpu.has_value());
+  CHECK_FALSE(accel::make_plan_report(host).execution_device.has_value());
+}
+
+TEST_CASE("the fetch-buffer room counts the GPUs' budgets as given, before balancing", "[planner][execution]") {
+  // balanced_low_0 gives GPU 0 only what GPU 1 cannot hold (350 of its 1000 bytes), too little for
+  // c: nothing goes there, and GPU 1 is full, but GPU 0's budget as given holds c's fetch buffer.
+  const auto t = three_layers();
+  auto o = budgets("0=1000,1=350,cpu=1000");
+  const auto plan = accel::plan_device_map(t, accel::DeviceMapMode::balanced_low_0, o);
+  REQUIRE(plan.budgets.gpus.at(0) == 350);
+  REQUIRE(json(plan.device_map) == R"({"a":1,"b":1,"c":"cpu"})");
+  REQUIRE_FALSE(plan.device_map.placement_of("c.w")->is_gpu());
+  CHECK(plan.execution.gpu == 0);
+  CHECK(plan.execution.fetch_slots == 1);
+  CHECK(plan.warnings.empty());
+}

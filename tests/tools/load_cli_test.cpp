@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/models.hpp"
 #include "support/run_command.hpp"
 #include "support/safetensors_writer.hpp"
 
@@ -332,4 +333,51 @@ TEST_CASE("accel load --dump-dir writes every tensor as loaded, copied back from
                                                             quoted(dump / "." ) + " 2>&1"));
   CHECK(same.status == 2);
   CHECK_THAT(same.output, accel_test::contains("--dump-dir and --offload-folder name the same folder"));
+}
+
+TEST_CASE("accel load fetches into the GPU its plan kept room on, even one that holds no weights", "[cli][load][execution]") {
+  // A 50 MB Llama on 0=75MiB,1=75MiB,cpu=20MiB as float32, scaled down 16x: GPU 0 keeps room for
+  // two fetch buffers of the LM head (a 1.95 MiB embedding-sized layer), so the embedding no
+  // longer fits there and GPU 0 holds nothing; GPU 1 is full. The buffers go to GPU 0, in every
+  // mode (the loader used to take the lowest GPU of the map, GPU 1, and ran out of memory there).
+  accel_test::TempDir dir;
+  accel_test::write_scaled_llama(dir.path());
+  const std::string base = "load --checkpoint " + quoted(dir.path()) + " --max-memory 0=4800KiB,1=4800KiB,cpu=1280KiB"
+                           " --simulate-gpus 4800KiB,4800KiB --dtype float32 --offload-folder " + quoted(dir / "offload") + " --json";
+  for (const char* mode : {"auto", "balanced", "balanced_low_0", "sequential"}) {
+    INFO(mode);
+    auto fit = accel_test::run_command(accel_test::accel_cli(base + " --device-map " + mode + " 2>&1"));
+    INFO(fit.output);
+    REQUIRE(fit.status == 0);
+    const auto j = nlohmann::json::parse(fit.output);
+    CHECK_FALSE(j["devices"].contains("0"));
+    CHECK(j["devices"].contains("1"));
+    CHECK(j["device_map"]["lm_head"] == "disk");
+    CHECK(j["execution_device"] == 0);
+    CHECK(j["fetch_buffers"] == 2);
+    CHECK(j["fetch_buffer_bytes"] == 2048000);
+    CHECK(j["warnings"].empty());
+    // The speed objective moves the embedding off the GPUs (read by rows) and loads too.
+    auto speed = accel_test::run_command(accel_test::accel_cli(base + " --device-map " + mode + " --objective speed 2>&1"));
+    INFO(speed.output);
+    CHECK(speed.status == 0);
+  }
+}
+
+TEST_CASE("accel load refuses a plan no GPU can fetch its offloaded layers into (5), before anything is written",
+          "[cli][load][execution]") {
+  // 0=17MiB,1=81MiB,cpu=34MiB as float32, scaled down 16x: GPU 0 is too small for a buffer of the
+  // LM head, GPU 1 too full.
+  accel_test::TempDir dir;
+  accel_test::write_scaled_llama(dir.path());
+  auto r = accel_test::run_command(accel_test::accel_cli(
+      "load --checkpoint " + quoted(dir.path()) + " --max-memory 0=1088KiB,1=5184KiB,cpu=2176KiB --simulate-gpus 1088KiB,5184KiB"
+      " --dtype float32 --device-map sequential --offload-folder " + quoted(dir / "offload") + " 2>&1"));
+  INFO(r.output);
+  CHECK(r.status == 5);
+  CHECK_THAT(r.output, accel_test::contains("[accel.planning] cannot load this map: no GPU has room for a fetch buffer of "
+                                            "'lm_head' (1.95 MiB, the largest layer left on cpu or disk)") &&
+                           accel_test::contains("GPU 0 has 1.06 MiB left of its 1.06 MiB budget, GPU 1 has 819.50 KiB left") &&
+                           accel_test::contains("raise a GPU's budget"));
+  CHECK_FALSE(std::filesystem::exists(dir / "offload"));
 }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "support/catch.hpp"
+#include "support/models.hpp"
 #include "support/run_command.hpp"
 #include "support/safetensors_writer.hpp"
 
@@ -210,4 +211,26 @@ TEST_CASE("accel plan --skeleton naming a folder is a config error (3) with one 
   CHECK(r.status == 3);
   CHECK(r.output.find("accel plan: [accel.config] cannot read model skeleton '" + dir.path().string() + "': it is a folder") !=
         std::string::npos);
+}
+
+TEST_CASE("accel plan names the execution GPU and the fetch buffers it kept room for, as accel load uses them",
+          "[cli][plan][execution]") {
+  // The map accel load plans for 0=75MiB,1=75MiB,cpu=20MiB on a 50 MB Llama as float32, scaled down
+  // 16x: GPU 0 keeps room for two buffers of the LM head and so holds no weight; it runs the LM head.
+  accel_test::TempDir dir;
+  accel_test::write_scaled_llama(dir.path());
+  const std::string base = "plan --checkpoint " + quoted(dir.path()) +
+                           " --max-memory 0=4800KiB,1=4800KiB,cpu=1280KiB --dtype float32 --gpu-reserve-layers 2";
+  auto text = accel_test::run_command(accel_test::accel_cli(base + " 2>&1"));
+  INFO(text.output);
+  REQUIRE(text.status == 0);
+  CHECK_THAT(text.output, accel_test::contains("0       4.69 MiB     0 B") &&
+                              accel_test::contains("execution GPU 0: room kept for 2 fetch buffers of 1.95 MiB ('lm_head', the "
+                                                   "largest layer left on cpu or disk)") &&
+                              accel_test::contains("stream to GPU 0"));
+  auto report = accel_test::run_command(accel_test::accel_cli(base + " --json-report"));
+  REQUIRE(report.status == 0);
+  const auto j = nlohmann::json::parse(report.output);
+  CHECK(j["execution"] == nlohmann::json::parse(R"({"gpu": 0, "fetch_buffers": 2, "fetch_buffer_bytes": 2048000,
+                                                    "largest_offloaded_layer": "lm_head", "loadable": true})"));
 }

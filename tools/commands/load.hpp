@@ -220,7 +220,9 @@ inline int run_load(std::span<char*> argv) {
     plan.no_split = blocks.specs;
     plan.auto_no_split = blocks.automatic;
     blocks_note = blocks.note;
-    map = accel::plan_device_map(model.tree, *mode, plan, defaulted).device_map;
+    const auto planned = accel::plan_device_map(model.tree, *mode, plan, defaulted);
+    map = planned.device_map;
+    opts = accel::planned_load_options(std::move(opts), model.tree, model.checkpoint->names, planned);
     map_source = "planned (" + map_arg + (objective == accel::PlanObjective::speed ? ", objective speed" : "") + ", budgets " +
                  plan.max_memory.to_string() + ")";
   }
@@ -258,6 +260,7 @@ inline int run_load(std::span<char*> argv) {
     j["model_only_device_map_keys"] = unused.model_only;
     j["offload_written"] = r.offload_written;
     j["offload_reused"] = r.offload_reused;
+    j["execution_device"] = loaded.execution_device() ? nlohmann::ordered_json(*loaded.execution_device()) : nlohmann::ordered_json(nullptr);
     j["fetch_buffers"] = loaded.fetch_buffer_count();
     j["fetch_buffer_bytes"] = loaded.fetch_buffer_bytes();
     j["warnings"] = r.warnings;

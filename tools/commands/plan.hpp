@@ -154,6 +154,10 @@ inline nlohmann::ordered_json plan_report_json(const accel::PlanResult& plan, co
   }
   j["devices"] = std::move(devices);
   j["total_bytes"] = plan.total_bytes;
+  const auto& e = plan.execution;  // where offloaded layers run, and the fetch buffers kept room for there
+  j["execution"] = {{"gpu", e.gpu ? nlohmann::ordered_json(*e.gpu) : nlohmann::ordered_json(nullptr)},
+                    {"fetch_buffers", e.fetch_slots}, {"fetch_buffer_bytes", e.fetch_buffer_bytes},
+                    {"largest_offloaded_layer", e.largest_offloaded_layer}, {"loadable", e.loadable()}};
   return j;
 }
 

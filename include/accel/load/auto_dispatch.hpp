@@ -66,7 +66,8 @@ struct AutoDispatchOptions {
 /// @brief A plan for the one-call load: the device map and the options the load runs with.
 struct AutoDispatchPlan {
   PlanResult plan;          ///< the device map with its per-device accounting (as `accel plan` prints it)
-  LoadOptions load;         ///< the load options with the dtype, keep-in-fp32 list, ties and devices decided
+  LoadOptions load;         ///< the load options with the dtype, keep-in-fp32 list, ties, devices and
+                            ///< execution GPU with its fetch buffers (plan.execution) decided
   std::string architecture; ///< which catalog entry shaped the model, or why none did
 };
 
@@ -147,8 +148,9 @@ inline std::vector<std::string> row_read_offloaded(const ModuleTree& tree, const
 }  // namespace detail
 
 /// @brief The planner options a load plans with (before the model's no-split blocks): `accel plan`'s
-///        transformers rules, `budgets`, the load's dtype and keep-in-fp32 patterns, and room on the
-///        first GPU for every fetch buffer. `accel load` and plan_auto_dispatch both start here.
+///        transformers rules, `budgets`, the load's dtype and keep-in-fp32 patterns, room on the
+///        first GPU for every fetch buffer, and a map no GPU can fetch its offloaded layers into
+///        refused (PlanOptions::require_fetch_room). `accel load` and plan_auto_dispatch both start here.
 /// @param devices the GPUs the load places on (LoadOptions::devices)
 /// @throws unavailable_error when a budget names a GPU that is not among `devices`
 [[nodiscard]] inline PlanOptions load_plan_options(MaxMemory budgets, const std::vector<DeviceMemoryPtr>& devices,
@@ -160,14 +162,31 @@ inline std::vector<std::string> row_read_offloaded(const ModuleTree& tree, const
   plan.dtype = load.dtype;
   plan.keep_in_fp32 = load.keep_in_fp32;
   plan.gpu_reserve_layers = static_cast<std::uint32_t>(std::max(load.fetch_slots, 1));  // room for every fetch buffer
+  plan.require_fetch_room = true;  // refused before anything is allocated, not out of memory while loading
   return plan;
+}
+
+/// @brief The load options a planned map loads with: the plan's execution GPU and fetch buffers
+///        (PlanResult::execution, so the load never re-derives them from the map) and, for the
+///        speed objective, the row-read input embeddings the map puts off the GPUs, for which no
+///        fetch buffer is sized (LoadOptions::row_read_tensors). `accel load` and
+///        plan_auto_dispatch both end here.
+/// @param tree the model the plan was made for
+/// @param names the checkpoint's names of its tensors (CheckpointModel::names)
+[[nodiscard]] inline LoadOptions planned_load_options(LoadOptions load, const ModuleTree& tree, const NameTable& names,
+                                                      const PlanResult& plan) {
+  load.execution = plan.execution;
+  if (plan.objective == PlanObjective::speed) load.row_read_tensors = detail::row_read_offloaded(tree, names, plan.device_map);
+  return load;
 }
 
 /// @brief Plans the one-call load of a resolved checkpoint without reading any weight: the model
 ///        from headers + config.json + catalog, the budgets, then the strategy's device map.
 /// @throws accel::usage_error for an unknown strategy or a no-split spec matching nothing;
 ///         accel::unavailable_error for a budget naming an absent GPU; accel::planning_error when
-///         the model fits nowhere; accel::checkpoint_error for an unreadable config.json
+///         the model fits nowhere, or when no GPU has room for a fetch buffer of the largest layer
+///         the map offloads (naming the layer and each GPU's room); accel::checkpoint_error for an
+///         unreadable config.json
 [[nodiscard]] inline AutoDispatchPlan plan_auto_dispatch(const Checkpoint& checkpoint, const AutoDispatchOptions& options) {
   const DeviceMapMode mode = parse_device_map_mode(options.device_map);
   AutoDispatchPlan out;
@@ -202,8 +221,7 @@ inline std::vector<std::string> row_read_offloaded(const ModuleTree& tree, const
   out.load.config_file = options.config_file;
   out.load.dtype = plan.dtype;
   out.load.keep_in_fp32 = plan.keep_in_fp32;
-  if (plan.objective == PlanObjective::speed)
-    out.load.row_read_tensors = detail::row_read_offloaded(model.tree, model.names, out.plan.device_map);
+  out.load = planned_load_options(std::move(out.load), model.tree, model.names, out.plan);
   for (auto& tie : detail::tied_aliases(model.tree, model.names))
     if (std::none_of(out.load.tied.begin(), out.load.tied.end(), [&](const auto& t) { return t.first == tie.first; }))
       out.load.tied.push_back(std::move(tie));

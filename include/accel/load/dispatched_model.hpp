@@ -199,12 +199,13 @@ class DispatchedModel {
   }
   /// @brief What the load did.
   [[nodiscard]] const LoadReport& report() const noexcept { return s_->report; }
-  /// @brief The GPU fetch() copies to (the lowest GPU in the map), or nullopt (no GPU: host pointers).
+  /// @brief The GPU fetch() copies to (the plan's execution GPU, LoadOptions::execution; without a
+  ///        plan the lowest GPU in the map), or nullopt (no GPU holds weights: host pointers).
   [[nodiscard]] std::optional<int> execution_device() const noexcept { return s_->execution_gpu; }
   /// @brief Size of each fetch buffer (the largest offloaded layer, see detail::fetch_unit).
   [[nodiscard]] std::uint64_t fetch_buffer_bytes() const noexcept { return s_->slot_bytes; }
-  /// @brief Number of fetch buffers (LoadOptions::fetch_slots, or fewer when the device had no room:
-  /// see LoadReport::warnings).
+  /// @brief Number of fetch buffers (the plan's ExecutionPlan::fetch_slots, else LoadOptions::fetch_slots;
+  /// fewer when the device had no room: see LoadReport::warnings).
   [[nodiscard]] std::size_t fetch_buffer_count() const noexcept { return s_->slots.size(); }
 
   /// @brief Brings the tensors of `module` (a device-map key or any dotted prefix) to the execution

@@ -23,6 +23,7 @@
 #include <accel/runtime/config.hpp>
 #include <accel/load/convert.hpp>
 #include <accel/plan/device_map.hpp>
+#include <accel/plan/plan_options.hpp>
 #include <accel/load/device_memory.hpp>
 #include <accel/load/offload.hpp>
 #include <accel/model/dtype.hpp>
@@ -100,6 +101,12 @@ struct LoadOptions {
   /// can fill one while the other is in use). Fewer are made, with a warning, when the device has no
   /// room for all; plan with PlanOptions::gpu_reserve_layers = fetch_slots to leave that room.
   int fetch_slots = 2;
+  /// The plan's execution GPU and fetch buffers (PlanResult::execution; plan_auto_dispatch and
+  /// `accel load` pass it): fetch() copies to that GPU, into exactly that many buffers (fetch_slots
+  /// is then only what was asked: fewer are a warning), and a largest offloaded layer larger than
+  /// the plan sized them for is refused (planning_error) before anything is allocated. Unset (a
+  /// map made elsewhere): the lowest GPU of the map, with fetch_slots buffers.
+  std::optional<ExecutionPlan> execution{};
   /// Threads that read (and convert) the tensors held in host memory, each taking 8 MiB at a time;
   /// 0: one per core, at most 8. Progress callbacks still run on the calling thread.
   unsigned host_threads = 0;
@@ -145,8 +152,11 @@ struct LoadPlan {
   std::vector<std::string> unexpected;       ///< checkpoint tensors not loaded (no device, or not in the model)
   std::vector<std::string> missing;          ///< expected tensors the checkpoint lacks
   std::vector<std::string> unused_keys;      ///< device-map keys that cover no checkpoint tensor
-  std::optional<int> execution_gpu;          ///< lowest GPU among the map's values: where fetch() brings weights
+  std::optional<int> execution_gpu;          ///< where fetch() brings weights: LoadOptions::execution's GPU,
+                                             ///< else the lowest GPU of the map
   std::uint64_t largest_offloaded_layer = 0; ///< bytes of the biggest cpu/disk layer (detail::fetch_unit, aligned): fetch buffer size
+  std::string largest_offloaded_unit;        ///< that layer's name (the fetch unit)
+  int fetch_slots = 0;                       ///< fetch buffers to make (0 without a GPU or anything to fetch)
   std::uint64_t total_bytes = 0;             ///< bytes of every loaded tensor, once loaded
 };
 
@@ -244,16 +254,52 @@ inline void pack_arenas(LoadPlan& plan) {
   }
 }
 
-// Bytes of the largest fetch unit held off the GPUs, packed as a fetch buffer packs it; tensors
+// The largest fetch unit held off the GPUs, its bytes packed as a fetch buffer packs it; tensors
 // only read by rows do not count.
-inline std::uint64_t largest_offloaded_layer(const std::vector<PlannedTensor>& tensors, const LoadOptions& options) {
+struct OffloadedUnit {
+  std::string name;
+  std::uint64_t bytes = 0;
+};
+inline OffloadedUnit largest_offloaded_unit(const std::vector<PlannedTensor>& tensors, const LoadOptions& options) {
   const std::unordered_set<std::string_view> row_read(options.row_read_tensors.begin(), options.row_read_tensors.end());
   std::map<std::string, std::vector<std::uint64_t>> sizes;
   for (const auto& t : tensors)
     if (!t.placement.is_gpu() && !row_read.count(t.name)) sizes[std::string(fetch_unit(t.name, t.block))].push_back(t.bytes);
-  std::uint64_t largest = 0;
-  for (const auto& [unit, s] : sizes) largest = std::max(largest, arena_layout(s).total);
+  OffloadedUnit largest;
+  for (const auto& [unit, s] : sizes)
+    if (const auto bytes = arena_layout(s).total; bytes > largest.bytes) largest = {unit, bytes};
   return largest;
+}
+
+// The execution GPU and its fetch buffers: the plan's (LoadOptions::execution), checked against
+// what this load offloads, else the lowest GPU of the map with fetch_slots buffers.
+inline void plan_fetch_buffers(LoadPlan& plan, const DeviceMap& map, const LoadOptions& options, std::size_t gpu_count) {
+  const auto largest = largest_offloaded_unit(plan.tensors, options);
+  plan.largest_offloaded_layer = largest.bytes;
+  plan.largest_offloaded_unit = largest.name;
+  if (!options.execution) {
+    for (const auto& [k, p] : map.entries())
+      if (p.is_gpu() && (!plan.execution_gpu || p.index < *plan.execution_gpu)) plan.execution_gpu = p.index;
+    plan.fetch_slots = plan.execution_gpu && largest.bytes ? std::max(options.fetch_slots, 1) : 0;
+    return;
+  }
+  const ExecutionPlan& e = *options.execution;
+  plan.execution_gpu = e.gpu;
+  if (e.gpu && (*e.gpu < 0 || static_cast<std::size_t>(*e.gpu) >= gpu_count))
+    throw_error<unavailable_error>("the plan runs offloaded layers on GPU ", *e.gpu, " but ",
+                                   gpu_count == 0 ? std::string("no GPU is") : concat("only ", gpu_count, " GPU(s) are"),
+                                   " visible; plan for the GPUs the load uses (LoadOptions::devices)");
+  if (!e.gpu || largest.bytes == 0) return;
+  if (e.fetch_slots == 0 || largest.bytes > e.fetch_buffer_bytes)
+    throw_error<planning_error>(
+        "layer '", largest.name, "' is loaded off the GPUs and needs a fetch buffer of ", largest.bytes, " bytes (",
+        text::format_bytes(largest.bytes), ") on execution GPU ", *e.gpu, ", but the plan kept room for ",
+        e.fetch_slots == 0 ? std::string("none") : concat(e.fetch_slots, " of ", e.fetch_buffer_bytes, " bytes"),
+        e.fetch_slots == 0 ? concat(" (no GPU has room for its largest offloaded layer '", e.largest_offloaded_layer, "')")
+                           : std::string(),
+        "; plan the map for these budgets and load options (plan_auto_dispatch, accel load --device-map auto), "
+        "or raise a GPU's budget");
+  plan.fetch_slots = static_cast<int>(e.fetch_slots);
 }
 
 // Expected tensors neither loaded nor tied to a loaded one, in the order they were expected.
@@ -290,7 +336,9 @@ inline void refuse_mismatch_when_strict(const LoadPlan& plan, const LoadOptions&
 /// @param options dtype, keep-in-fp32, expected tensors, cpu memory kind, offload folder
 /// @param gpu_count GPUs available (indexes 0 .. gpu_count-1)
 /// @return the plan
-/// @throws accel::unavailable_error when the map names a GPU index >= gpu_count
+/// @throws accel::unavailable_error when the map (or LoadOptions::execution) names a GPU index >= gpu_count
+/// @throws accel::planning_error when LoadOptions::execution kept no room, or too little, for the
+///         largest layer this load leaves off the GPUs
 /// @throws accel::checkpoint_error in strict mode when tensors are missing or unexpected
 /// @throws accel::usage_error when a dtype change is unsupported, or disk tensors need conversion
 ///         and no offload folder is given
@@ -320,11 +368,9 @@ inline void refuse_mismatch_when_strict(const LoadPlan& plan, const LoadOptions&
     }
   }
   detail::pack_arenas(plan);
-  plan.largest_offloaded_layer = detail::largest_offloaded_layer(plan.tensors, options);
-  for (const auto& [k, p] : map.entries()) {
+  detail::plan_fetch_buffers(plan, map, options, gpu_count);
+  for (const auto& [k, p] : map.entries())
     if (!used_keys.count(k)) plan.unused_keys.push_back(k);
-    if (p.is_gpu() && (!plan.execution_gpu || p.index < *plan.execution_gpu)) plan.execution_gpu = p.index;
-  }
   plan.missing = detail::missing_tensors(plan.tensors, options);
   detail::refuse_mismatch_when_strict(plan, options);
   return plan;

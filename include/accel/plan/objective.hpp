@@ -4,8 +4,8 @@
 /// @brief The speed objective: a device map that streams the fewest weight bytes per forward
 ///        pass within the budgets a fit map used, with what it costs beside the fit map.
 ///
-/// A map with cpu or disk entries copies those weights to the execution GPU (the lowest GPU of the
-/// map) on every forward pass. The speed objective places the same units under the same budgets
+/// A map with cpu or disk entries copies those weights to the execution GPU (PlanResult::execution)
+/// on every forward pass. The speed objective places the same units under the same budgets
 /// and no-split rules, but:
 /// - an input embedding not tied to an output layer leaves the GPUs first: a pass reads only the
 ///   rows of its token ids (DispatchedModel::read_rows), so it costs no table copy (counted as 0);
@@ -20,9 +20,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -146,6 +148,144 @@ inline StreamingCost streaming_cost(const ModuleTree& tree, const ModuleSizes& s
   return detail::streaming_cost(tree, sizes, map, opts, row_read_embeddings(tree));
 }
 
+namespace detail {
+// Bytes a set of tensors takes packed as the loader packs an arena or a fetch buffer (each at a
+// multiple of 256 bytes, in an order these sizes do not fix): at most each size rounded up to 256,
+// less the smallest rounding (whichever comes last is not padded); a lone tensor takes its size.
+class PackedBytes {
+ public:
+  void add(std::uint64_t bytes) {
+    if (bytes == 0) return;  // empty tensors take no room
+    const std::uint64_t rounded = (bytes + 255) / 256 * 256;
+    rounded_ += rounded;
+    least_pad_ = std::min(least_pad_, rounded - bytes);
+  }
+  [[nodiscard]] std::uint64_t bound() const noexcept { return rounded_ ? rounded_ - least_pad_ : 0; }
+
+ private:
+  std::uint64_t rounded_ = 0, least_pad_ = 255;
+};
+
+// What a map puts on each GPU and the largest layer it leaves on cpu or disk, counted as the
+// loader packs them (an arena per map key on a GPU; a fetch buffer per layer): every tensor a
+// checkpoint holds (shared ones once; not the non-persistent buffers the model computes, which no
+// checkpoint holds and the loader never places).
+struct MapFootprint {
+  bool any_gpu = false;                   // some weight is on a GPU
+  std::map<int, std::uint64_t> gpu_bytes; // packed bytes per GPU (only when something is offloaded)
+  std::string largest;                    // the largest offloaded layer (layer_of), first in model order on ties
+  std::uint64_t largest_bytes = 0;        // its packed bytes
+};
+
+// `row_read`: tensors a forward pass reads by rows (left out of the fetch buffers), or nullptr.
+inline MapFootprint map_footprint(const ModuleTree& tree, const ModuleSizes& sizes, const DeviceMap& map,
+                                  const std::vector<bool>* row_read) {
+  MapFootprint f;
+  bool any_off = false;
+  for (const auto& [key, where] : map) (where.is_gpu() ? f.any_gpu : any_off) = true;
+  if (!f.any_gpu || !any_off) return f;  // runs on the CPU, or nothing is fetched
+  const auto index = tree.index();
+  std::unordered_map<const DeviceMap::Entry*, PackedBytes> arenas;  // by the GPU key holding them
+  std::unordered_map<std::string_view, PackedBytes> layers;        // offloaded, by layer
+  std::vector<std::string_view> layer_order;
+  for (std::size_t t = 0; t < tree.tensors().size(); ++t) {
+    const auto& ten = tree.tensors()[t];
+    if (index->canonical[t] != t || sizes.tensor[t] == 0 || (ten.buffer && !ten.persistent)) continue;
+    const auto* key = map.covering(ten.name);
+    if (!key) continue;
+    if (key->second.is_gpu()) {
+      arenas[key].add(sizes.tensor[t]);
+    } else if (!row_read || !(*row_read)[t]) {
+      const auto [it, fresh] = layers.try_emplace(layer_of(ten.name));
+      if (fresh) layer_order.push_back(it->first);
+      it->second.add(sizes.tensor[t]);
+    }
+  }
+  for (const auto& [key, bytes] : arenas) f.gpu_bytes[key->second.index] += bytes.bound();
+  for (const auto layer : layer_order)
+    if (const auto bytes = layers.at(layer).bound(); bytes > f.largest_bytes) {
+      f.largest_bytes = bytes;
+      f.largest = std::string(layer);
+    }
+  return f;
+}
+
+// The GPU that runs the offloaded layers and how many fetch buffers it has room for (see
+// ExecutionPlan): `reserve_gpu` (where the plan kept its reserve) first, then the other GPUs of
+// `budgets` in order; GPUs with a budget of 0 take nothing. Room is the budget less the packed
+// weights on the GPU. None with room for one buffer: the first candidate with 0 slots (not loadable).
+inline ExecutionPlan choose_execution(const MapFootprint& f, std::optional<int> reserve_gpu, const MaxMemory& budgets,
+                                      std::uint32_t wanted) {
+  ExecutionPlan e;
+  if (!f.any_gpu) return e;
+  std::vector<int> candidates;
+  if (reserve_gpu && budgets.gpus.count(*reserve_gpu) && budgets.gpus.at(*reserve_gpu) > 0) candidates.push_back(*reserve_gpu);
+  for (const auto& [gpu, bytes] : budgets.gpus)
+    if (bytes > 0 && gpu != reserve_gpu) candidates.push_back(gpu);
+  if (candidates.empty()) {  // not a map of these budgets: its lowest GPU, as the loader would take
+    for (const auto& [gpu, bytes] : f.gpu_bytes) candidates.push_back(gpu);
+    if (candidates.empty() && reserve_gpu) candidates.push_back(*reserve_gpu);
+  }
+  e.gpu = candidates.empty() ? std::optional<int>() : std::optional<int>(candidates.front());
+  e.fetch_buffer_bytes = f.largest_bytes;
+  e.largest_offloaded_layer = f.largest;
+  if (f.largest_bytes == 0) return e;
+  wanted = std::max<std::uint32_t>(wanted, 1);
+  for (const int gpu : candidates) {
+    const auto budget = budgets.gpus.count(gpu) ? budgets.gpus.at(gpu) : 0;
+    const auto used = f.gpu_bytes.count(gpu) ? f.gpu_bytes.at(gpu) : 0;
+    const auto room = budget > used ? budget - used : 0;
+    const auto fits = static_cast<std::uint32_t>(std::min<std::uint64_t>(wanted, room / f.largest_bytes));
+    if (fits > e.fetch_slots) {
+      e.gpu = gpu;
+      e.fetch_slots = fits;
+    }
+    if (fits == wanted) break;
+  }
+  return e;
+}
+
+// Why `e` cannot be loaded, or holds fewer buffers than asked: per GPU its room.
+inline std::string fetch_room_note(const ExecutionPlan& e, const MapFootprint& f, const MaxMemory& budgets,
+                                   std::uint32_t wanted) {
+  std::string rooms;
+  for (const auto& [gpu, budget] : budgets.gpus) {
+    const auto used = f.gpu_bytes.count(gpu) ? f.gpu_bytes.at(gpu) : 0;
+    rooms += concat(rooms.empty() ? "" : ", ", "GPU ", gpu, " has ", text::format_bytes(budget > used ? budget - used : 0),
+                    " left of its ", text::format_bytes(budget), " budget");
+  }
+  const std::string layer = concat("'", e.largest_offloaded_layer, "' (", text::format_bytes(e.fetch_buffer_bytes),
+                                   ", the largest layer left on cpu or disk)");
+  if (!e.loadable())
+    return concat("no GPU has room for a fetch buffer of ", layer, ", which a forward pass copies to the execution GPU: ",
+                  rooms, "; raise a GPU's budget (max_memory, --max-memory), or try the speed objective "
+                  "(PlanObjective::speed, --objective speed), whose packing keeps that room on the execution GPU");
+  return concat("GPU ", *e.gpu, " has room for ", e.fetch_slots, " of the ", wanted, " fetch buffers of ", layer, " (", rooms,
+                "), so prefetch overlaps less; raise a GPU's budget to keep room for all of them");
+}
+
+// Sets plan.execution for `budgets` (the GPUs' budgets as given, times budget_scale). A plan that
+// cannot be loaded is a planning_error when opts.require_fetch_room, else a warning.
+inline void plan_execution(const ModuleTree& tree, const ModuleSizes& sizes, PlanResult& plan, const MaxMemory& budgets,
+                           const PlanOptions& opts) {
+  std::optional<int> reserve_gpu;
+  for (const auto& d : plan.devices)
+    if (d.device.is_gpu() && (d.main || !reserve_gpu)) {
+      reserve_gpu = d.device.index;
+      if (d.main) break;
+    }
+  const auto row_read = plan.objective == PlanObjective::speed ? row_read_embeddings(tree) : std::vector<bool>();
+  const auto footprint = map_footprint(tree, sizes, plan.device_map, row_read.empty() ? nullptr : &row_read);
+  const auto wanted = std::max<std::uint32_t>(opts.gpu_reserve_layers, 1);
+  plan.execution = choose_execution(footprint, reserve_gpu, budgets, wanted);
+  const auto& e = plan.execution;
+  if (e.loadable() && (e.fetch_buffer_bytes == 0 || e.fetch_slots == wanted)) return;
+  auto note = fetch_room_note(e, footprint, budgets, wanted);
+  if (!e.loadable() && opts.require_fetch_room) throw_error<planning_error>("cannot load this map: ", note);
+  plan.warnings.push_back(std::move(note));
+}
+}  // namespace detail
+
 /// @brief The speed objective's map and how it compares with the fit map.
 struct SpeedPlan {
   PlanResult plan;                 ///< the map kept for speed: a better one, or the fit map itself
@@ -176,7 +316,9 @@ inline std::string move_reason(bool row_read, Placement from, Placement to, cons
 ///        balancing and budget_scale); gpu_reserve_layers, offload_buffers, no-split rules and
 ///        bandwidths are read
 /// @param fit the fit map (plan_device_map with PlanObjective::fit)
-/// @return the map kept (`fit` unchanged when no packing streams less) and both costs
+/// @return the map kept (`fit` unchanged when no packing streams less) and both costs; a map of its
+///         own comes with its PlanResult::execution within fit.budgets, and only where every fetch
+///         buffer fits there (plan_device_map then sets it for the budgets as given)
 /// @code
 /// auto fit = accel::plan_device_map(tree, sizes, accel::DeviceMapMode::automatic, opts);
 /// auto speed = accel::plan_speed_objective(tree, sizes, opts, fit);
@@ -209,8 +351,8 @@ inline std::string move_reason(bool row_read, Placement from, Placement to, cons
       for (const bool row_read_off : {true, false}) {
         auto a = packing.pack(reserve, by_size, row_read_off);
         if (!a) continue;
-        // The budgets, checked on the result: the execution GPU (the lowest GPU holding anything)
-        // keeps room for the largest layer that streams, cpu for the largest one on disk.
+        // The budgets, checked on the result: the execution GPU (for this objective the lowest GPU
+        // holding anything) keeps room for the largest layer that streams, cpu for the largest one on disk.
         const auto [used, buffers] = packing.usage(*a);
         const auto gpu_reserve = packing.largest_layer_off_gpus(*a, false) * layers;
         const auto on_disk = packing.largest_layer_off_gpus(*a, true);
@@ -229,6 +371,14 @@ inline std::string move_reason(bool row_read, Placement from, Placement to, cons
         auto map = packing.to_map(*a);
         const auto cost = detail::streaming_cost(tree, sizes, map, o, row_read);
         if (!detail::cheaper(cost, cmp.speed)) continue;
+        // The loader's check of the same room (ExecutionPlan): each tensor packed as it packs them,
+        // buffers too. A map whose every fetch buffer does not fit is no better than the fit map.
+        std::optional<int> exec_gpu;
+        for (std::size_t d = 0; d < devices.size() && !exec_gpu; ++d)
+          if (devices[d].is_gpu() && used[d] > 0) exec_gpu = devices[d].index;
+        const auto exec = detail::choose_execution(detail::map_footprint(tree, sizes, map, &row_read), exec_gpu, o.max_memory,
+                                                   static_cast<std::uint32_t>(layers));
+        if (exec.fetch_buffer_bytes > 0 && exec.fetch_slots < layers) continue;
         cmp.speed = cost;
         best = std::move(a);
         best_map = std::move(map);
@@ -265,6 +415,9 @@ inline std::string move_reason(bool row_read, Placement from, Placement to, cons
   for (const auto& [key, where] : r.device_map)
     for (auto& p : r.devices)
       if (p.device == where) p.modules.push_back(key);
+  r.execution = detail::choose_execution(detail::map_footprint(tree, sizes, r.device_map, &row_read),
+                                         exec ? std::optional<int>(devices[*exec].index) : std::nullopt, o.max_memory,
+                                         static_cast<std::uint32_t>(layers));
   cmp.speed_map_differs = true;
 
   // Why each unit moved: what the fit map spent GPU room on that this one does not.

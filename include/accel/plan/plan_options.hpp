@@ -109,6 +109,9 @@ struct PlanOptions {
   PlanObjective objective = PlanObjective::fit;  ///< fit: transformers' map, unchanged; speed: see
                                                  ///< PlanObjective (mode-taking plan_device_map only)
   Bandwidths bandwidths{};                ///< rates the speed objective weighs cpu against disk with
+  bool require_fetch_room = false;        ///< refuse (planning_error) a map whose largest offloaded
+                                          ///< layer fits the fetch-buffer room of no GPU
+                                          ///< (PlanResult::execution); the loader's plans set it
 };
 
 /// @brief What one device received.
@@ -157,6 +160,29 @@ struct ObjectiveComparison {
   Bandwidths bandwidths{};             ///< the rates the seconds assume
 };
 
+/// @brief Which GPU runs the layers a map leaves on cpu or disk, and the fetch buffers (each one
+///        such layer, copied in for a forward pass) the plan kept room for there. The loader takes
+///        both from here (LoadOptions::execution), never from the map alone.
+///
+/// The GPU is the one where the plan kept its largest-layer reserve (the first GPU of the budgets
+/// for the fit objective, as transformers keeps it; the first GPU holding weights for the speed
+/// objective), even when it holds no weights itself, if its budget as given (before balancing,
+/// times budget_scale) less the weights placed on it holds the buffers; otherwise the first other
+/// GPU with a budget that holds all of them, else the one holding the most. A map that places no
+/// weight on any GPU runs on the CPU: no execution GPU, no fetch buffer.
+struct ExecutionPlan {
+  std::optional<int> gpu{};               ///< the execution GPU; unset: no GPU holds weights (runs on the CPU)
+  std::uint32_t fetch_slots = 0;          ///< fetch buffers room was kept for on it (at most
+                                          ///< gpu_reserve_layers; 0 when nothing is fetched, or when
+                                          ///< no GPU has room for one: see loadable())
+  std::uint64_t fetch_buffer_bytes = 0;   ///< bytes of each: the largest offloaded layer, every tensor
+                                          ///< at a multiple of 256 bytes as the loader packs it
+  std::string largest_offloaded_layer{};  ///< that layer (a tensor's name up to its first numeric
+                                          ///< component, else its module: layer_of); "" when none
+  /// @brief False when a layer must be fetched but no GPU has room for one buffer of it.
+  [[nodiscard]] bool loadable() const noexcept { return !gpu || fetch_buffer_bytes == 0 || fetch_slots > 0; }
+};
+
 /// @brief A device map with its accounting.
 struct PlanResult {
   DeviceMap device_map{};                 ///< HF device map, model order
@@ -169,6 +195,7 @@ struct PlanResult {
   std::vector<std::string> balancing{};   ///< balanced modes: each GPU budget lowered, from what to what and why
   PlanObjective objective = PlanObjective::fit;  ///< what the map was planned for
   std::optional<ObjectiveComparison> objectives{};  ///< PlanObjective::speed: both objectives' cost
+  ExecutionPlan execution{};              ///< the execution GPU and its fetch buffers (the loader's)
 };
 
 /// @brief The size accounting the planner uses for these options (dtype, special dtypes, fp32 modules).

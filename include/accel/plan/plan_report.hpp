@@ -22,7 +22,7 @@ ACCEL_NAMESPACE_BEGIN
 
 /// @brief Per-forward-pass streaming cost of a plan.
 struct PlanReport {
-  std::optional<Placement> execution_device{};  ///< first GPU of the map (none: runs on CPU)
+  std::optional<Placement> execution_device{};  ///< PlanResult::execution's GPU (none: runs on CPU)
   std::uint64_t streamed_from_cpu = 0;   ///< bytes copied host → GPU per forward pass
   std::uint64_t streamed_from_disk = 0;  ///< bytes read from disk per forward pass
   double seconds_cpu = 0;                ///< streamed_from_cpu / host_to_device
@@ -39,11 +39,9 @@ struct PlanReport {
 [[nodiscard]] inline PlanReport make_plan_report(const PlanResult& plan, const Bandwidths& bw = {}) {
   PlanReport r;
   r.bandwidths = bw;
-  for (const auto& d : plan.devices)
-    if (d.device.is_gpu() && !d.modules.empty()) {
-      r.execution_device = d.device;
-      break;
-    }
+  if (plan.execution.gpu) r.execution_device = Placement::gpu(*plan.execution.gpu);
+  for (const auto& d : plan.devices)  // a PlanResult put together by hand: the first GPU holding modules
+    if (!r.execution_device && d.device.is_gpu() && !d.modules.empty()) r.execution_device = d.device;
   for (const auto& d : plan.devices) {
     const std::uint64_t weights = d.placed > d.buffers ? d.placed - d.buffers : 0;
     if (d.device.is_cpu() && r.execution_device) r.streamed_from_cpu += weights;
@@ -119,6 +117,13 @@ inline std::string summarize_keys(const std::vector<std::string>& keys, std::siz
   }
   out += detail::concat("\nmodel: ", text::format_bytes(plan.total_bytes), " (", plan.total_bytes, " bytes); largest layer ",
                         text::format_bytes(plan.largest_layer), "\n");
+  if (const auto& e = plan.execution; e.gpu && e.fetch_buffer_bytes > 0)
+    out += e.loadable() ? detail::concat("execution GPU ", *e.gpu, ": room kept for ", e.fetch_slots, " fetch buffer",
+                                         e.fetch_slots == 1 ? "" : "s", " of ", text::format_bytes(e.fetch_buffer_bytes), " ('",
+                                         e.largest_offloaded_layer, "', the largest layer left on cpu or disk)\n")
+                        : detail::concat("execution GPU ", *e.gpu, ": no room for a fetch buffer of ",
+                                         text::format_bytes(e.fetch_buffer_bytes), " ('", e.largest_offloaded_layer,
+                                         "'); this map cannot be loaded (see the warning)\n");
   if (report.streamed_from_cpu + report.streamed_from_disk == 0) {
     out += "every weight stays on its execution device: nothing streams per forward pass\n";
   } else {

@@ -217,15 +217,19 @@ inline std::vector<std::string> explain_balancing(const ModuleTree& tree, const 
 /// @throws as plan_device_map(tree, opts); accel::usage_error when `sizes` do not belong to `tree`
 [[nodiscard]] inline PlanResult plan_device_map(const ModuleTree& tree, const ModuleSizes& sizes, const PlanOptions& opts) {
   detail::require_sizes_of(tree, sizes);
-  return detail::PlacementEngine(tree, opts, sizes).run();
+  auto result = detail::PlacementEngine(tree, opts, sizes).run();
+  detail::plan_execution(tree, sizes, result, opts.max_memory, opts);
+  return result;
 }
 
 /// @brief Plans a device map and returns it with per-device accounting and messages.
 /// @param tree the model
 /// @param opts budgets (required), no-split rules, dtype, flags
-/// @return the map (model order, cleaned unless `clean_result` is false) and the accounting
+/// @return the map (model order, cleaned unless `clean_result` is false), the accounting and the
+///         execution GPU with its fetch buffers (PlanResult::execution)
 /// @throws accel::planning_error when some module fits on no device (disk forbidden or capped),
-///         stating bytes needed vs available per device; accel::usage_error without budgets
+///         stating bytes needed vs available per device, or (with `require_fetch_room`) when no GPU
+///         has room for a fetch buffer of the largest offloaded layer; accel::usage_error without budgets
 /// @code
 /// auto plan = accel::plan_device_map(tree, {.max_memory = accel::parse_max_memory("0=20GiB,cpu=64GiB"),
 ///                                           .no_split = {"LlamaDecoderLayer"}});
@@ -233,29 +237,33 @@ inline std::vector<std::string> explain_balancing(const ModuleTree& tree, const 
 /// @endcode
 [[nodiscard]] inline PlanResult plan_device_map(const ModuleTree& tree, const PlanOptions& opts) {
   const auto sizes = compute_module_sizes(tree, size_options(opts));
-  return detail::PlacementEngine(tree, opts, sizes).run();
+  return plan_device_map(tree, sizes, opts);
 }
 
 /// @brief accelerate's infer_auto_device_map: the map only (see plan_device_map).
 [[nodiscard]] inline DeviceMap infer_auto_device_map(const ModuleTree& tree, const PlanOptions& opts) {
-  return plan_device_map(tree, opts).device_map;
+  const auto sizes = compute_module_sizes(tree, size_options(opts));
+  return detail::PlacementEngine(tree, opts, sizes).run().device_map;
 }
 
 /// @brief Plans with a string strategy from module sizes already computed; sizes serve both the
 ///        balancing and the placement. With PlanObjective::speed the fit map is planned first,
 ///        then plan_speed_objective within its budgets; the cheaper map is returned with
-///        PlanResult::objectives set (the balancing lines are the fit plan's).
+///        PlanResult::objectives set (the balancing lines are the fit plan's). The execution GPU's
+///        room for fetch buffers (PlanResult::execution) is counted against the budgets as given
+///        (times budget_scale): balancing spreads the weights, it does not shrink the GPUs.
 /// @param sizes compute_module_sizes(tree, size_options(opts))
 /// @throws as plan_device_map(tree, opts); accel::usage_error when `sizes` do not belong to `tree`
 [[nodiscard]] inline PlanResult plan_device_map(const ModuleTree& tree, const ModuleSizes& sizes, DeviceMapMode mode,
                                                 PlanOptions opts, bool budgets_defaulted = false) {
+  detail::require_sizes_of(tree, sizes);
   const MaxMemory given = opts.max_memory;
   const bool low_zero = mode == DeviceMapMode::balanced_low_0;
   if (mode != DeviceMapMode::sequential)
     opts.max_memory = get_balanced_memory(tree, sizes, given, opts, low_zero, budgets_defaulted);
   const MaxMemory balanced = opts.max_memory;
   if (opts.budget_scale != 1.0) opts.max_memory = balanced.scaled(opts.budget_scale);
-  auto result = plan_device_map(tree, sizes, opts);
+  auto result = detail::PlacementEngine(tree, opts, sizes).run();
   if (mode != DeviceMapMode::sequential) result.balancing = detail::explain_balancing(tree, sizes, given, balanced, opts, low_zero);
   if (opts.budget_scale != 1.0)
     result.balancing.push_back(detail::concat("every budget then multiplied by ", opts.budget_scale,
@@ -264,8 +272,9 @@ inline std::vector<std::string> explain_balancing(const ModuleTree& tree, const 
     auto speed = plan_speed_objective(tree, sizes, opts, result);
     speed.plan.balancing = std::move(result.balancing);
     speed.plan.objectives = std::move(speed.comparison);
-    return std::move(speed.plan);
+    result = std::move(speed.plan);
   }
+  detail::plan_execution(tree, sizes, result, opts.budget_scale != 1.0 ? given.scaled(opts.budget_scale) : given, opts);
   return result;
 }
 

@@ -127,13 +127,22 @@ class LoadExecutor {
     }
   }
 
-  // Fetch buffers on the execution GPU, each the size of the largest offloaded layer.
+  // Fetch buffers on the execution GPU, each the size of the largest offloaded layer: as many as the
+  // plan kept room for (LoadOptions::execution), else fetch_slots.
   void allocate_fetch_buffers() {
     state_->row_read.insert(options_.row_read_tensors.begin(), options_.row_read_tensors.end());
-    if (!plan_.execution_gpu || plan_.largest_offloaded_layer == 0) return;
+    if (!plan_.execution_gpu) return;
+    // read_rows() copies through the execution GPU's staging ring, which may hold no weight.
+    if (!state_->row_read.empty()) (void)stager(*plan_.execution_gpu);
+    if (plan_.largest_offloaded_layer == 0 || plan_.fetch_slots == 0) return;
     auto dev = state_->devices[static_cast<std::size_t>(*plan_.execution_gpu)];
     state_->slot_bytes = plan_.largest_offloaded_layer;
-    const int wanted = std::max(options_.fetch_slots, 1);
+    const int wanted = plan_.fetch_slots;
+    if (const int asked = std::max(options_.fetch_slots, 1); options_.execution && wanted < asked)
+      state_->report.warnings.push_back(concat("the plan kept room for ", wanted, " of the ", asked, " fetch buffers asked for on ",
+                                               dev->name(), " ('", plan_.largest_offloaded_unit, "', ", state_->slot_bytes,
+                                               " bytes each), so prefetch() overlaps less; raise a GPU's budget to keep "
+                                               "room for all"));
     for (int i = 0; i < wanted; ++i) {
       auto slot = std::make_unique<FetchSlot>();
       try {
