@@ -325,3 +325,72 @@ TEST_CASE("a folder holding a tensor in both spellings is refused, naming both",
   CHECK_THROWS_WITH(accel::read_checkpoint_model(dir.path()),
                     accel_test::contains("tensors 'embed_out.weight' and 'lm_head.weight' are both the model's 'lm_head.weight'"));
 }
+
+// The heuristic order for architectures no catalog holds. Before: towers after the language model
+// (alphabetical), wav2vec2's `encoder` before `feature_extractor`, a final norm that sorts before
+// `layers` first, and LFM2's `embedding_norm` taken for an embedding.
+TEST_CASE("outside the catalog: towers before the language model, feature encoders first, norms after the blocks",
+          "[checkpoint_tree][fallback]") {
+  SECTION("a vision-language model: config.json's vision_config puts its tower and projector first") {
+    accel_test::TempDir dir;
+    write_checkpoint(dir.path(), {"lm_head.weight", "model.language_model.layers.0.w", "model.language_model.embed_tokens.weight",
+                                  "model.language_model.final_layernorm.weight", "model.multi_modal_projector.linear.weight",
+                                  "model.vision_tower.blocks.0.w"},
+                     R"({"architectures": ["Future3VLForConditionalGeneration"], "model_type": "future3_vl",
+                         "vision_config": {"depth": 1}, "text_config": {"num_hidden_layers": 1}})");
+    const auto m = accel::read_checkpoint_model(dir.path());
+    CHECK_FALSE(m.architecture);
+    CHECK(model_order(m.tree) == Strings{"model.vision_tower.blocks.0.w", "model.multi_modal_projector.linear.weight",
+                                         "model.language_model.embed_tokens.weight", "model.language_model.layers.0.w",
+                                         "model.language_model.final_layernorm.weight", "lm_head.weight"});
+    CHECK_THAT(m.architecture_note, accel_test::contains("'Future3VLForConditionalGeneration' is not in accel's catalog "
+                                                         "(transformers 5.25.0)") &&
+                                        accel_test::contains("gen_user_catalog.py Future3VLForConditionalGeneration and pass "
+                                                             "--catalog FILE or set ACCEL_CATALOG"));
+  }
+  SECTION("a speech encoder: the feature encoder before the transformer encoder") {
+    accel_test::TempDir dir;
+    write_checkpoint(dir.path(), {"wav2vec9.encoder.layers.0.w", "wav2vec9.feature_extractor.conv_layers.0.conv.weight",
+                                  "wav2vec9.feature_projection.projection.weight", "lm_head.weight"},
+                     R"({"architectures": ["Wav2Vec9ForCTC"], "model_type": "wav2vec9"})");
+    const auto m = accel::read_checkpoint_model(dir.path());
+    CHECK(model_order(m.tree) == Strings{"wav2vec9.feature_extractor.conv_layers.0.conv.weight",
+                                         "wav2vec9.feature_projection.projection.weight", "wav2vec9.encoder.layers.0.w",
+                                         "lm_head.weight"});
+  }
+  SECTION("norms after the numbered blocks; LFM2's embedding_norm is a norm") {
+    accel_test::TempDir dir;
+    write_checkpoint(dir.path(), {"model.embedding_norm.weight", "model.layers.0.w", "model.embed_tokens.weight",
+                                  "model.final_layernorm.weight", "model.layers.1.w"},
+                     R"({"architectures": ["Lfm9ForCausalLM"], "model_type": "lfm9", "tie_word_embeddings": false})");
+    const auto m = accel::read_checkpoint_model(dir.path());
+    CHECK(model_order(m.tree) == Strings{"model.embed_tokens.weight", "model.layers.0.w", "model.layers.1.w",
+                                         "model.embedding_norm.weight", "model.final_layernorm.weight"});
+  }
+}
+
+TEST_CASE("a user's catalog plans a class accel's catalog lacks exactly, and is looked up first", "[checkpoint_tree][catalog]") {
+  accel_test::TempDir dir;
+  write_checkpoint(dir.path(), {"model.b.weight", "model.a.weight", "head.weight"},
+                   R"({"architectures": ["TinyNewForCausalLM"], "model_type": "tiny_new"})");
+  // Construction order b, a (alphabetical would give a, b); `model.a` is the no-split block.
+  accel_test::write_text(dir / "user_catalog.json", R"({"format": 2, "transformers": "6.1.0", "architectures": [
+      {"architecture": "TinyNewForCausalLM", "model_type": "tiny_new", "config_class": "TinyNewConfig", "base_model_prefix": "model",
+       "no_split_modules": ["TinyBlock"],
+       "modules": [{"path": "", "class": "TinyNewForCausalLM"}, {"path": "model", "class": "TinyNewModel"},
+                   {"path": "model.b", "class": "Linear", "parameters": ["weight"]},
+                   {"path": "model.a", "class": "TinyBlock", "parameters": ["weight"]},
+                   {"path": "head", "class": "Linear", "parameters": ["weight"]}]}]})");
+  accel::CheckpointTreeOptions opts;
+  opts.catalog_file = dir / "user_catalog.json";
+  const auto m = accel::model_from_checkpoint(accel::resolve_checkpoint(dir.path()), opts);
+  REQUIRE(m.architecture);
+  CHECK(m.architecture->name == "TinyNewForCausalLM");
+  CHECK(m.no_split_classes() == Strings{"TinyBlock"});
+  CHECK(model_order(m.tree) == Strings{"model.b.weight", "model.a.weight", "head.weight"});
+  CHECK_THAT(m.architecture_note, accel_test::contains("TinyNewForCausalLM (catalog " + (dir / "user_catalog.json").string() +
+                                                       ", transformers 6.1.0)"));
+  opts.catalog_file = dir / "missing.json";
+  CHECK_THROWS_WITH(accel::model_from_checkpoint(accel::resolve_checkpoint(dir.path()), opts),
+                    accel_test::contains("catalog file '" + (dir / "missing.json").string() + "': cannot read architecture catalog"));
+}

@@ -36,6 +36,9 @@ namespace accel_cli {
 inline constexpr OptionSpec load_options[] = {
     {"checkpoint", OptionKind::text, "PATH", "safetensors file, model.safetensors.index.json or folder"},
     {"config", OptionKind::text, "FILE", "the model's config.json when it is not next to the checkpoint"},
+    {"catalog", OptionKind::text, "FILE", "a catalog of architectures newer than accel's (tests/compat/gen_user_catalog.py "
+                                          "writes one from your transformers), searched first; default: $ACCEL_CATALOG"},
+    {"no-catalog", OptionKind::flag, "", "plan from headers and name heuristics only, as for an architecture no catalog knows"},
     {"device-map", OptionKind::text, "MAP", "a JSON file or object (keys in the model's names, as accel plan writes "
                                             "them, or the checkpoint's), or a mode: auto (default), balanced, "
                                             "balanced_low_0, sequential"},

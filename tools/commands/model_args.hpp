@@ -17,6 +17,7 @@
 #include <accel/model/module_tree.hpp>
 #include <accel/model/safetensors.hpp>
 #include <accel/model/skeleton.hpp>
+#include <accel/runtime/env.hpp>
 #include <accel/runtime/text.hpp>
 
 #include "args.hpp"
@@ -42,6 +43,9 @@ inline LoadedModel model_of_checkpoint(const accel::Checkpoint& checkpoint, std:
                                        std::optional<accel::DType> load_dtype) {
   accel::CheckpointTreeOptions topts;
   if (auto c = a.value("config")) topts.config_file = *c;
+  topts.use_catalog = !a.has("no-catalog");
+  if (auto c = a.value("catalog")) topts.catalog_file = *c;
+  else if (auto env = accel::process_env()("ACCEL_CATALOG"); env && !env->empty()) topts.catalog_file = *env;
   topts.load_dtype = load_dtype;
   auto m = accel::model_from_checkpoint(checkpoint, topts);
   LoadedModel out{std::move(m.tree), std::move(label), std::nullopt};

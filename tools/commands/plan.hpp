@@ -38,9 +38,14 @@ namespace accel_cli {
 inline constexpr OptionSpec plan_options[] = {
     {"checkpoint", OptionKind::text, "PATH", "safetensors file, model.safetensors.index.json or folder (headers only)"},
     {"skeleton", OptionKind::text, "FILE", "model skeleton JSON (modules/parameters/buffers/tied)"},
+    {"list-architectures", OptionKind::flag, "", "list every architecture class the catalog (and --catalog FILE) plans "
+                                                 "exactly, with the transformers version it was generated from, and exit"},
     {"max-memory", OptionKind::text, "BUDGETS", "'0=20GiB,1=20GiB,cpu=64GiB[,disk=0]' or a JSON object; default: measured"},
     {"device-map", OptionKind::text, "MODE", "auto (default), balanced, balanced_low_0 or sequential"},
     {"config", OptionKind::text, "FILE", "the model's config.json when it is not next to the checkpoint"},
+    {"catalog", OptionKind::text, "FILE", "a catalog of architectures newer than accel's (tests/compat/gen_user_catalog.py "
+                                          "writes one from your transformers), searched first; default: $ACCEL_CATALOG"},
+    {"no-catalog", OptionKind::flag, "", "plan from headers and name heuristics only, as for an architecture no catalog knows"},
     {"no-split", OptionKind::text, "CLASS_OR_GLOB", "never split these modules (class name, module name or glob like "
                                                     "'model.layers.*'; 'none': no blocks); default: the catalog's classes", true},
     {"dtype", OptionKind::text, "DTYPE", "dtype floating tensors are loaded in (float16, bfloat16, float32, auto = the "
@@ -79,6 +84,9 @@ forbids it). Exit status: 0; 2 bad arguments; 3 bad budgets/skeleton; 5 infeasib
 inline constexpr OptionSpec estimate_options[] = {
     {"checkpoint", OptionKind::text, "PATH", "safetensors file, index or folder (headers only)"},
     {"config", OptionKind::text, "FILE", "the model's config.json when it is not next to the checkpoint"},
+    {"catalog", OptionKind::text, "FILE", "a catalog of architectures newer than accel's (tests/compat/gen_user_catalog.py "
+                                          "writes one from your transformers), searched first; default: $ACCEL_CATALOG"},
+    {"no-catalog", OptionKind::flag, "", "plan from headers and name heuristics only, as for an architecture no catalog knows"},
     {"skeleton", OptionKind::text, "FILE", "model skeleton JSON"},
     {"no-split", OptionKind::text, "CLASS_OR_GLOB", "blocks for the largest-layer column (default: the catalog's classes, "
                                                     "else numbered children; 'none': no blocks)", true},
@@ -171,12 +179,60 @@ inline accel::MaxMemory measured_budgets() {
   return accel::default_max_memory(gpus, ram.value_or(0));
 }
 
+// `accel plan --list-architectures [--json]`: every class the embedded catalog, and a user's
+// (--catalog FILE, else $ACCEL_CATALOG), plans exactly, and what the embedded one skipped.
+inline int list_architectures(const ParsedArgs& a) {
+  const auto& embedded = accel::architecture_catalog();
+  std::optional<accel::ArchitectureCatalog> user;
+  std::optional<std::string> user_path = a.value("catalog");
+  if (!user_path)
+    if (auto env = accel::process_env()("ACCEL_CATALOG"); env && !env->empty()) user_path = *env;
+  if (user_path) user = accel::read_architecture_catalog(*user_path);
+  const auto entries = [](const accel::ArchitectureCatalog& c) {
+    std::vector<const accel::Architecture*> out;
+    for (const auto& x : c.architectures) out.push_back(&x);
+    std::sort(out.begin(), out.end(), [](auto x, auto y) { return x->name < y->name; });
+    return out;
+  };
+  if (a.has("json")) {
+    nlohmann::ordered_json j;
+    const auto listed = [&](const accel::ArchitectureCatalog& c, const std::string& source) {
+      nlohmann::ordered_json o;
+      o["source"] = source;
+      o["transformers"] = c.transformers_version;
+      o["torch"] = c.torch_version;
+      o["architectures"] = nlohmann::ordered_json::array();
+      for (const auto* x : entries(c))
+        o["architectures"].push_back({{"architecture", x->name}, {"model_type", x->model_type}, {"covers", x->covers}});
+      o["skipped"] = nlohmann::ordered_json::array();
+      for (const auto& [name, reason] : c.skipped) o["skipped"].push_back({{"architecture", name}, {"reason", reason}});
+      return o;
+    };
+    j["catalogs"] = nlohmann::ordered_json::array({listed(embedded, "embedded")});
+    if (user) j["catalogs"].push_back(listed(*user, *user_path));
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  const auto print = [&](const accel::ArchitectureCatalog& c, const std::string& source) {
+    std::printf("%zu architectures in %s (transformers %s):\n", c.architectures.size(), source.c_str(), c.transformers_version.c_str());
+    for (const auto* x : entries(c))
+      std::printf("  %-48s %-24s %s\n", x->name.c_str(), x->model_type.c_str(), x->covers.c_str());
+    if (!c.skipped.empty())
+      std::printf("%zu classes of transformers' auto mappings are not in it (accel plan --list-architectures --json says why)\n",
+                  c.skipped.size());
+  };
+  print(embedded, "accel's catalog");
+  if (user) print(*user, "catalog " + *user_path);
+  return 0;
+}
+
 inline int run_plan(std::span<char*> argv) {
   const auto a = parse_args(argv, {plan_options});
   if (a.help()) {
     std::fputs(format_help(plan_usage, plan_options).c_str(), stdout);
     return 0;
   }
+  if (a.has("list-architectures")) return list_architectures(a);
   const std::string like = a.value("like").value_or("transformers");
   if (like != "transformers" && like != "accelerate")
     throw accel::usage_error("plan: --like '" + like + "' is not transformers or accelerate");

@@ -56,6 +56,9 @@ struct AutoDispatchOptions {
   std::vector<std::string> no_split{};
   /// The model's config.json when it does not sit next to the checkpoint.
   std::optional<std::filesystem::path> config_file{};
+  /// A user's catalog (tests/compat/gen_user_catalog.py) for an architecture newer than accel's,
+  /// searched first (see CheckpointTreeOptions::catalog_file).
+  std::optional<std::filesystem::path> catalog_file{};
   /// How to load. `load.dtype` unset: with a config.json the config's dtype (transformers'
   /// `dtype="auto"`), without one every tensor keeps its stored dtype. `load.keep_in_fp32` gets the
   /// catalog's keep-in-fp32 modules for that dtype added. `load.devices` are the GPUs planned for
@@ -196,6 +199,7 @@ inline std::vector<std::string> row_read_offloaded(const ModuleTree& tree, const
 
   CheckpointTreeOptions tree_options;
   tree_options.config_file = options.config_file;
+  tree_options.catalog_file = options.catalog_file;
   tree_options.load_dtype = options.load.dtype;
   auto model = model_from_checkpoint(checkpoint, tree_options);
   out.architecture = model.architecture_note;

@@ -467,13 +467,33 @@ struct ArchitectureMatch {
   return m;
 }
 
-/// @brief Looks up `architectures[0]` of a config in the embedded catalog. Only the entry found is
-///        parsed (the whole catalog costs more than a plan); the whole catalog is read only to
-///        explain a miss.
-[[nodiscard]] inline ArchitectureMatch find_architecture(const ModelConfig& config) {
-  if (!config.architectures.empty())
+/// @brief Looks up `architectures[0]` of a config in a user's catalog first (when given: entries
+///        written by tests/compat/gen_user_catalog.py from the user's own transformers), then in
+///        the embedded one. Only the entry found is parsed (the whole catalog costs more than a
+///        plan); the whole catalog is read only to explain a miss, which also says how to add one.
+[[nodiscard]] inline ArchitectureMatch find_architecture(const ModelConfig& config, const ArchitectureCatalog* user = nullptr) {
+  if (!config.architectures.empty()) {
+    if (user)
+      if (const auto* a = user->find(config.architectures.front())) return ArchitectureMatch{a, {}};
     if (const auto* a = detail::embedded_architecture(config.architectures.front())) return ArchitectureMatch{a, {}};
-  return find_architecture(config, architecture_catalog());
+  }
+  auto match = find_architecture(config, architecture_catalog());
+  if (!config.architectures.empty())
+    match.reason += detail::concat(" (for an exact plan, write its entry with tests/compat/gen_user_catalog.py ",
+                                   config.architectures.front(), " and pass --catalog FILE or set ACCEL_CATALOG)");
+  return match;
+}
+
+/// @brief Reads a user's catalog file (format 1 or 2; see parse_architecture_catalog).
+/// @throws accel::config_error naming the file when it cannot be read or is not a catalog
+[[nodiscard]] inline ArchitectureCatalog read_architecture_catalog(const std::filesystem::path& path) {
+  try {
+    return parse_architecture_catalog(read_text_file(path, "architecture catalog"));
+  } catch (const error& e) {
+    std::string_view why = e.what();  // the same sentence, as a config error naming the file
+    why.remove_prefix(std::min(why.size(), why.find("] ") + 2));
+    detail::throw_error<config_error>("catalog file '", path.string(), "': ", why);
+  }
 }
 
 /// @brief The transformers release the embedded catalog was generated from.

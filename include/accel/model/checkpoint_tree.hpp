@@ -10,6 +10,7 @@
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -32,14 +33,42 @@ ACCEL_NAMESPACE_BEGIN
 
 namespace detail {
 
-// Sibling order for trees rebuilt from checkpoints, whose files do not record module order:
-// embeddings first, output heads last, then the earliest shard, then numeric-aware name order.
-inline int sibling_rank(std::string_view local) {
+// Sibling order for trees rebuilt from checkpoints of architectures the catalog lacks, whose files
+// do not record module order; then the earliest shard, then numeric-aware name order:
+// 0 embeddings; 1 front ends transformers builds before the model proper: a speech model's feature
+// encoder (`feature_extractor`, `feature_projection`), and, when config.json has a vision or audio
+// sub-config, its towers (`vision_tower`, `visual`, `audio_tower`, ...); 2 their projectors
+// (`multi_modal_projector`, `merger`, `qformer`, ...); 3 everything else (the language model, the
+// numbered blocks); 4 norms, which come after the blocks they close (`norm`, `final_layernorm`,
+// `ln_f`; LFM2's `embedding_norm` is a norm, not an embedding); 5 output heads.
+inline int sibling_rank(std::string_view local, bool towers) {
   static constexpr std::array<std::string_view, 7> heads{"lm_head", "embed_out", "score", "classifier", "qa_outputs", "output", "head"};
+  const auto has = [&](std::string_view part) { return local.find(part) != std::string_view::npos; };
   for (auto h : heads)
-    if (local == h) return 2;
-  if (local.find("embed") != std::string_view::npos || local == "wte" || local == "wpe") return 0;
-  return 1;
+    if (local == h) return 5;
+  if (has("norm") || local == "ln_f" || local == "ln_out") return 4;
+  if (has("embed") || local == "wte" || local == "wpe") return 0;
+  if (local.starts_with("feature_")) return 1;
+  if (towers) {
+    if (has("projector") || has("merger") || has("connector") || has("qformer") || has("resampler") || has("adapter") ||
+        has("projection"))
+      return 2;
+    if (has("vision") || has("visual") || has("image") || has("audio") || has("speech")) return 1;
+  }
+  return 3;
+}
+
+// True when config.json (or a sub-config of it, as omni models nest them) describes a vision or
+// audio tower: such a model builds its towers before its language model.
+inline bool config_has_towers(const nlohmann::json& j, int depth = 0) {
+  if (!j.is_object() || depth > 3) return false;
+  for (const auto& [key, value] : j.items()) {
+    if (!value.is_object()) continue;
+    if (key.ends_with("vision_config") || key.ends_with("audio_config") || key.ends_with("speech_config") ||
+        config_has_towers(value, depth + 1))
+      return true;
+  }
+  return false;
 }
 
 /// @brief Numeric-aware name order: "layers.2" < "layers.10"; "weight" before "bias" first.
@@ -81,6 +110,9 @@ struct CheckpointTreeOptions {
   std::optional<DType> load_dtype{};
   /// Read the architecture catalog (false: headers and name heuristics only).
   bool use_catalog = true;
+  /// A user's catalog (tests/compat/gen_user_catalog.py), searched before the embedded one: for a
+  /// class newer than accel's catalog (`accel plan --catalog FILE`; the CLI also reads ACCEL_CATALOG).
+  std::optional<std::filesystem::path> catalog_file{};
   /// Build the tree in the model's names, as transformers 5 renames a Hub folder's tensors when it
   /// loads them (names.hpp; fused expert tensors become one); false: the checkpoint's names.
   bool model_names = true;
@@ -92,6 +124,8 @@ struct CheckpointModel {
   ModuleTree tree;                          ///< modules in construction order, classes, ties, buffers
   std::optional<ModelConfig> config{};      ///< config.json, when found
   const Architecture* architecture = nullptr;  ///< the catalog entry, or nullptr
+  /// The user's catalog (CheckpointTreeOptions::catalog_file), which `architecture` may point into.
+  std::shared_ptr<const ArchitectureCatalog> user_catalog{};
   std::string architecture_note{};          ///< which entry was used, or why none
   /// What transformers' `dtype="auto"` loads in: the config's dtype, else the first floating
   /// dtype in the (first shard's) header; unset for a checkpoint without floating tensors.
@@ -283,11 +317,15 @@ inline void check_load_dtype(const Checkpoint& ckpt, const StoredMarks* stored, 
   } else if (!opts.use_catalog) {
     out.architecture_note = "architecture catalog not used; header heuristics apply";
   } else {
-    auto match = find_architecture(*out.config);
+    if (opts.catalog_file) out.user_catalog = std::make_shared<const ArchitectureCatalog>(read_architecture_catalog(*opts.catalog_file));
+    auto match = find_architecture(*out.config, out.user_catalog.get());
     arch = match.architecture;
-    out.architecture_note = match.known() ? detail::concat(arch->name, " (architecture catalog, transformers ",
-                                                           catalog_transformers_version(), ")")
-                                          : match.reason;
+    const bool from_user = arch && out.user_catalog && out.user_catalog->find(arch->name) == arch;
+    out.architecture_note =
+        !match.known() ? match.reason
+        : from_user    ? detail::concat(arch->name, " (catalog ", opts.catalog_file->string(), ", transformers ",
+                                        out.user_catalog->transformers_version, ")")
+                       : detail::concat(arch->name, " (architecture catalog, transformers ", catalog_transformers_version(), ")");
   }
   out.architecture = arch;
   std::optional<TemplateIndex> index;
@@ -459,6 +497,7 @@ inline void check_load_dtype(const Checkpoint& ckpt, const StoredMarks* stored, 
   // Depth-first: sort each node's children and tensors, then add them.
   std::vector<std::size_t> stack{0};
   std::vector<std::pair<std::size_t, std::size_t>> keyed, kids;
+  const bool towers = out.config && detail::config_has_towers(out.config->json);  // for the heuristic order
   while (!stack.empty()) {
     const auto id = stack.back();
     stack.pop_back();
@@ -499,7 +538,7 @@ inline void check_load_dtype(const Checkpoint& ckpt, const StoredMarks* stored, 
       if (ka.first != kb.first) return ka.first < kb.first;
       const auto &na = nodes[ka.second], &nb = nodes[kb.second];
       if (ka.first == SIZE_MAX) {
-        const int ra = detail::sibling_rank(na.local), rb = detail::sibling_rank(nb.local);
+        const int ra = detail::sibling_rank(na.local, towers), rb = detail::sibling_rank(nb.local, towers);
         if (ra != rb) return ra < rb;
         if (na.min_shard != nb.min_shard) return na.min_shard < nb.min_shard;
       }
