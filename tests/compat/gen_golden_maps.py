@@ -227,7 +227,10 @@ def main():
     models = MODELS
     if published:  # every catalog architecture, its config class's defaults unchanged
         with open(CATALOG) as f:
-            models = [(a["architecture"], a["config_class"], {}) for a in json.load(f)["architectures"]]
+            entries = {a["architecture"]: a for a in json.load(f)["architectures"]}
+            # The hand-picked classes (those with a "covers" text); a head shares its base's config class.
+            models = [(a["architecture"], a.get("config_class") or entries[a["base"]]["config_class"], {})
+                      for a in entries.values() if a.get("covers")]
     if only is not None:
         if unknown := only - {m[0] for m in models}:
             sys.exit(f"--only: {sorted(unknown)} not among the architectures this run covers")

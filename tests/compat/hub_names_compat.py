@@ -176,7 +176,7 @@ def main():
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     with open(CATALOG) as f:
-        catalog = [a["architecture"] for a in json.load(f)["architectures"]]
+        catalog = [a["architecture"] for a in json.load(f)["architectures"] if a.get("covers")]  # the hand-picked ones
     archs = catalog + EXTRA
     if len(sys.argv) > 2:
         archs = sys.argv[2:]

@@ -299,7 +299,8 @@ TEST_CASE("a class outside the catalog gets transformers' ties from the name dat
   accel_test::TempDir dir;
   write_checkpoint(dir.path(), {"albert.embeddings.word_embeddings.weight", "predictions.bias", "predictions.dense.weight"}, config,
                    {8});
-  const auto m = accel::read_checkpoint_model(dir.path());
+  // The catalog holds ALBERT: withheld here, as for a class newer than it.
+  const auto m = accel::model_from_checkpoint(accel::resolve_checkpoint(dir.path()), {.use_catalog = false});
   CHECK(m.architecture == nullptr);
   REQUIRE(m.tree.find_tensor("predictions.decoder.weight"));
   REQUIRE(m.tree.find_tensor("predictions.decoder.bias"));

@@ -407,9 +407,17 @@ inline const Architecture* embedded_architecture(std::string_view name) {
   std::lock_guard<std::recursive_mutex> lock(mutex);
   if (auto it = cache.find(name); it != cache.end()) return it->second.get();
   const std::string& text = embedded_catalog_text();
+  // Searched within the "architectures" list only ("skipped" names classes the same way).
+  static const std::string_view entries = [&] {
+    const auto begin = text.find("\"architectures\":[");
+    const auto end = text.rfind("\"skipped\":");
+    const auto from = begin == std::string::npos ? 0 : begin;
+    return std::string_view(text).substr(from, end == std::string::npos || end < from ? std::string::npos : end - from);
+  }();
   const std::string key = concat("{\"architecture\":\"", name, "\",");
   std::unique_ptr<Architecture> entry;
-  if (const auto open = text.find(key); open != std::string::npos)
+  if (const auto at = entries.find(key); at != std::string_view::npos) {
+    const auto open = static_cast<std::size_t>(entries.data() - text.data()) + at;
     if (const auto end = json_object_end(text, open); end != std::string::npos) {
       auto parsed = parse_json_strict(std::string_view(text).substr(open, end - open));
       if (parsed.error.empty() && parsed.value.is_object()) {
@@ -422,6 +430,7 @@ inline const Architecture* embedded_architecture(std::string_view name) {
         }
       }
     }
+  }
   return cache.emplace(std::string(name), std::move(entry)).first->second.get();
 }
 
