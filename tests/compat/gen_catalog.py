@@ -984,7 +984,8 @@ def write_embedded(json_path=JSON_PATH, hpp_path=HPP_PATH):
     with open(hpp_path, "w") as f:
         f.write(embed_json.render_hpp(text, "catalog", "tests/compat/gen_catalog.py",
                                       os.path.relpath(json_path, ROOT),
-                                      "The architecture catalog as string pieces, so reading it needs no file at run time."))
+                                      "The architecture catalog as string pieces, so reading it needs no file at run time.",
+                                      index=("architectures", "architecture")))
 
 
 def list_skipped(path=JSON_PATH):

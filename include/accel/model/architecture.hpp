@@ -406,38 +406,38 @@ inline const Architecture* embedded_architecture(std::string_view name) {
   static std::map<std::string, std::unique_ptr<Architecture>, std::less<>> cache;
   std::lock_guard<std::recursive_mutex> lock(mutex);
   if (auto it = cache.find(name); it != cache.end()) return it->second.get();
-  const std::string& text = embedded_catalog_text();
-  // Searched within the "architectures" list only ("skipped" names classes the same way).
-  static const std::string_view entries = [&] {
-    const auto begin = text.find("\"architectures\":[");
-    const auto end = text.rfind("\"skipped\":");
-    const auto from = begin == std::string::npos ? 0 : begin;
-    return std::string_view(text).substr(from, end == std::string::npos || end < from ? std::string::npos : end - from);
-  }();
-  const std::string key = concat("{\"architecture\":\"", name, "\",");
+  // The generated index says where the entry lies in the pieces (binary search): only its own
+  // bytes are read, not the 3.7 MB of the whole catalog.
   std::unique_ptr<Architecture> entry;
-  if (const auto at = entries.find(key); at != std::string_view::npos) {
-    const auto open = static_cast<std::size_t>(entries.data() - text.data()) + at;
-    if (const auto end = json_object_end(text, open); end != std::string::npos) {
-      auto parsed = parse_json_strict(std::string_view(text).substr(open, end - open));
-      if (parsed.error.empty() && parsed.value.is_object()) {
-        const std::string base_name = CatalogReader::base_of(parsed.value);
-        const Architecture* base = base_name.empty() || base_name == name ? nullptr : embedded_architecture(base_name);
-        try {
-          entry = std::make_unique<Architecture>(CatalogReader::entry(parsed.value, base));
-        } catch (const nlohmann::json::exception& e) {
-          CatalogReader::fail("entry", e.what());
-        }
-      }
+  const auto hit = std::lower_bound(catalog_index.begin(), catalog_index.end(), name,
+                                    [](const CatalogIndexEntry& e, std::string_view n) { return e.name < n; });
+  if (hit != catalog_index.end() && hit->name == name) {
+    std::string text;
+    text.reserve(hit->length);
+    std::size_t piece_start = 0;
+    for (std::string_view piece : catalog_json_pieces) {
+      const std::size_t from = std::max(hit->offset, piece_start), to = std::min(hit->offset + hit->length, piece_start + piece.size());
+      if (from < to) text.append(piece.substr(from - piece_start, to - from));
+      piece_start += piece.size();
+      if (piece_start >= hit->offset + hit->length) break;
+    }
+    auto parsed = parse_json_strict(text);
+    if (!parsed.error.empty() || !parsed.value.is_object()) CatalogReader::fail(std::string(name), "is not a JSON object in the catalog");
+    const std::string base_name = CatalogReader::base_of(parsed.value);
+    const Architecture* base = base_name.empty() || base_name == name ? nullptr : embedded_architecture(base_name);
+    try {
+      entry = std::make_unique<Architecture>(CatalogReader::entry(parsed.value, base));
+    } catch (const nlohmann::json::exception& e) {
+      CatalogReader::fail("entry", e.what());
     }
   }
   return cache.emplace(std::string(name), std::move(entry)).first->second.get();
 }
 
-// A top-level string field of the embedded catalog ("transformers", "torch"), read from its head.
+// A top-level string field of the embedded catalog ("transformers", "torch"), read from its head
+// (the first piece: no join of the whole text).
 inline std::string embedded_catalog_field(std::string_view field) {
-  const std::string& text = embedded_catalog_text();
-  const auto head = std::string_view(text).substr(0, text.find("\"architectures\""));
+  const std::string_view head = catalog_json_pieces.front().substr(0, catalog_json_pieces.front().find("\"mappings\""));
   const std::string key = concat("\"", field, "\":\"");
   const auto at = head.find(key);
   if (at == std::string_view::npos) return std::string();
