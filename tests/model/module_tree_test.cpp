@@ -249,3 +249,68 @@ TEST_CASE("the cached model order follows later changes to the tree", "[module_t
   accel::ModuleTree copy = t;
   CHECK(copy.index()->tensor_rank.size() == 2);
 }
+
+namespace {
+// `parts` dotted parts: "a.a.…" (the last one is the tensor's own name).
+std::string dotted_name(std::size_t parts) {
+  std::string name = "a";
+  for (std::size_t i = 1; i < parts; ++i) name += ".a";
+  return name;
+}
+}  // namespace
+
+TEST_CASE("a name of more dotted parts than max_name_parts is refused before any module is made", "[module_tree][sizes]") {
+  using accel_test::contains;
+  // Every module keeps its whole name, so a name of d parts costs d prefixes: 80,000 parts (160 KB)
+  // took 50 s and 6 GB through the builder's recursion. 1,000 parts are refused at once.
+  accel::ModuleTree t;
+  const auto deep = dotted_name(1000);
+  REQUIRE_THROWS_AS(t.add_parameter(deep, DType::F32, {1}), accel::usage_error);
+  REQUIRE_THROWS_WITH(t.add_parameter(deep, DType::F32, {1}),
+                      contains("has 1000 dotted parts, more than the 64 a name may have") && contains("(1999 characters)"));
+  REQUIRE_THROWS_WITH(t.add_module(deep), contains("module name 'a.a.a") && contains("has 1000 dotted parts"));
+  CHECK(t.modules().size() == 1);
+  CHECK(t.tensors().empty());
+  // A skeleton says which entry (a config error, as any malformed skeleton).
+  REQUIRE_THROWS_WITH(accel::skeleton_from_json(R"({"parameters": [{"name": ")" + deep + R"(", "shape": [1], "dtype": "F32"}]})", "s.json"),
+                      contains("parameters[0] is invalid") && contains("1000 dotted parts"));
+}
+
+TEST_CASE("a name of max_name_parts parts builds its ancestors outermost first, each under its prefix", "[module_tree][sizes]") {
+  accel::ModuleTree t;
+  REQUIRE(accel::max_name_parts == 64);
+  const auto name = dotted_name(accel::max_name_parts);
+  const auto id = t.add_parameter(name, DType::F32, {1});
+  REQUIRE(t.modules().size() == accel::max_name_parts);  // the root and 63 modules
+  const auto& mods = t.modules();
+  for (std::size_t m = 1; m < mods.size(); ++m) {
+    CHECK(mods[m].name == dotted_name(m));
+    CHECK(mods[m].parent == m - 1);
+    CHECK(mods[m - 1].children == std::vector<std::size_t>{m});
+    CHECK(t.find_module(mods[m].name) == m);
+  }
+  CHECK(t.tensors()[id].module == mods.size() - 1);
+  // A class goes to the module named, not to the ancestors made for it.
+  CHECK(t.add_module("x.y.z", "Block") == mods.size() + 2);
+  CHECK(t.modules()[*t.find_module("x.y.z")].class_name == "Block");
+  CHECK(t.modules()[*t.find_module("x.y")].class_name.empty());
+  CHECK(t.modules()[*t.find_module("x.y")].parent == *t.find_module("x"));
+  // Every missing ancestor is checked before any is added.
+  t.add_parameter("p.w", DType::F32, {1});
+  const auto before = t.modules().size();
+  REQUIRE_THROWS_WITH(t.add_module("p.w.x.y"), accel_test::contains("module name 'p.w' is already a tensor's name"));
+  CHECK(t.modules().size() == before);
+  CHECK_FALSE(t.find_module("p.w.x"));
+}
+
+TEST_CASE("a checkpoint tensor of more dotted parts than max_name_parts is a checkpoint error naming its file", "[module_tree][sizes]") {
+  using accel_test::contains;
+  accel_test::TempDir dir;
+  accel_test::write_safetensors(dir / "model.safetensors", {{dotted_name(1000), DType::F32, {1}, {}}, {"b.weight", DType::F32, {1}, {}}});
+  REQUIRE_THROWS_AS(accel::read_checkpoint_model(dir.path()), accel::checkpoint_error);
+  REQUIRE_THROWS_WITH(accel::read_checkpoint_model(dir.path()),
+                      contains("model.safetensors has 1000 dotted parts, more than the 64 a module path may have") &&
+                          contains("rename or drop that tensor"));
+  accel_test::write_safetensors(dir / "model.safetensors", {{dotted_name(64), DType::F32, {1}, {}}});
+  CHECK(accel::read_checkpoint_model(dir.path()).tree.modules().size() == 64);
+}

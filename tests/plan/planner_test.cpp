@@ -566,6 +566,58 @@ TEST_CASE("budget_scale multiplies every budget after balancing, as a quantizer'
   REQUIRE(scaled.gpus.at(1) == static_cast<std::uint64_t>(static_cast<double>(balanced.gpus.at(1)) * 0.9));
 }
 
+namespace {
+// A million tensors at the root, `size(i)` float32 elements each: what 160,000 loose tensors (a 10 MB
+// header) took 22 s to plan, a million would take about 15 minutes with a reserve that rescans its
+// list of largest layers for every entry taken (equal sizes) or the whole queue whenever that list
+// runs out (decreasing sizes); the ctest TIMEOUT (120 s) fails that long before.
+template <class Size>
+accel::ModuleTree loose_tensors(std::size_t count, Size size) {
+  accel::ModuleTree t;
+  t.reserve(0, count);
+  for (std::size_t i = 0; i < count; ++i) t.add_parameter("t" + std::to_string(i), DType::F32, {size(i)});
+  return t;
+}
+}  // namespace
+
+TEST_CASE("a million loose tensors of one size plan in n log n under transformers' reserve", "[planner][transformers][sizes]") {
+  constexpr std::size_t count = 1'000'000;
+  const auto t = loose_tensors(count, [](std::size_t) { return std::int64_t{1}; });
+  auto o = budgets("0=1GiB,cpu=1GiB");
+  o.rules = accel::PlanRules::transformers;
+  const auto plan = accel::plan_device_map(t, accel::DeviceMapMode::sequential, o);
+  CHECK(json(plan.device_map) == R"({"":0})");
+  CHECK(plan.devices.front().placed == 4 * count);
+}
+
+TEST_CASE("a million loose tensors after a larger one plan in n log n under transformers' reserve", "[planner][transformers][sizes]") {
+  // The larger one is the only layer of the reserve: once it is taken, the reserve is recomputed
+  // over the queued modules (none: loose tensors count only in the first computation), and found
+  // empty again, for every entry taken after it.
+  constexpr std::size_t count = 1'000'000;
+  const auto t = loose_tensors(count, [](std::size_t i) { return std::int64_t{i == 0 ? 2 : 1}; });
+  auto o = budgets("0=1GiB,cpu=1GiB");
+  o.rules = accel::PlanRules::transformers;
+  const auto plan = accel::plan_device_map(t, accel::DeviceMapMode::sequential, o);
+  CHECK(json(plan.device_map) == R"({"":0})");
+  CHECK(plan.devices.front().placed == 4 * (count + 1));
+  CHECK(plan.devices.front().reserve == 0);
+  // accelerate's reserve (a heap of the loose tensors) was linear already: the same map.
+  o.rules = accel::PlanRules::accelerate;
+  CHECK(json(accel::plan_device_map(t, accel::DeviceMapMode::sequential, o).device_map) == R"({"":0})");
+}
+
+namespace {
+// a 200 bytes, b 100, c 400 (float32): c is the largest layer and the one left off the GPUs below.
+accel::ModuleTree three_layers() {
+  accel::ModuleTree t;
+  t.add_parameter("a.w", DType::F32, {50});
+  t.add_parameter("b.w", DType::F32, {25});
+  t.add_parameter("c.w", DType::F32, {100});
+  return t;
+}
+}  // namespace
+
 TEST_CASE("the execution GPU is the one the plan kept its reserve on, even when it holds no weights", "[planner][execution]") {
   // GPU 0 keeps room for c (400), so a (200) does not fit there: GPU 0 holds nothing, GPU 1 is full.
   const auto t = three_layers();

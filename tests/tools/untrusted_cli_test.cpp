@@ -275,3 +275,20 @@ TEST_CASE("unclear messages: a negative budget, a program that is not executable
     CHECK_THAT(r.output, accel_test::contains("' is on a read-only file system, and the load writes 2 tensors of 8.00 KiB"));
   }
 }
+
+// Defect: a tensor named `../../x` gave exit 2 ("module name '.' has an empty component", naming
+// no tensor): a checkpoint problem, exit 6, naming the tensor and its file.
+TEST_CASE("a tensor name with an empty dotted part is a checkpoint error naming it, for plan and load", "[cli][untrusted]") {
+  for (const char* odd : {"../../x", "model..w", ".w", "w."}) {
+    INFO(odd);
+    accel_test::TempDir dir;
+    write_model(dir.path(), odd);
+    for (const char* command : {"plan", "load"}) {
+      const auto r = run_guarded(std::string(command) + " --checkpoint " + quoted(dir.path()) + " --max-memory cpu=1GiB");
+      INFO(r.output);
+      CHECK(r.status == 6);
+      CHECK_THAT(r.output, accel_test::contains(std::string("tensor '") + odd + "' in " + (dir / "model.safetensors").string() +
+                                                " has an empty dotted part"));
+    }
+  }
+}

@@ -257,6 +257,29 @@ inline std::optional<std::string_view> block_beyond(std::string_view name,
   return std::nullopt;
 }
 
+// A tensor name deeper than max_name_parts is refused before any per-name work pays for its
+// depth (renaming rules walk its parts; the module tree keeps every prefix of it).
+inline void check_name_parts(std::string_view name, std::string_view where) {
+  if (const auto parts = name_parts(name); parts > max_name_parts)
+    throw_error<checkpoint_error>("tensor '", text::excerpt(name, 200), "'", where, " has ", parts, " dotted parts, more than the ",
+                                  max_name_parts, " a module path may have (real models use under 15); it names no module "
+                                  "of a model: rename or drop that tensor");
+}
+
+inline void check_name_parts(const Checkpoint& ckpt) {
+  for (std::size_t shard = 0; shard < ckpt.headers.size(); ++shard)
+    for (const auto& e : ckpt.headers[shard].tensors) {
+      const auto where = [&] { return concat(" in ", shard < ckpt.shard_files.size() ? ckpt.shard_files[shard].string() : "the checkpoint"); };
+      if (name_parts(e.name) > max_name_parts) check_name_parts(e.name, where());
+      // An empty dotted part (`../../x`, `a..b`, a leading or trailing dot) names no module.
+      const std::string_view n = e.name;
+      if (n.empty() || n.front() == '.' || n.back() == '.' || n.find("..") != std::string_view::npos)
+        throw_error<checkpoint_error>("tensor '", text::printable(n), "'", where(), " has an empty dotted part; a tensor name "
+                                      "is a module path and a parameter name, like 'model.layers.0.mlp.weight': rename or "
+                                      "drop that tensor");
+    }
+}
+
 inline std::optional<DType> first_floating_dtype(const Checkpoint& ckpt) {
   if (ckpt.headers.empty()) return std::nullopt;
   std::vector<const TensorEntry*> first;
@@ -304,9 +327,10 @@ inline void check_load_dtype(const Checkpoint& ckpt, const StoredMarks* stored, 
 /// `score`, `classifier`, ...) last, then the earliest shard holding them, then numeric-aware name
 /// order; every tensor is a parameter, and a config that ties word embeddings ties `lm_head.weight`
 /// to the input embedding. `architecture_note` says which.
-/// @throws accel::checkpoint_error for an unreadable config.json or a config lacking a value the
-///         catalog needs
+/// @throws accel::checkpoint_error for an unreadable config.json, a config lacking a value the
+///         catalog needs, or a tensor name of more than max_name_parts dotted parts
 [[nodiscard]] inline CheckpointModel model_from_checkpoint(const Checkpoint& ckpt, const CheckpointTreeOptions& opts = {}) {
+  detail::check_name_parts(ckpt);
   CheckpointModel out;
   const auto config_path = opts.config_file ? opts.config_file : ckpt.config_file;
   if (config_path) out.config = read_model_config(*config_path);
@@ -465,6 +489,8 @@ inline void check_load_dtype(const Checkpoint& ckpt, const StoredMarks* stored, 
     if (have_last && shard >= last_shard && prefix == last_prefix) {
       cur = last_node;  // the previous tensor's module, its ancestors' min_shard no greater than this shard
     } else {
+      // Renaming may add a part or two to a name the checkpoint check passed.
+      detail::check_name_parts(name, " (the model's name of a checkpoint tensor)");
       nodes[0].min_shard = std::min(nodes[0].min_shard, shard);
       std::uint64_t hash = 0;
       std::size_t start = 0;

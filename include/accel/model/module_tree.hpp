@@ -9,6 +9,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -30,6 +31,17 @@ ACCEL_NAMESPACE_BEGIN
 
 /// @brief "No index" marker for ModuleTree ids.
 inline constexpr std::size_t npos_id = std::numeric_limits<std::size_t>::max();
+
+/// @brief The most dotted parts a module or tensor name may have (`model.layers.0.mlp.up_proj.weight`
+///        has 6; real models stay under 15). Each module keeps its full name, so a name of d parts
+///        costs d prefixes: the limit keeps a small hostile name (80,000 parts in 160 KB) from
+///        costing gigabytes and minutes.
+inline constexpr std::size_t max_name_parts = 64;
+
+/// @brief The number of dotted parts of `name` ("" has none, "a.b" two).
+[[nodiscard]] inline std::size_t name_parts(std::string_view name) noexcept {
+  return name.empty() ? 0 : static_cast<std::size_t>(std::count(name.begin(), name.end(), '.')) + 1;
+}
 
 /// @brief A parameter or buffer of a ModuleTree.
 struct Tensor {
@@ -125,8 +137,8 @@ class ModuleTree {
 
   /// @brief Adds a module (and any missing ancestors), or sets the class of an existing one.
   /// @return the module id
-  /// @throws accel::usage_error when the name is a tensor's, has an empty component, or the module
-  ///         already has a different class
+  /// @throws accel::usage_error when the name is a tensor's, has an empty component or more than
+  ///         max_name_parts parts, or the module already has a different class
   std::size_t add_module(std::string_view name, std::string_view class_name = {}) {
     const auto hash = detail::name_hash(name);
     if (const auto known = module_ids_.find(name, hash, module_name())) {
@@ -140,16 +152,35 @@ class ModuleTree {
       return *known;
     }
     check_name(name, "module");
-    if (tensor_ids_.find(name, hash, tensor_name()))
-      detail::throw_error<usage_error>("module name '", name, "' is already a tensor's name; names must be unique");
-    const auto dot = name.rfind('.');
-    const std::size_t parent = add_module(dot == std::string_view::npos ? std::string_view{} : name.substr(0, dot));
-    const std::size_t id = modules_.size();
-    modules_.push_back(Module{std::string(name), std::string(class_name), parent, {}, {}, {}});
-    modules_[parent].children.push_back(id);
+    // Up from the name to its nearest known ancestor, checking every missing one before any is
+    // added; then down again, adding them outermost first (parents get smaller ids). A loop, not
+    // a recursion, and at most max_name_parts prefixes, each hashed once.
+    std::array<std::size_t, max_name_parts> ends{};  // lengths of the missing prefixes, innermost first
+    std::size_t missing = 0, parent = 0;
+    for (std::string_view prefix = name;;) {
+      const auto prefix_hash = missing == 0 ? hash : detail::name_hash(prefix);
+      if (missing > 0)
+        if (const auto known = module_ids_.find(prefix, prefix_hash, module_name())) {
+          parent = *known;
+          break;
+        }
+      if (tensor_ids_.find(prefix, prefix_hash, tensor_name()))
+        detail::throw_error<usage_error>("module name '", text::excerpt(prefix, 200), "' is already a tensor's name; names must be unique");
+      ends[missing++] = prefix.size();
+      const auto dot = prefix.rfind('.');
+      if (dot == std::string_view::npos) break;  // a top-level module: its parent is the root
+      prefix = prefix.substr(0, dot);
+    }
+    for (std::size_t i = missing; i-- > 0;) {
+      const std::string_view prefix = name.substr(0, ends[i]);
+      const std::size_t id = modules_.size();
+      modules_.push_back(Module{std::string(prefix), i == 0 ? std::string(class_name) : std::string(), parent, {}, {}, {}});
+      modules_[parent].children.push_back(id);
+      module_ids_.insert(i == 0 ? hash : detail::name_hash(prefix), static_cast<std::uint32_t>(id), module_name());
+      parent = id;
+    }
     cache_.clear();
-    module_ids_.insert(hash, static_cast<std::uint32_t>(id), module_name());
-    return id;
+    return parent;
   }
 
   /// @brief Adds a parameter; its module (the name up to the last dot) is created if missing.
@@ -241,7 +272,10 @@ class ModuleTree {
   static void check_name(std::string_view name, std::string_view what) {
     bool bad = name.empty() || name.front() == '.' || name.back() == '.' || name.find("..") != std::string_view::npos;
     if (bad)
-      detail::throw_error<usage_error>(what, " name '", name, "' has an empty component; use dotted names like 'model.layers.0'");
+      detail::throw_error<usage_error>(what, " name '", text::excerpt(name, 200), "' has an empty component; use dotted names like 'model.layers.0'");
+    if (const auto parts = name_parts(name); parts > max_name_parts)
+      detail::throw_error<usage_error>(what, " name '", text::excerpt(name, 200), "' has ", parts, " dotted parts, more than the ",
+                                       max_name_parts, " a name may have (real models use under 15); shorten the module path");
   }
 
   std::size_t add_tensor(std::string_view name, DType dtype, std::vector<std::int64_t> shape, bool buffer, bool persistent) {
@@ -578,9 +612,9 @@ inline void check_no_split_specs(const ModuleTree& tree, const std::vector<std::
     if (used[i]) continue;
     std::vector<std::string> classes;
     for (const auto& mod : tree.modules())
-      if (!mod.class_name.empty() && std::find(classes.begin(), classes.end(), mod.class_name) == classes.end())
-        classes.push_back(mod.class_name);
+      if (!mod.class_name.empty()) classes.push_back(mod.class_name);
     std::sort(classes.begin(), classes.end());
+    classes.erase(std::unique(classes.begin(), classes.end()), classes.end());
     // Nearest names: classes and module names within a third of the spec's length in edits.
     std::vector<std::pair<std::size_t, std::string>> near;
     auto consider = [&](const std::string& name) {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -75,22 +76,38 @@ struct Placement {
   }
 }
 
+namespace detail {
+// The placements a device map may give, as numbers and as strings (nullopt for anything else).
+inline std::optional<Placement> placement_of_number(std::uint64_t index) {
+  return index < 1u << 20 ? std::optional(Placement::gpu(static_cast<int>(index))) : std::nullopt;
+}
+inline std::optional<Placement> placement_of_text(std::string_view s) {
+  if (s == "cpu") return Placement::cpu();
+  if (s == "disk") return Placement::disk();
+  if (auto index = text::parse_integer<int>(s.starts_with("cuda:") ? s.substr(5) : s); index && *index < 1 << 20)
+    if (*index >= 0) return Placement::gpu(*index);
+  return std::nullopt;
+}
+}  // namespace detail
+
 /// @brief Parses a device-map value: a non-negative integer, "cpu", "disk", "cuda:N" or "N".
 /// @param value the JSON value
 /// @param key the map key, for the message
 /// @throws accel::config_error for anything else ("meta", "mps", negative numbers)
 [[nodiscard]] inline Placement parse_placement(const nlohmann::json& value, std::string_view key) {
-  if (value.is_number_unsigned() && value.get<std::uint64_t>() < 1u << 20) return Placement::gpu(value.get<int>());
-  if (value.is_string()) {
-    std::string_view s = value.get_ref<const std::string&>();
-    if (s == "cpu") return Placement::cpu();
-    if (s == "disk") return Placement::disk();
-    if (auto index = text::parse_integer<int>(s.starts_with("cuda:") ? s.substr(5) : s); index && *index < 1 << 20)
-      if (*index >= 0) return Placement::gpu(*index);
-  }
-  detail::throw_error<config_error>("device map value for '", key, "' is ", json_excerpt(value),
-                                    "; use a GPU index (0, 1, ...), \"cpu\" or \"disk\"");
+  std::optional<Placement> p;
+  if (value.is_number_unsigned()) p = detail::placement_of_number(value.get<std::uint64_t>());
+  else if (value.is_string()) p = detail::placement_of_text(value.get_ref<const std::string&>());
+  if (!p)
+    detail::throw_error<config_error>("device map value for '", key, "' is ", json_excerpt(value),
+                                      "; use a GPU index (0, 1, ...), \"cpu\" or \"disk\"");
+  return *p;
 }
+
+/// @brief The most entries a device map file may have: more than 100 times the keys of the largest
+///        checkpoints (DeepSeek-V3: about 92,000 tensors); a file past it is refused before it is
+///        held in memory.
+inline constexpr std::size_t device_map_max_entries = std::size_t{1} << 24;
 
 /// @brief An ordered map from module or tensor names to placements (HF `device_map`).
 ///
@@ -108,6 +125,8 @@ class DeviceMap {
       entries_[it->second].second = p;
       return;
     }
+    if (name.size() >= key_lengths_.size()) key_lengths_.resize(name.size() + 1, false);
+    key_lengths_[name.size()] = true;
     index_.emplace(name, entries_.size());
     entries_.emplace_back(std::move(name), p);
   }
@@ -118,14 +137,18 @@ class DeviceMap {
   }
   /// @brief The placement stored under exactly `key`, or nullptr.
   [[nodiscard]] const Placement* find(std::string_view key) const {
+    if (!has_key_of_length(key.size())) return nullptr;
     auto it = index_.find(key);
     return it == index_.end() ? nullptr : &entries_[it->second].second;
   }
   /// @brief The entry covering a tensor or module: the longest key equal to it or a dotted prefix
-  ///        of it (`""` covers everything), or nullptr. One hash lookup per dotted component.
+  ///        of it (`""` covers everything), or nullptr. One hash lookup per dotted component as long
+  ///        as some key has, so linear in the name's length plus the keys' (a name of 80,000 parts
+  ///        does not hash 80,000 prefixes).
   [[nodiscard]] const Entry* covering(std::string_view name) const {
     while (true) {
-      if (auto it = index_.find(name); it != index_.end()) return &entries_[it->second];
+      if (has_key_of_length(name.size()))
+        if (auto it = index_.find(name); it != index_.end()) return &entries_[it->second];
       if (name.empty()) return nullptr;
       const auto dot = name.rfind('.');
       name = name.substr(0, dot == std::string_view::npos ? 0 : dot);
@@ -152,26 +175,24 @@ class DeviceMap {
   /// @brief The HF JSON object, keys in map order.
   [[nodiscard]] nlohmann::ordered_json to_json() const {
     nlohmann::ordered_json j = nlohmann::ordered_json::object();
-    for (const auto& [k, p] : entries_) j[k] = p.to_json();
+    // Appended to ordered_json's vector of pairs directly: its own insert searches the keys
+    // linearly (quadratic in the map's size), and the keys here are distinct already.
+    using Object = nlohmann::ordered_json::object_t;
+    auto& pairs = static_cast<std::vector<Object::value_type, Object::allocator_type>&>(j.get_ref<Object&>());
+    pairs.reserve(entries_.size());
+    for (const auto& [k, p] : entries_) pairs.emplace_back(k, p.to_json());
     return j;
   }
   /// @brief to_json() as text (`indent` < 0: one line).
   [[nodiscard]] std::string to_json_string(int indent = -1) const { return to_json().dump(indent); }
 
-  /// @brief Parses the HF JSON object (`{"model.layers.0": 0, "lm_head": "cpu"}`), keeping key order.
-  /// @throws accel::config_error for invalid JSON, a non-object, a duplicate key or a bad value
-  [[nodiscard]] static DeviceMap from_json(std::string_view text) {
-    auto parsed = parse_json_strict(text);
-    if (!parsed.error.empty()) detail::throw_error<config_error>("device map is not valid JSON: ", parsed.error);
-    if (!parsed.value.is_object())
-      detail::throw_error<config_error>("device map is a JSON ", parsed.value.type_name(),
-                                        ", not an object of name → device");
-    // nlohmann::json sorts keys; re-read with ordered_json to keep the file's order.
-    const auto ordered = nlohmann::ordered_json::parse(text.begin(), text.end());
-    DeviceMap m;
-    for (const auto& [k, v] : ordered.items()) m.set(k, parse_placement(nlohmann::json(v), k));
-    return m;
-  }
+  /// @brief Parses the HF JSON object (`{"model.layers.0": 0, "lm_head": "cpu"}`), keeping key order,
+  ///        in one pass and O(n) for n keys.
+  /// @param max_entries the most keys accepted (device_map_max_entries unless a test lowers it)
+  /// @throws accel::config_error for invalid JSON, a non-object, a duplicate key, a bad value, more
+  ///         than `max_entries` keys, or a key of more than max_name_parts dotted parts (no
+  ///         module or tensor has such a name)
+  [[nodiscard]] static DeviceMap from_json(std::string_view text, std::size_t max_entries = device_map_max_entries);
 
  private:
   std::vector<Entry> entries_;
@@ -181,7 +202,116 @@ class DeviceMap {
     std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
   };
   std::unordered_map<std::string, std::size_t, KeyHash, std::equal_to<>> index_;
+  // Which key lengths occur: a prefix of no key's length is not hashed (lookups along a name's
+  // prefixes would otherwise hash each one, quadratic in its depth).
+  std::vector<bool> key_lengths_;
+  [[nodiscard]] bool has_key_of_length(std::size_t n) const noexcept { return n < key_lengths_.size() && key_lengths_[n]; }
 };
+
+namespace detail {
+// Reads a device map straight into a DeviceMap, in file order: nlohmann's ordered_json would keep
+// the order too, but finds each key by a linear search, quadratic in the map's size (200,000 keys:
+// minutes), and a DOM would be built only to be copied. Anything it does not expect (a syntax
+// error, a duplicate or too deep key, a value that is no placement) stops it; the caller then
+// words the error from a strict parse.
+class DeviceMapReader final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  DeviceMapReader(DeviceMap& map, std::size_t limit) : map_(map), limit_(limit) {}
+  bool over_limit = false;  ///< stopped at key number limit + 1
+  bool complete = false;    ///< read a whole object of valid entries
+
+  bool null() override { return false; }
+  bool boolean(bool) override { return false; }
+  bool number_integer(number_integer_t) override { return false; }  // negative
+  bool number_unsigned(number_unsigned_t v) override { return put(placement_of_number(v)); }
+  bool number_float(number_float_t, const string_t&) override { return false; }
+  bool string(string_t& v) override { return put(placement_of_text(v)); }
+  bool binary(binary_t&) override { return false; }
+  bool start_object(std::size_t) override { return std::exchange(started_, true) == false; }
+  bool end_object() override { return complete = true; }  // the top level's: deeper ones were refused
+  bool start_array(std::size_t) override { return false; }
+  bool end_array() override { return false; }
+  bool key(string_t& k) override {
+    if (map_.size() == limit_) {
+      over_limit = true;
+      return false;
+    }
+    if (name_parts(k) > max_name_parts || map_.find(k)) return false;
+    key_ = k;
+    pending_ = true;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
+  bool put(std::optional<Placement> p) {
+    if (!p || !pending_) return false;  // (a value outside the object: a top level that is not one)
+    map_.set(std::move(key_), *p);
+    key_.clear();
+    pending_ = false;
+    return true;
+  }
+  DeviceMap& map_;
+  std::size_t limit_;
+  std::string key_;
+  bool started_ = false, pending_ = false;
+};
+
+// The top-level keys of a JSON object in file order, for the error of a map the reader refused.
+class TopLevelKeys final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  std::vector<std::string> keys;
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return ++depth_ > 0; }
+  bool end_object() override { return --depth_ >= 0; }
+  bool start_array(std::size_t) override { return ++depth_ > 0; }
+  bool end_array() override { return --depth_ >= 0; }
+  bool key(string_t& k) override {
+    if (depth_ == 1) keys.push_back(k);
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+
+ private:
+  long depth_ = 0;
+};
+}  // namespace detail
+
+inline DeviceMap DeviceMap::from_json(std::string_view text, std::size_t max_entries) {
+  DeviceMap m;
+  detail::DeviceMapReader reader(m, max_entries);
+  try {
+    if (nlohmann::json::sax_parse(text.begin(), text.end(), &reader) && reader.complete) return m;
+  } catch (const nlohmann::json::exception&) {
+    // (the strict parse below says what)
+  }
+  if (reader.over_limit)
+    detail::throw_error<config_error>("device map has more than ", max_entries, " entries, the most accel reads (a model "
+                                      "has far fewer modules and tensors); write one key per module or layer, or \"\" "
+                                      "for everything");
+  // Something is wrong: say what, as a strict parse and then each entry in file order find it.
+  auto parsed = parse_json_strict(text);
+  if (!parsed.error.empty()) detail::throw_error<config_error>("device map is not valid JSON: ", parsed.error);
+  if (!parsed.value.is_object())
+    detail::throw_error<config_error>("device map is a JSON ", parsed.value.type_name(), ", not an object of name → device");
+  detail::TopLevelKeys order;
+  (void)nlohmann::json::sax_parse(text.begin(), text.end(), &order);
+  for (const auto& k : order.keys) {
+    if (const auto parts = name_parts(k); parts > max_name_parts)
+      detail::throw_error<config_error>("device map key '", text::excerpt(k, 200), "' has ", parts, " dotted parts, more than the ",
+                                        max_name_parts, " a module or tensor name may have, so it names nothing of a model; "
+                                        "drop it or fix it");
+    (void)parse_placement(parsed.value[k], k);
+  }
+  throw std::logic_error("internal error: the device map reader refused a map the strict parse accepts; please report "
+                         "this with the map");
+}
 
 /// @brief accelerate's clean_device_map: wherever every key below a prefix shares one placement and
 ///        there is more than one such key, they are replaced by the prefix (`""` for all).
@@ -361,15 +491,19 @@ struct UnusedKeys {
     const auto& ten = tree.tensors()[t];
     return tied[t] || (ten.buffer && !ten.persistent);
   };
+  // Per module: whether every tensor of its subtree has nothing to load, folded bottom-up
+  // (children have larger ids than their parents) so that each key costs one lookup, not a scan
+  // of the tree (a map of many such keys would be quadratic).
+  const auto& mods = tree.modules();
+  std::vector<bool> computed_only(mods.size(), true);
+  for (std::size_t t = 0; t < tree.tensors().size(); ++t)
+    if (!nothing_to_load(t)) computed_only[tree.tensors()[t].module] = false;
+  for (std::size_t m = mods.size(); m-- > 1;)
+    if (!computed_only[m]) computed_only[mods[m].parent] = false;
   for (const auto& key : keys) {
     bool explained = false;
-    if (auto id = tree.find_tensor(key)) {
-      explained = nothing_to_load(*id);
-    } else if (auto m = tree.find_module(key); m && !key.empty()) {
-      explained = true;
-      for (std::size_t t = 0; t < tree.tensors().size() && explained; ++t)
-        if (ix.contains(*m, t)) explained = nothing_to_load(t);
-    }
+    if (auto id = tree.find_tensor(key)) explained = nothing_to_load(*id);
+    else if (auto m = tree.find_module(key); m && !key.empty()) explained = computed_only[*m];
     (explained ? out.model_only : out.unknown).push_back(key);
   }
   return out;

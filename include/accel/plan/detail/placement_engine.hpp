@@ -12,9 +12,10 @@
 #include <memory>
 #include <optional>
 #include <ostream>
-#include <ranges>
+#include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -161,7 +162,11 @@ class PlacementEngine {
   }
   // The trace's name lists: ['a', 'b'] (every name).
   std::string quoted_names(const std::vector<std::uint32_t>& nodes) const {
-    auto names = nodes | std::views::transform([this](std::uint32_t n) -> const std::string& { return name_of(n); });
+    // (A vector of views rather than std::views::transform, which clang 14 cannot compile over
+    // libstdc++ 12's ranges; the libFuzzer harness that plans is built with clang.)
+    std::vector<std::string_view> names;
+    names.reserve(nodes.size());
+    for (auto n : nodes) names.push_back(name_of(n));
     return "[" + text::quoted_list(names, nodes.size()) + "]";
   }
   std::string quoted_tensor_names(const std::vector<std::uint32_t>& tensors) const {
@@ -206,10 +211,10 @@ class PlacementEngine {
   // entries (few: the direct tensors of split modules) go to a lazy max-heap instead, so the many
   // tensors inside blocks cost nothing here.
   void setup_layers() {
-    const std::vector<std::uint32_t> layer_modules = collect_layers();
-    const auto count = static_cast<std::uint32_t>(layer_modules.size());
+    layer_modules_ = collect_layers();
+    const auto count = static_cast<std::uint32_t>(layer_modules_.size());
     slots_.resize(count);
-    for (std::uint32_t i = 0; i < count; ++i) slots_[i].size = sizes_.module[layer_modules[i]];
+    for (std::uint32_t i = 0; i < count; ++i) slots_[i].size = sizes_.module[layer_modules_[i]];
     by_size_.resize(count);
     for (std::uint32_t i = 0; i < count; ++i) by_size_[i] = i;
     std::sort(by_size_.begin(), by_size_.end(), [&](auto a, auto b) {
@@ -347,45 +352,33 @@ class PlacementEngine {
   // an entry drops the names inside it; once none is left, and after every split, the size is
   // recomputed over the queued modules (loose tensors count only in the first computation). An
   // entry moved on to the next device is not counted again until the next recomputation.
+  //
+  // transformers rescans the queue for each recomputation and the name list for each entry taken,
+  // quadratic in the entries (160,000 loose tensors: minutes). Here the layers a recomputation
+  // finds are the waiting layer slots (the slots of the queued modules, what its walk down the
+  // splittable modules reaches), read from the size order; the names kept are model-order
+  // positions in a sorted set, so taking an entry erases the range of its subtree.
   bool transformers_rules() const { return opts_.rules == PlanRules::transformers; }
   void tf_refresh_reserve(bool with_tensors) {
-    tf_reserve_ = 0;
     tf_layers_.clear();
-    auto consider = [&](std::uint32_t n) {
-      const auto size = size_of(n);
+    tf_reserve_ = largest_waiting_module();
+    for (auto i = top_; i < by_size_.size() && slots_[by_size_[i]].size == tf_reserve_; ++i)
+      if (slots_[by_size_[i]].waiting) tf_layers_.insert(ix_.module_rank[layer_modules_[by_size_[i]]]);
+    if (!with_tensors) return;
+    for (auto e = front(); e != end_; e = nodes_[e].next) {
+      if (is_module(e)) continue;
+      const auto size = size_of(e);
       if (size > tf_reserve_) {
         tf_reserve_ = size;
-        tf_layers_.assign(1, n);
-      } else if (size == tf_reserve_) {
-        tf_layers_.push_back(n);
+        tf_layers_.clear();
       }
-    };
-    std::vector<std::uint32_t> stack;
-    for (auto e = front(); e != end_; e = nodes_[e].next) {
-      if (!is_module(e)) {
-        if (with_tensors) consider(e);
-        continue;
-      }
-      stack.assign(1, e);
-      while (!stack.empty()) {
-        const auto m = stack.back();
-        stack.pop_back();
-        if (!splittable(m)) {
-          consider(m);
-          continue;
-        }
-        const auto& kids = tree_.modules()[m].children;
-        for (auto c = kids.rbegin(); c != kids.rend(); ++c) stack.push_back(static_cast<std::uint32_t>(*c));
-      }
+      if (size == tf_reserve_) tf_layers_.insert(rank_of(e));
     }
   }
   std::uint64_t tf_reserve_after_taking(std::uint32_t taken) {
-    std::erase_if(tf_layers_, [&](std::uint32_t n) {
-      if (n == taken) return true;
-      if (!is_module(taken)) return false;
-      const auto r = rank_of(n);
-      return r > ix_.module_rank[taken] && r < ix_.module_end[taken];
-    });
+    const auto first = rank_of(taken);
+    const auto end = is_module(taken) ? ix_.module_end[taken] : first + 1;
+    tf_layers_.erase(tf_layers_.lower_bound(first), tf_layers_.lower_bound(end));
     if (tf_layers_.empty()) tf_refresh_reserve(false);
     return tf_reserve_;
   }
@@ -692,15 +685,16 @@ class PlacementEngine {
       std::int32_t device = -1;  // their device index, or -2 when they differ
     };
     std::vector<Subtree> subtrees(module_count_);
-    for (auto n : placed_) {
-      const auto d = nodes_[n].device;
-      for (std::uint32_t a = is_module(n) ? n : parent_of(n); a != none; a = parent_of(a)) {
-        auto& s = subtrees[a];
-        ++s.placed;
-        if (s.device == -1) s.device = d;
-        else if (s.device != d) s.device = -2;
-      }
-    }
+    auto add = [](Subtree& s, std::uint32_t placed, std::int32_t device) {
+      if (placed == 0) return;
+      s.placed += placed;
+      if (s.device == -1) s.device = device;
+      else if (s.device != device) s.device = -2;
+    };
+    for (auto n : placed_) add(subtrees[is_module(n) ? n : parent_of(n)], 1, nodes_[n].device);
+    // Bottom-up, once per module (children have larger ids than their parents), rather than up
+    // every placed entry's ancestors.
+    for (std::uint32_t m = module_count_; m-- > 1;) add(subtrees[parent_of(m)], subtrees[m].placed, subtrees[m].device);
     // Top-down: emit merged modules; elsewhere emit placed entries as they are.
     std::vector<std::uint32_t> keys;
     std::vector<std::uint32_t> stack{0};
@@ -792,8 +786,9 @@ class PlacementEngine {
   std::uint32_t top_ = 0;               // by_size_ cursor: no waiting slot before it
   std::vector<std::pair<std::uint64_t, std::uint32_t>> tensor_heap_;  // (size, tensor), lazy deletion
   std::vector<TieGroup> tie_groups_;
-  std::uint64_t tf_reserve_ = 0;             // transformers' largest layer size
-  std::vector<std::uint32_t> tf_layers_;     // and the layers of that size still counted
+  std::vector<std::uint32_t> layer_modules_;  // slot -> its module
+  std::uint64_t tf_reserve_ = 0;              // transformers' largest layer size
+  std::set<std::uint32_t> tf_layers_;         // and the model-order positions of the layers of that size still counted
   std::vector<std::pair<std::uint32_t, std::uint32_t>> tied_by_rank_;  // (rank, tensor) of tied tensors
   std::vector<Device> devices_;
   std::vector<std::uint32_t> placed_;
