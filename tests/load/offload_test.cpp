@@ -316,17 +316,18 @@ TEST_CASE("files a killed load finished are journaled and reused by the next loa
   REQUIRE_FALSE(fs::exists(folder / "index.json.journal"));
 }
 
-TEST_CASE("a full disk (file-size limit) names the folder and the bytes still to write; the rerun finishes the folder",
-          "[offload][journal]") {
-  accel_test::TempDir ckpt, folder;
-  accel_test::write_safetensors(ckpt / "model.safetensors", disk_model());
-  const auto message = folder.path().parent_path() / (folder.path().filename().string() + ".message");
+namespace {
+// Loads disk_model() as float16 into `folder` in a child under a 16 KiB file-size limit (SIGXFSZ
+// ignored or left at its default); requires the load to fail with a config_error and returns its
+// message.
+std::string load_under_file_size_limit(const fs::path& ckpt, const fs::path& folder, bool ignore_sigxfsz) {
+  const auto message = folder.parent_path() / (folder.filename().string() + ".message");
   const int status = in_child([&] {
-    ::signal(SIGXFSZ, SIG_IGN);  // a write past the limit then fails with EFBIG, as on a full disk
+    if (ignore_sigxfsz) ::signal(SIGXFSZ, SIG_IGN);
     const rlimit limit{16384, 16384};
     ::setrlimit(RLIMIT_FSIZE, &limit);
     try {
-      (void)accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, disk_options(folder.path(), DType::F16));
+      (void)accel::load_checkpoint_and_dispatch(ckpt, all_on_disk, disk_options(folder, DType::F16));
     } catch (const accel::config_error& e) {
       accel_test::write_text(message, e.what());
       return 3;
@@ -335,9 +336,19 @@ TEST_CASE("a full disk (file-size limit) names the folder and the bytes still to
   });
   REQUIRE(WIFEXITED(status));
   REQUIRE(WEXITSTATUS(status) == 3);
-  const auto text = read_text(message);
+  auto text = read_text(message);
   fs::remove(message);
   INFO(text);
+  return text;
+}
+}  // namespace
+
+TEST_CASE("a full disk (file-size limit) names the folder and the bytes still to write; the rerun finishes the folder",
+          "[offload][journal]") {
+  accel_test::TempDir ckpt, folder;
+  accel_test::write_safetensors(ckpt / "model.safetensors", disk_model());
+  // SIGXFSZ ignored: a write past the limit fails with EFBIG, as on a full disk.
+  const auto text = load_under_file_size_limit(ckpt.path(), folder.path(), true);
   REQUIRE(text.find("offload folder '" + folder.path().string() + "' ran out of space (File too large) writing 'b.w.dat'") !=
           std::string::npos);
   REQUIRE(text.find("2 tensors of 33.00 KiB (33792 bytes) are still to be written") != std::string::npos);
@@ -443,23 +454,7 @@ TEST_CASE("an atomic write creates its file in the folder itself, whatever holds
 TEST_CASE("a file-size limit without SIGXFSZ ignored is a config_error, not a kill, and leaves no temporary", "[offload][journal]") {
   accel_test::TempDir ckpt, folder;
   accel_test::write_safetensors(ckpt / "model.safetensors", disk_model());
-  const auto message = folder.path().parent_path() / (folder.path().filename().string() + ".message");
-  const int status = in_child([&] {
-    const rlimit limit{16384, 16384};  // SIGXFSZ keeps its default action: termination
-    ::setrlimit(RLIMIT_FSIZE, &limit);
-    try {
-      (void)accel::load_checkpoint_and_dispatch(ckpt.path(), all_on_disk, disk_options(folder.path(), DType::F16));
-    } catch (const accel::config_error& e) {
-      accel_test::write_text(message, e.what());
-      return 3;
-    }
-    return 0;
-  });
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 3);
-  const auto text = read_text(message);
-  fs::remove(message);
-  INFO(text);
+  const auto text = load_under_file_size_limit(ckpt.path(), folder.path(), false);  // SIGXFSZ's default: termination
   REQUIRE_THAT(text, accel_test::contains("ran out of space (File too large) writing 'b.w.dat' (the file-size limit, ulimit -f, "
                                           "is 16384 bytes): 2 tensors of 33.00 KiB"));
   for (const auto& e : fs::directory_iterator(folder.path())) {
