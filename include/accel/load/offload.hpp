@@ -254,8 +254,7 @@ inline void write_whole_offload_index(int dir, const std::filesystem::path& fold
   const std::span<const std::byte> part(reinterpret_cast<const std::byte*>(text.data()), text.size());
   if (auto f = try_write_file_at(dir, "index.json", std::span<const std::span<const std::byte>>(&part, 1)))
     throw_error<config_error>("cannot ", f->step, " the index of offload folder '", folder.string(), "': ", std::strerror(f->error),
-                              f->out_of_space() ? "; free disk space (or raise the file-size limit) or choose another offload folder"
-                                                : "; check that the offload folder is writable");
+                              f->advice());
 }
 inline void write_whole_offload_index(const std::filesystem::path& folder, const OffloadIndex& index) {
   const UniqueFd dir = open_folder(folder);

@@ -38,6 +38,11 @@ struct WriteFailure {
   int error = 0;
   /// @brief True for a full disk or quota, or a file-size limit (RLIMIT_FSIZE): more space fixes it.
   [[nodiscard]] bool out_of_space() const noexcept { return error == ENOSPC || error == EFBIG || error == EDQUOT; }
+  /// @brief What to do about it, for the end of a message.
+  [[nodiscard]] const char* advice() const noexcept {
+    return out_of_space() ? "; free disk space (or raise the file-size limit) or choose another offload folder"
+                          : "; check that the offload folder is writable";
+  }
 };
 
 /// @brief The temporary name write_file_atomic uses for `name`: `<name>.tmp.<pid>`.
@@ -129,9 +134,7 @@ inline UniqueFd open_folder(const std::filesystem::path& folder) noexcept {
 inline void write_file_atomic(const std::filesystem::path& path, std::span<const std::span<const std::byte>> parts) {
   if (auto f = try_write_file_atomic(path, parts))
     throw_error<config_error>("cannot ", f->step, " '", f->step == std::string_view("create") ? temporary_path(path).string() : path.string(),
-                              "': ", std::strerror(f->error),
-                              f->out_of_space() ? "; free disk space (or raise the file-size limit) or choose another offload folder"
-                                                : "; check that the offload folder is writable");
+                              "': ", std::strerror(f->error), f->advice());
 }
 
 /// @brief Flushes a folder's entries (renames, removals) to the disk; best effort.
