@@ -422,8 +422,9 @@ def repairs(config):
     return out
 
 
-def describe(torch, transformers, arch, covers, overrides, log, slow_build_s=None):
-    """The full (format-1) entry of one class; covers "" when none is given."""
+def build_default(torch, transformers, arch, overrides, log):
+    """(builder, config, meta model, seconds the build took) of a class at its config class's
+    defaults (with `overrides`), repaired (see repairs) when the defaults do not build."""
     b = Builder(torch, transformers, arch, overrides)
     cfg = b.base_config()
     started = time.monotonic()
@@ -441,8 +442,13 @@ def describe(torch, transformers, arch, covers, overrides, log, slow_build_s=Non
             model = b.model(cfg)
         except Exception:  # noqa: BLE001
             raise error from None
+    return b, cfg, model, time.monotonic() - started
+
+
+def describe(torch, transformers, arch, covers, overrides, log, slow_build_s=None):
+    """The full (format-1) entry of one class; covers "" when none is given."""
+    b, cfg, model, took = build_default(torch, transformers, arch, overrides, log)
     base_json = Builder.saved(cfg)
-    took = time.monotonic() - started
     if slow_build_s is not None and took > slow_build_s:
         raise SlowBuild(f"one meta-device build takes {took:.0f} s (over {slow_build_s} s; the checks rebuild it many times)")
     attribute_map = dict(getattr(b.config_class, "attribute_map", {}))
@@ -611,8 +617,9 @@ def reason_category(reason):
 # ---------------------------------------------------------------------------------------------
 # Building each class in a worker process.
 
-def _work(conn, arch, covers, overrides, slow_build_s, quiet):
-    """In a forked worker: describe one class and send {"entry"} or {"reason"}, with its log."""
+def _work(conn, work, arch, covers, overrides, slow_build_s, quiet):
+    """In a forked worker: work(...) on one class (describe, unless another is given) and send
+    {"entry": its result} or {"reason"}, with its log."""
     if quiet:  # transformers and torch warn on stdout/stderr; the log goes back over the pipe
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
@@ -623,7 +630,7 @@ def _work(conn, arch, covers, overrides, slow_build_s, quiet):
         import torch
         import transformers
         torch.set_num_threads(1)
-        result = {"entry": describe(torch, transformers, arch, covers, overrides, logs.append, slow_build_s)}
+        result = {"entry": work(torch, transformers, arch, covers, overrides, logs.append, slow_build_s)}
     except BaseException as e:  # noqa: BLE001  (anything one class raises skips that class only)
         result = {"reason": skip_reason(e)}
     result.update(architecture=arch, log=logs, seconds=round(time.monotonic() - started, 1))
@@ -634,10 +641,12 @@ def _work(conn, arch, covers, overrides, slow_build_s, quiet):
         os._exit(0)
 
 
-def build_all(classes, jobs, timeout_s, slow_build_s, on_result, quiet=True):
-    """Describes each class in its own forked process, `jobs` at a time; a worker that crashes
-    or runs past timeout_s is stopped and its class skipped. on_result(result) gets each
+def build_all(classes, jobs, timeout_s, slow_build_s, on_result, quiet=True, work=None):
+    """Describes each class (or runs work(torch, transformers, arch, covers, overrides, log,
+    slow_build_s) on it) in its own forked process, `jobs` at a time; a worker that crashes or
+    runs past timeout_s is stopped and its class skipped. on_result(result) gets each
     {"architecture", "entry" | "reason", "log", "seconds"} as it comes."""
+    work = work or describe
     hand = {a: (c, o) for a, c, o in ARCHITECTURES}
     ctx = multiprocessing.get_context("fork")
     pending, running = collections.deque(classes), {}
@@ -646,7 +655,7 @@ def build_all(classes, jobs, timeout_s, slow_build_s, on_result, quiet=True):
             arch = pending.popleft()
             covers, overrides = hand.get(arch, ("", {}))
             reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_work, args=(writer, arch, covers, overrides, slow_build_s, quiet), daemon=True)
+            proc = ctx.Process(target=_work, args=(writer, work, arch, covers, overrides, slow_build_s, quiet), daemon=True)
             proc.start()
             writer.close()
             running[reader] = (proc, arch, time.monotonic())

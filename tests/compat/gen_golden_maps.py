@@ -81,7 +81,8 @@ PUBLISHED_SCENARIOS = {
 }
 
 TORCH_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
-SIZES = {"F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "I64": 8, "I32": 4, "I8": 1, "U8": 1}  # quantized checkpoints too
+SIZES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+         "BOOL": 1}  # quantized checkpoints and non-float buffers too
 
 
 class _Captured(Exception):

@@ -69,6 +69,37 @@ TEST_CASE("aliased and tied tensors are counted once under the first name in mod
   REQUIRE_THROWS_WITH(t.tie({"other.w", "model.embed.weight"}), accel_test::contains("differ in dtype or shape"));
 }
 
+// transformers counts the tensor the others are tied to, as a checkpoint holds it (Csm: the
+// backbone's audio embedding, first in model order, is a copy of the depth decoder's).
+TEST_CASE("a tied copy first in model order counts nothing; the tensor it is tied to counts", "[module_tree]") {
+  for (bool marked_after : {false, true}) {
+    accel::ModuleTree t;
+    t.add_parameter("backbone.embed_audio.weight", DType::F16, {64, 8});
+    t.add_parameter("backbone.layers.0.w", DType::F16, {8, 8});
+    t.add_parameter("depth.embed.weight", DType::F16, {64, 8});
+    if (marked_after) {  // as a checkpoint tree marks the copies it makes, then ties the group
+      t.tie({"backbone.embed_audio.weight", "depth.embed.weight"});
+      t.mark_tied_copy(*t.find_tensor("backbone.embed_audio.weight"));
+    } else {
+      t.tie({"backbone.embed_audio.weight", "depth.embed.weight"});
+    }
+    auto ix = accel::index_tree(t);
+    auto s = accel::compute_module_sizes(t, ix);
+    CHECK(s.total() == 1024 + 128);
+    const auto held = marked_after ? "depth.embed.weight" : "backbone.embed_audio.weight";
+    CHECK(ix.canonical[*t.find_tensor("backbone.embed_audio.weight")] == *t.find_tensor(held));
+    CHECK(module_size(t, s, "depth") == (marked_after ? 1024u : 0u));
+    CHECK(module_size(t, s, "backbone") == (marked_after ? 128u : 1024u + 128u));
+  }
+  accel::ModuleTree t;  // add_alias marks the name it adds
+  t.add_parameter("depth.embed.weight", DType::F16, {64, 8});
+  t.add_alias("backbone.embed_audio.weight", "depth.embed.weight");
+  t.add_module("backbone.layers.0");
+  CHECK(t.tensors()[*t.find_tensor("backbone.embed_audio.weight")].tied_copy);
+  CHECK_FALSE(t.tensors()[*t.find_tensor("depth.embed.weight")].tied_copy);
+  REQUIRE_THROWS_WITH(t.mark_tied_copy(99), accel_test::contains("tensor id 99 does not exist"));
+}
+
 TEST_CASE("the model order visits parameters, then children, then buffers", "[module_tree]") {
   accel::ModuleTree t;
   t.add_buffer("b", DType::F32, {1});

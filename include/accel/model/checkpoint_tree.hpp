@@ -206,6 +206,7 @@ struct TreeEntry {
   std::size_t fused_parts = 0;           ///< checkpoint tensors fused into it (0: one, not fused)
   std::vector<std::int64_t> part_shape;  ///< the shape each fused part has (empty: they differ)
   bool quantized = false;                ///< quantized storage: kept at its stored dtype
+  bool tied_copy = false;                ///< a tied copy the checkpoint leaves out (Tensor::tied_copy)
 };
 
 // Adds a quantized companion to the tensor it is part of in the model (bitsandbytes' quant state
@@ -452,7 +453,8 @@ inline void check_load_dtype(const Checkpoint& ckpt, const StoredMarks* stored, 
       if (source == group.end()) continue;
       const auto src = entries[present.at(*source)];
       for (const auto& n : group)
-        if (!present.count(n)) entries.push_back({made_names.emplace_back(n), src.dtype, src.shape, src.shard, false, true, {}, 0, {}, src.quantized});
+        if (!present.count(n))
+          entries.push_back({made_names.emplace_back(n), src.dtype, src.shape, src.shard, false, true, {}, 0, {}, src.quantized, true});
       ties.push_back(std::move(group));
     }
     const DType model_dtype = opts.load_dtype.value_or(out.auto_dtype.value_or(DType::F32));
@@ -551,6 +553,7 @@ inline void check_load_dtype(const Checkpoint& ckpt, const StoredMarks* stored, 
       auto& e = entries[t];
       const auto added = e.buffer ? tree.add_buffer(e.name, e.dtype, e.shape, e.persistent) : tree.add_parameter(e.name, e.dtype, e.shape);
       if (e.quantized) tree.mark_quantized(added);
+      if (e.tied_copy) tree.mark_tied_copy(added);
     }
     // Siblings: the catalog's construction order when it knows them, then the heuristics.
     kids.clear();

@@ -54,6 +54,9 @@ struct Tensor {
   /// A quantized weight or one of its scales/zero points (quantization.hpp): counted and loaded at
   /// its stored dtype, whatever the load dtype.
   bool quantized = false;
+  /// A tied copy the checkpoint leaves out (save_pretrained writes only the tensor the others
+  /// share): when its tie group has a member that is not one, sizes count that member.
+  bool tied_copy = false;
 
   /// @brief Element count (1 for a scalar).
   [[nodiscard]] std::uint64_t numel() const noexcept { return shape_numel(shape); }
@@ -108,8 +111,8 @@ class TreeIndexCache {
 /// @brief A model's structure: modules, parameters, buffers, and tensors that share storage.
 ///
 /// Tensors tied together (or declared `alias_of` another) are one tensor with several names; sizes
-/// count it once, under the name that comes first in model order, and the planner keeps every name
-/// of it on one device.
+/// count it once, under the name that comes first in model order among those that are not tied
+/// copies (add_alias, mark_tied_copy), and the planner keeps every name of it on one device.
 /// @code
 /// accel::ModuleTree t;
 /// t.add_module("model.layers.0", "LlamaDecoderLayer");
@@ -206,8 +209,18 @@ class ModuleTree {
     cache_.clear();
   }
 
+  /// @brief Marks a tensor as a tied copy the checkpoint leaves out (Tensor::tied_copy).
+  /// @throws accel::usage_error for an unknown id
+  void mark_tied_copy(std::size_t tensor) {
+    if (tensor >= tensors_.size())
+      detail::throw_error<usage_error>("tensor id ", tensor, " does not exist (the tree has ", tensors_.size(), " tensors)");
+    tensors_[tensor].tied_copy = true;
+    cache_.clear();
+  }
+
   /// @brief Adds parameter `name` as another name of tensor `target` (shared storage, e.g. a tied
-  ///        LM head), copying its dtype and shape; if `name` exists it is tied to `target`.
+  ///        LM head), copying its dtype and shape; if `name` exists it is tied to `target`. A name
+  ///        added here is a tied copy (Tensor::tied_copy): sizes count `target`.
   /// @return the tensor id of `name`
   /// @throws accel::usage_error when `target` does not exist or the two differ in dtype or shape
   std::size_t add_alias(std::string_view name, std::string_view target) {
@@ -220,6 +233,7 @@ class ModuleTree {
     else {
       const Tensor copy = tensors_[*t];
       id = add_tensor(name, copy.dtype, copy.shape, false, true);
+      tensors_[id].tied_copy = true;
     }
     tie_pair(*t, id);
     return id;
@@ -356,7 +370,8 @@ struct TreeIndex {
   std::vector<std::uint32_t> module_rank;  ///< module id → its position
   std::vector<std::uint32_t> module_end;   ///< module id → one past its subtree's last position
   std::vector<std::uint32_t> tensor_rank;  ///< tensor id → its position
-  std::vector<std::uint32_t> canonical;    ///< tensor id → the group member first in model order
+  std::vector<std::uint32_t> canonical;    ///< tensor id → the group member sizes count: the first in model
+                                           ///< order that is not a tied copy (else the first)
   std::vector<std::vector<std::uint32_t>> tied_groups;  ///< tensor ids of each tie group, model order
   /// @name Compact copies of Module/Tensor fields for the loops over every tensor (no pointer
   ///       chasing); compute_module_sizes applies tensor_size's rule to them
@@ -430,7 +445,10 @@ struct TreeIndex {
     }
     for (auto& g : ix.tied_groups) {
       std::sort(g.begin(), g.end(), [&](auto a, auto b) { return ix.tensor_rank[a] < ix.tensor_rank[b]; });
-      for (auto t : g) ix.canonical[t] = g.front();
+      // transformers counts the tensor the others are tied to (the one a checkpoint holds), which
+      // is not always the first: Csm's backbone audio embedding is a copy of its depth decoder's.
+      const auto held = std::find_if(g.begin(), g.end(), [&](auto t) { return !tens[t].tied_copy; });
+      for (auto t : g) ix.canonical[t] = held != g.end() ? *held : g.front();
     }
     std::sort(ix.tied_groups.begin(), ix.tied_groups.end(),
               [&](const auto& a, const auto& b) { return ix.tensor_rank[a.front()] < ix.tensor_rank[b.front()]; });
@@ -514,8 +532,8 @@ class SizeRule {
   return detail::SizeRule(opts).bytes(t.dtype, t.numel(), t.name, (t.buffer && !t.persistent) || t.quantized);
 }
 
-/// @brief accelerate's compute_module_sizes over a tree: each shared tensor counted once (under its
-///        first name in model order), added to its module and every ancestor.
+/// @brief accelerate's compute_module_sizes over a tree: each shared tensor counted once (under
+///        TreeIndex::canonical: the member the others are tied to), added to its module and every ancestor.
 [[nodiscard]] inline ModuleSizes compute_module_sizes(const ModuleTree& tree, const TreeIndex& ix,
                                                       const SizeOptions& opts = {}) {
   const auto& mods = tree.modules();
