@@ -183,8 +183,13 @@ Outcome check_class(const std::string& accel, const json& fixture, const json& r
   Outcome o;
   const std::string arch = record["architecture"];
   const auto tensors = unfold(record["tensors"]);
+  // The state-dict keys: the checkpoint's names, less those beyond the keys, plus the keys beyond them.
+  std::unordered_set<std::string> dropped;
+  for (auto& [name, _] : unfold(record["checkpoint_beyond_state_dict"])) dropped.insert(name);
   std::vector<std::string> parameters;
-  for (auto& [name, _] : unfold(record["model_parameters"])) parameters.push_back(name);
+  for (auto& [name, _] : tensors)
+    if (!dropped.count(name)) parameters.push_back(name);
+  for (auto& [name, _] : unfold(record["state_dict_beyond_checkpoint"])) parameters.push_back(name);
   std::unordered_set<std::string> names(parameters.begin(), parameters.end());
   for (auto& [name, _] : unfold(record["model_other_names"])) names.insert(name);
   for (const auto& p : parameters)

@@ -18,7 +18,8 @@ whose budgets spill past the GPUs to the CPU and the disk.
 The fixture, tests/compat/fixtures/catalog_goldens.json, holds per class: the config.json
 (shared between classes whose config.json is the same but for "architectures"), the checkpoint's
 tensors (name, shape; floating tensors take each scenario's checkpoint dtype, others keep their
-own), the model's state-dict keys (what a map must cover), the other names a map may give
+own), the model's state-dict keys (what a map must cover; as the keys beyond the checkpoint's
+names and the checkpoint's names beyond the keys), the other names a map may give
 (modules that hold no state-dict key, buffers outside the state dict), and per scenario the
 budgets (bytes) and transformers' map (model names), or the error from_pretrained raised computing
 it (transformers' own failure: the check then asks only that accel's map be one from_pretrained
@@ -227,6 +228,11 @@ def document(results, classes, versions):
             failed.append({"architecture": arch, "reason": r["reason"]})
             continue
         entry = dict(r["entry"])
+        # The state-dict keys as a difference from the checkpoint's names (the same for most classes).
+        tensors = {n for n, _ in unfold(entry["tensors"])}
+        keys = {n for n, _ in unfold(entry.pop("model_parameters"))}
+        entry["state_dict_beyond_checkpoint"] = folded([(k, None) for k in sorted(keys - tensors)])
+        entry["checkpoint_beyond_state_dict"] = folded([(k, None) for k in sorted(tensors - keys)])
         config = {k: v for k, v in entry.pop("config").items() if k != "architectures"}
         text = json.dumps(config, sort_keys=True)
         key = hashlib.sha256(text.encode()).hexdigest()[:12]
