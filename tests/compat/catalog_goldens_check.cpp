@@ -10,6 +10,9 @@
 // and that every class the catalog holds has a record (or the generator's reason why not).
 //
 //   catalog_goldens_check ACCEL [--fixture FILE] [--catalog FILE] [--only A,B] [--jobs N] [--verbose]
+//   catalog_goldens_check ACCEL --fallback ...   the same maps planned with `--no-catalog` (each class's entry
+//       withheld: accel's heuristics for an architecture it does not know): reports how many agree, fails
+//       only on a map over budget (accel's own accounting, from --json-report)
 //
 // Exit 0 when every scenario is identical or listed in known_differences (with the reason) and
 // still differs; 1 otherwise, naming each class, scenario and a few keys.
@@ -174,12 +177,13 @@ std::string examples(const std::vector<std::string>& names) {
 
 struct Outcome {
   std::vector<std::string> failures;
+  std::vector<std::string> refusals;  // --fallback: maps from_pretrained would refuse (reported, not failures)
   std::vector<std::string> lines;
   int maps = 0, maps_equal = 0, transformers_failed = 0;
   long keys = 0, keys_equal = 0;
 };
 
-Outcome check_class(const std::string& accel, const json& fixture, const json& record, const fs::path& work) {
+Outcome check_class(const std::string& accel, const json& fixture, const json& record, const fs::path& work, bool fallback) {
   Outcome o;
   const std::string arch = record["architecture"];
   const auto tensors = unfold(record["tensors"]);
@@ -206,6 +210,7 @@ Outcome check_class(const std::string& accel, const json& fixture, const json& r
     std::string cmd = quoted(accel) + " plan --checkpoint " + quoted(dir.string()) + " --json --device-map " +
                       quoted(scenario["device_map"]) + " --max-memory " + quoted(golden["max_memory"].dump());
     if (scenario["dtype"] != "auto") cmd += " --dtype " + quoted(scenario["dtype"]);
+    if (fallback) cmd += " --no-catalog --json-report";
     cmd += " 2>" + quoted((dir / "stderr").string());
     const auto [status, out] = run(cmd);
     std::string err;
@@ -220,8 +225,13 @@ Outcome check_class(const std::string& accel, const json& fixture, const json& r
     }
     std::unordered_map<std::string, json> ours, theirs;
     try {
-      const json map = json::parse(out);
-      for (auto& [k, v] : map.items()) ours.emplace(k, v);
+      const json printed = json::parse(out);
+      for (auto& [k, v] : (fallback ? printed.at("device_map") : printed).items()) ours.emplace(k, v);
+      if (fallback)  // the catalog withheld: the one failure is a map over budget (accel's own accounting)
+        for (const auto& d : printed.at("devices"))
+          if (!d.at("budget").is_null() && d.at("placed").get<std::uint64_t>() > d.at("budget").get<std::uint64_t>())
+            o.failures.push_back(label + ": without the catalog accel's map puts " + d.at("placed").dump() +
+                                 " bytes on " + d.at("device").dump() + ", over its budget " + d.at("budget").dump());
     } catch (const json::exception& e) {
       o.failures.push_back(label + ": accel plan printed no JSON map: " + e.what());
       continue;
@@ -238,11 +248,12 @@ Outcome check_class(const std::string& accel, const json& fixture, const json& r
     for (const auto& [k, _] : ours)
       if (!k.empty() && !names.count(k)) unknown.push_back(k);
     std::sort(unknown.begin(), unknown.end());
+    auto& refusals = fallback ? o.refusals : o.failures;
     if (!uncovered.empty())
-      o.failures.push_back(label + ": from_pretrained would refuse accel's map: " + std::to_string(uncovered.size()) +
+      refusals.push_back(label + ": from_pretrained would refuse accel's map: " + std::to_string(uncovered.size()) +
                            " state-dict keys have no device, e.g. " + examples(uncovered));
     if (!unknown.empty())
-      o.failures.push_back(label + ": from_pretrained would refuse accel's map: " + std::to_string(unknown.size()) +
+      refusals.push_back(label + ": from_pretrained would refuse accel's map: " + std::to_string(unknown.size()) +
                            " keys name nothing in the model, e.g. " + examples(unknown));
     if (failed) {  // transformers' own planning fails here: only accel's map is checked (above)
       ++o.transformers_failed;
@@ -257,7 +268,8 @@ Outcome check_class(const std::string& accel, const json& fixture, const json& r
     const auto known = known_differences.find({arch, scenario["name"].get<std::string>()});
     std::string line = label + ": " + std::to_string(parameters.size() - differ.size()) + "/" +
                        std::to_string(parameters.size()) + " state-dict keys agree";
-    if (known != known_differences.end()) {
+    if (fallback) {
+    } else if (known != known_differences.end()) {
       if (differ.empty()) o.failures.push_back(label + ": now agrees; remove it from known_differences");
       else line += " (known difference: " + known->second + ")";
     } else if (!differ.empty()) {
@@ -279,7 +291,7 @@ json read_json(const fs::path& p) {
 
 int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help") {
-    std::cerr << "usage: catalog_goldens_check ACCEL [--fixture FILE] [--catalog FILE] [--only A,B] [--jobs N] [--verbose]\n";
+    std::cerr << "usage: catalog_goldens_check ACCEL [--fixture FILE] [--catalog FILE] [--only A,B] [--jobs N] [--verbose] [--fallback]\n";
     return argc < 2 ? 2 : 0;
   }
   const std::string accel = argv[1];
@@ -287,7 +299,7 @@ int main(int argc, char** argv) {
   fs::path catalog_path = fs::path(ACCEL_SOURCE_DIR) / "include/accel/model/data/catalog.json";
   std::set<std::string> only;
   unsigned jobs = 2;
-  bool verbose = false;
+  bool verbose = false, fallback = false;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     const bool has_value = i + 1 < argc;
@@ -298,6 +310,7 @@ int main(int argc, char** argv) {
       std::stringstream in(argv[++i]);
       for (std::string c; std::getline(in, c, ',');) only.insert(c);
     } else if (a == "--verbose") verbose = true;
+    else if (a == "--fallback") fallback = true;
     else {
       std::cerr << "catalog_goldens_check: unknown argument '" << a << "'\n";
       return 2;
@@ -342,7 +355,7 @@ int main(int argc, char** argv) {
   auto worker = [&] {
     for (std::size_t i; (i = next++) < records.size();) {
       try {
-        outcomes[i] = check_class(accel, fixture, *records[i], work);
+        outcomes[i] = check_class(accel, fixture, *records[i], work, fallback);
       } catch (const std::exception& e) {
         outcomes[i].failures.push_back((*records[i])["architecture"].get<std::string>() + ": " + e.what());
       }
@@ -359,19 +372,24 @@ int main(int argc, char** argv) {
 
   int maps = 0, maps_equal = 0, transformers_failed = 0;
   long keys = 0, keys_equal = 0;
+  std::size_t refused = 0;
   for (const auto& o : outcomes) {
     transformers_failed += o.transformers_failed;
+    refused += o.refusals.size();
+    if (verbose)
+      for (const auto& r : o.refusals) std::cout << "note: " << r << "\n";
     maps += o.maps;
     maps_equal += o.maps_equal;
     keys += o.keys;
     keys_equal += o.keys_equal;
     failures.insert(failures.end(), o.failures.begin(), o.failures.end());
   }
-  std::cout << "catalog goldens: " << records.size() << " classes (" << fixture["failed"].size() << " of the "
+  std::cout << "catalog goldens" << (fallback ? ", catalog withheld (--no-catalog; a map over budget fails)" : "") << ": " << records.size() << " classes (" << fixture["failed"].size() << " of the "
             << catalogued << " catalogued could not be recorded), " << maps_equal << "/" << maps
             << " maps agree with transformers " << fixture["transformers"].get<std::string>() << " on every key; "
             << keys_equal << "/" << keys << " state-dict keys agree; " << transformers_failed
             << " maps transformers itself fails to compute (accel's checked for coverage only)\n";
+  if (fallback) std::cout << refused << " problems from_pretrained would refuse accel's map for (names without the catalog)\n";
   for (const auto& f : failures) std::cout << "FAIL " << f << "\n";
   return failures.empty() ? 0 : 1;
 }
