@@ -439,6 +439,13 @@ inline std::chrono::milliseconds join_timeout_from(const EnvSource& env) {
   return detail::env_seconds(env, "ACCEL_JOIN_TIMEOUT_S").value_or(default_join_timeout);
 }
 
+/// @brief ACCEL_GPUS_PER_PROCESS (set by `accel launch --gpus_per_process K`, or by hand for
+///        torchrun, mpirun and srun), else 1: how many GPUs each process owns.
+/// @throws config_error naming the variable and its value when it is not a positive integer
+inline int gpus_per_process_from(const EnvSource& env) {
+  return detail::env_int(env, "ACCEL_GPUS_PER_PROCESS", 1).value_or(1);
+}
+
 /// @brief Reads the launcher environment (pure: everything comes through `env` and `query`).
 /// @param query questions for the system; the default asks none (then a Hydra job has no identity)
 /// @throws config_error naming the variable and its value when a value is malformed, out of range,
