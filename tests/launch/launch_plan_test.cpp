@@ -5,12 +5,14 @@
 #include <accel/launch/launch_plan.hpp>
 #include <accel/launch/run.hpp>
 #include <accel/runtime/env.hpp>
+#include <accel/state.hpp>
 
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/fake_devices.hpp"
 
 using accel::launch::LaunchInputs;
 using accel::launch::LaunchOptions;
@@ -288,6 +290,86 @@ TEST_CASE("the child environment drops other launchers' rank variables and overr
   CHECK(count("ACCEL_STORE=old:1") == 0);
   accel::launch::set_store_address(p, "127.0.0.1:9");
   CHECK(std::count(p.ranks[0].env.begin(), p.ranks[0].env.end(), std::pair<const std::string, std::string>("ACCEL_STORE", "127.0.0.1:9")) == 1);
+}
+
+TEST_CASE("--gpus_per_process sets ACCEL_GPUS_PER_PROCESS for every child, whose state owns its group", "[launch][plan][groups]") {
+  const auto p = plan({.gpus_per_process = 2}, gpus(8, "0,1,2,3,4,5,6,7"));
+  REQUIRE(p.ranks.size() == 4);
+  for (const auto& r : p.ranks) CHECK(r.env.at("ACCEL_GPUS_PER_PROCESS") == "2");
+  CHECK(p.warnings.empty());
+  // What the children do with it: local rank 3 owns GPUs 6 and 7.
+  const accel::DistributedState s(accel::map_env(p.ranks[3].env), accel_test::fake_gpus(8), {.make_current = false, .join_job = false});
+  CHECK(s.devices() == std::vector<accel::Device>{accel::Device::cuda(6), accel::Device::cuda(7)});
+  CHECK(s.physical_gpus() == std::vector<std::string>{"6", "7"});
+  // Without the option nothing is set: the children inherit what the launcher has.
+  CHECK(plan({}, gpus(4)).ranks[0].env.count("ACCEL_GPUS_PER_PROCESS") == 0);
+  CHECK(plan({.gpus_per_process = 1}, gpus(4)).ranks[0].env.at("ACCEL_GPUS_PER_PROCESS") == "1");
+}
+
+TEST_CASE("with K GPUs per process the default process count is visible GPUs / K", "[launch][plan][groups]") {
+  CHECK(plan({.gpus_per_process = 2}, gpus(8)).local_world_size == 4);
+  CHECK(plan({.gpus_per_process = 4}, gpus(8)).local_world_size == 2);
+  CHECK(plan({.gpus_per_process = 2}, gpus(4, "2,5,6,7")).local_world_size == 2);
+  CHECK(plan({.gpu_ids = "1,2,3,4", .gpus_per_process = 2}, gpus(8)).local_world_size == 2);
+  CHECK(plan({.gpus_per_process = 1}, gpus(8)).local_world_size == 8);
+  // A remainder stays unused, and the warning says why.
+  const auto p = plan({.gpus_per_process = 3}, gpus(8));
+  CHECK(p.local_world_size == 2);
+  CHECK(has_warning(p, "8 GPUs visible (8 GPUs on this machine) but 2 processes with 3 GPUs each: GPUs 6,7 stay unused; "
+                       "8 GPUs do not divide into groups of 3; choose a multiple of 3 GPUs with --gpu_ids"));
+  const auto q = plan({.num_processes = 1, .gpus_per_process = 2}, gpus(4, "0,2,5,7"));
+  CHECK(has_warning(q, "but 1 process with 2 GPUs each: GPUs 5,7 stay unused; pass --num_processes 2 to use every GPU"));
+  // Without a visible GPU nothing can be counted: one process (on the CPU), with the usual warning.
+  CHECK(plan({.gpus_per_process = 2}, gpus(0)).local_world_size == 1);
+}
+
+TEST_CASE("the launcher's own ACCEL_GPUS_PER_PROCESS is counted and checked", "[launch][plan][groups]") {
+  LaunchInputs in = gpus(8);
+  in.env_gpus_per_process = "4";
+  const auto p = plan({}, in);
+  CHECK(p.local_world_size == 2);
+  CHECK(p.ranks[0].env.count("ACCEL_GPUS_PER_PROCESS") == 0);  // inherited as it is
+  CHECK(plan({.gpus_per_process = 2}, in).local_world_size == 4);  // the option wins
+  in.env_gpus_per_process = "0";
+  REQUIRE_THROWS_AS(plan({}, in), accel::config_error);
+  REQUIRE_THROWS_WITH(plan({}, in), contains("ACCEL_GPUS_PER_PROCESS='0' is not a positive integer; fix or unset ACCEL_GPUS_PER_PROCESS"));
+  in.env_gpus_per_process = "2x";
+  REQUIRE_THROWS_WITH(plan({.cpu = true}, in), contains("ACCEL_GPUS_PER_PROCESS='2x'"));
+}
+
+TEST_CASE("fewer visible GPUs than processes x K is an error naming K and the counts", "[launch][plan][groups]") {
+  REQUIRE_THROWS_AS(plan({.num_processes = 3, .gpus_per_process = 2}, gpus(4, "0,1,2,3")), accel::config_error);
+  REQUIRE_THROWS_WITH(plan({.num_processes = 3, .gpus_per_process = 2}, gpus(4, "0,1,2,3")),
+                      "[accel.config] 3 processes with 2 GPUs each need 6 GPUs but only 4 GPUs visible "
+                      "(CUDA_VISIBLE_DEVICES='0,1,2,3'): each process needs 2 GPUs of its own; pass --num_processes 2, "
+                      "pass --gpus_per_process 1, choose more GPUs with --gpu_ids, or run on the CPU with --cpu and no "
+                      "--gpus_per_process");
+  // The default count cannot go below one process: too few GPUs for one group.
+  REQUIRE_THROWS_WITH(plan({.gpus_per_process = 4}, gpus(2)),
+                      "[accel.config] 1 process with 4 GPUs each needs 4 GPUs but only 2 GPUs visible (2 GPUs on this machine): "
+                      "each process needs 4 GPUs of its own; pass --gpus_per_process 2, choose more GPUs with --gpu_ids, or run "
+                      "on the CPU with --cpu and no --gpus_per_process");
+  REQUIRE_THROWS_AS(plan({.num_processes = 2, .gpu_ids = "4,5,6", .gpus_per_process = 2}, gpus(8)), accel::usage_error);
+  REQUIRE_THROWS_WITH(plan({.num_processes = 2, .gpu_ids = "4,5,6", .gpus_per_process = 2}, gpus(8)),
+                      contains("2 processes with 2 GPUs each need 4 GPUs but --gpu_ids 4,5,6 lists only 3 GPUs: each process needs "
+                               "2 GPUs of its own; pass --num_processes 1, pass --gpus_per_process 1, list more GPUs with --gpu_ids"));
+  LaunchInputs g = gpus(4);
+  g.env_job_token = "t";
+  REQUIRE_THROWS_WITH(plan({.num_processes = 6, .gpus_per_process = 2, .num_machines = 2, .machine_rank = 1,
+                            .main_process_ip = "h", .main_process_port = 1},
+                           g),
+                      contains("3 processes per machine with 2 GPUs each need 6 GPUs but only 4 GPUs visible (4 GPUs on this "
+                               "machine): each process needs 2 GPUs of its own; pass --num_processes 4,"));
+}
+
+TEST_CASE("--gpus_per_process must be positive and contradicts --cpu above 1", "[launch][plan][groups]") {
+  REQUIRE_THROWS_AS(plan({.cpu = true, .gpus_per_process = 2}, gpus(0)), accel::usage_error);
+  REQUIRE_THROWS_WITH(plan({.cpu = true, .gpus_per_process = 2}, gpus(0)),
+                      "[accel.usage] --cpu and --gpus_per_process 2 contradict each other: a process on the CPU owns no GPU; "
+                      "pass one of them");
+  CHECK(plan({.num_processes = 2, .cpu = true, .gpus_per_process = 1}, gpus(0)).local_world_size == 2);
+  REQUIRE_THROWS_AS(plan({.gpus_per_process = 0}, gpus(4)), accel::usage_error);
+  REQUIRE_THROWS_WITH(plan({.gpus_per_process = -3}, gpus(4)), contains("--gpus_per_process -3 is not a positive integer"));
 }
 
 TEST_CASE("wait statuses are described and mapped to shell exit codes", "[launch][status]") {

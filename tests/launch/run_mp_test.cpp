@@ -259,6 +259,31 @@ TEST_CASE("gpu_ids set CUDA_VISIBLE_DEVICES and the process count for every chil
   CHECK_FALSE(exists(dir / "logs/rank_2.stdout.log"));
 }
 
+TEST_CASE("gpus_per_process reaches every child and counts K GPUs per process", "[launch][mp]") {
+  TempDir dir;
+  Launcher l(dir, {"--gpu_ids", "2,5,3,7", "--gpus_per_process", "2", "--log_dir", dir / "logs", children + "/print_env"},
+             {{"CUDA_VISIBLE_DEVICES", "9"}});  // hides any real GPU, so the ids are never checked against one
+  REQUIRE(l.wait() == 0);
+  for (int r = 0; r < 2; ++r) {
+    const auto e = env_lines(read_file(dir / ("logs/rank_" + std::to_string(r) + ".stdout.log")));
+    CHECK(e.at("ACCEL_GPUS_PER_PROCESS") == "2");
+    CHECK(e.at("CUDA_VISIBLE_DEVICES") == "2,5,3,7");
+    CHECK(e.at("WORLD_SIZE") == "2");
+  }
+  CHECK_FALSE(exists(dir / "logs/rank_2.stdout.log"));
+  {
+    Launcher bad(dir, {"--cpu", "--gpus_per_process", "2", children + "/print_env"});
+    CHECK(bad.wait() == 2);
+    CHECK_THAT(bad.err(), contains("[accel.usage] --cpu and --gpus_per_process 2 contradict each other"));
+  }
+  {
+    Launcher bad(dir, {"--num_processes", "2", "--gpu_ids", "2,5,3", "--gpus_per_process", "2", children + "/print_env"},
+                 {{"CUDA_VISIBLE_DEVICES", "9"}});
+    CHECK(bad.wait() == 2);
+    CHECK_THAT(bad.err(), contains("2 processes with 2 GPUs each need 4 GPUs but --gpu_ids 2,5,3 lists only 3 GPUs"));
+  }
+}
+
 TEST_CASE("tee prefixes every line with its rank and never mixes partial lines", "[launch][mp]") {
   TempDir dir;
   Launcher l(dir, {"--cpu", "--num_processes", "3", "--tee", children + "/chatter", "30"});
@@ -444,7 +469,8 @@ TEST_CASE("accel launch help documents options and environment and exit status",
   REQUIRE(l.wait() == 0);
   const std::string out = l.out();
   for (const char* s : {"--num_processes", "--gpu_ids", "--cpu", "--num_machines", "--machine_rank", "--main_process_ip",
-                        "--main_process_port", "--tee", "--log_dir", "--timeout", "--grace", "ACCEL_JOB_TOKEN", "exit status",
+                        "--main_process_port", "--tee", "--log_dir", "--timeout", "--grace", "--gpus_per_process", "ACCEL_GPUS_PER_PROCESS",
+                        "ACCEL_JOB_TOKEN", "exit status",
                         "all machines together"})
     CHECK_THAT(out, contains(s));
 }

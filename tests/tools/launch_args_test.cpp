@@ -44,6 +44,15 @@ TEST_CASE("launch arguments accept underscore and hyphen spellings and the opt=v
   CHECK(b.command == std::vector<std::string>{"-weird-name", "x"});
 }
 
+TEST_CASE("launch arguments read --gpus_per_process in both spellings and check it", "[launch][args]") {
+  CHECK(parse({"--gpus_per_process", "2", "prog"}).options.gpus_per_process == 2);
+  CHECK(parse({"--gpus-per-process=4", "prog"}).options.gpus_per_process == 4);
+  CHECK_FALSE(parse({"prog"}).options.gpus_per_process);
+  REQUIRE_THROWS_AS(parse({"--gpus_per_process", "0", "prog"}), accel::usage_error);
+  REQUIRE_THROWS_WITH(parse({"--gpus_per_process", "0", "prog"}), contains("--gpus_per_process '0' is not a positive integer"));
+  REQUIRE_THROWS_WITH(parse({"--gpus-per-process", "two", "prog"}), contains("--gpus-per-process 'two' is not a positive integer"));
+}
+
 TEST_CASE("launch arguments have documented defaults", "[launch][args]") {
   const auto a = parse({"prog"}).options;
   CHECK_FALSE(a.num_processes);

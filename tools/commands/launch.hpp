@@ -29,6 +29,7 @@ inline constexpr OptionSpec launch_options[] = {
     {.name = "num-processes", .kind = OptionKind::integer, .metavar = "N", .min = 1, .max = 65536},
     {.name = "gpu-ids", .kind = OptionKind::text, .metavar = "IDS"},
     {.name = "cpu"},
+    {.name = "gpus-per-process", .kind = OptionKind::integer, .metavar = "K", .min = 1, .max = 65536},
     {.name = "num-machines", .kind = OptionKind::integer, .metavar = "M", .min = 1, .max = 65536},
     {.name = "machine-rank", .kind = OptionKind::integer, .metavar = "R", .min = 0, .max = 65535},
     {.name = "main-process-ip", .kind = OptionKind::text, .metavar = "H"},
@@ -65,6 +66,7 @@ inline LaunchCommandLine parse_launch_args(std::span<const std::string_view> arg
     else o.gpu_ids = std::move(*ids);
   }
   o.cpu = a.has("cpu");
+  o.gpus_per_process = a.integer("gpus-per-process");
   if (auto n = a.integer("num-machines")) o.num_machines = *n;
   o.machine_rank = a.integer("machine-rank");
   for (const auto& ip : a.values("main-process-ip"))
@@ -94,9 +96,9 @@ inline LaunchCommandLine parse_launch_args(std::span<char* const> args) {
 
 inline constexpr const char* launch_help = R"(usage: accel launch [options] [--] program [args...]
 
-Starts one process per GPU (or --num_processes of them) running `program args...`, gives each its
-rank environment, and supervises them: when one fails, the others are stopped and accel launch exits
-with the failed process's exit code.
+Starts one process per GPU (per K GPUs with --gpus_per_process K, or --num_processes of them)
+running `program args...`, gives each its rank environment, and supervises them: when one fails,
+the others are stopped and accel launch exits with the failed process's exit code.
 
 options (each also spelled with hyphens, e.g. --num-processes; values as `--opt V` or `--opt=V`):
   --num_processes N       processes in the whole job, all machines together (with --num_machines M
@@ -105,6 +107,10 @@ options (each also spelled with hyphens, e.g. --num-processes; values as `--opt 
   --gpu_ids 2,5           GPUs to use, as nvidia-smi numbers them (or GPU-/MIG- UUIDs); becomes the
                           children's CUDA_VISIBLE_DEVICES, so they see cuda:0 and cuda:1. "all" = every GPU.
   --cpu                   run on the CPU: sets ACCEL_USE_CPU=1 and skips every GPU check.
+  --gpus_per_process K    GPUs each process owns (default 1, or an exported ACCEL_GPUS_PER_PROCESS):
+                          local process r gets the visible GPUs r*K to r*K+K-1, its first one as its
+                          device. Sets ACCEL_GPUS_PER_PROCESS=K for every process; the default
+                          process count becomes visible GPUs / K. Not with --cpu (unless K is 1).
   --num_machines M        machines in the job (default 1). With M > 1 every machine runs
                           accel launch with the same options except --machine_rank, and needs:
   --machine_rank R        this machine's index, 0 to M-1 (machine 0 hosts rank 0).
@@ -123,13 +129,16 @@ each process gets:
   machines the ACCEL_JOB_TOKEN you export on every machine), ACCEL_TIMEOUT_S, ACCEL_STORE (host:port
   of the store the launcher hosts on one machine; with several machines rank 0 hosts it at
   MASTER_ADDR:MASTER_PORT and ACCEL_STORE is unset), CUDA_VISIBLE_DEVICES (with --gpu_ids),
-  ACCEL_USE_CPU=1 (with --cpu). Other launchers' rank variables (SLURM_PROCID, OMPI_COMM_WORLD_*,
+  ACCEL_USE_CPU=1 (with --cpu), ACCEL_GPUS_PER_PROCESS=K (with --gpus_per_process). Other launchers' rank variables (SLURM_PROCID, OMPI_COMM_WORLD_*,
   PMI_*, MV2_*) are removed so they cannot contradict these.
 
 checks before anything starts:
   CUDA_VISIBLE_DEVICES set but empty, or listing a GPU twice  -> error (exit 3) with the fix
   more processes per machine than visible GPUs                 -> error (exit 3; exit 2 with --gpu_ids)
-  fewer processes than visible GPUs                            -> warning naming the unused GPUs
+    (with --gpus_per_process K: fewer visible GPUs than processes x K; the message names K)
+  --gpus_per_process not a positive integer, or above 1 with --cpu -> error (exit 2)
+  ACCEL_GPUS_PER_PROCESS exported but not a positive integer   -> error (exit 3)
+  fewer processes (x K) than visible GPUs                      -> warning naming the unused GPUs
   no GPU visible (no driver) and no --cpu                      -> warning; processes run on the CPU
 
 supervision:
@@ -153,6 +162,7 @@ exit status:
 examples:
   accel launch --num_processes 2 ./infer --prompts prompts.txt
   accel launch --gpu_ids 2,5 --tee -- ./infer
+  accel launch --gpus_per_process 2 ./infer   # 8 GPUs: 4 processes of 2 GPUs each
   accel launch --cpu --num_processes 4 --log_dir logs ./infer
   # two machines, 8 processes in all (4 each):
   accel launch --num_machines 2 --machine_rank 0 --main_process_ip 10.0.0.1 --main_process_port 29500 --num_processes 8 ./infer

@@ -20,6 +20,7 @@
 #include <accel/comm/store_core.hpp>
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/devices.hpp>
+#include <accel/runtime/env.hpp>
 #include <accel/runtime/error.hpp>
 #include <accel/runtime/text.hpp>
 
@@ -34,6 +35,9 @@ struct LaunchOptions {
   std::optional<int> num_processes{};
   std::optional<std::string> gpu_ids{};          ///< `--gpu_ids 2,5`: CUDA_VISIBLE_DEVICES for the children ("all" = unset)
   bool cpu = false;                              ///< `--cpu`: run on the CPU (ACCEL_USE_CPU=1), skip every GPU check
+  /// `--gpus_per_process K`: GPUs each process owns (ACCEL_GPUS_PER_PROCESS=K for the children), so
+  /// the default process count is visible GPUs / K; unset = the launcher's ACCEL_GPUS_PER_PROCESS, else 1.
+  std::optional<int> gpus_per_process{};
   int num_machines = 1;
   std::optional<int> machine_rank{};             ///< this machine's index, required with several machines
   std::optional<std::string> main_process_ip{};  ///< MASTER_ADDR; required with several machines
@@ -53,6 +57,7 @@ struct LaunchInputs {
   int free_port = 0;                                ///< a free port, used when --main_process_port is absent or 0
   std::string fresh_job_token;                      ///< 32 random hex digits for a one-machine job
   std::optional<std::string> env_job_token;         ///< ACCEL_JOB_TOKEN in the launcher's environment
+  std::optional<std::string> env_gpus_per_process;  ///< ACCEL_GPUS_PER_PROCESS in the launcher's environment (the children inherit it)
 };
 
 /// @brief One process this machine starts.
@@ -89,9 +94,35 @@ inline const std::vector<std::string>& foreign_rank_variables() {
 
 namespace detail {
 
-/// @brief The GPU checklist: how many processes this machine runs, and what the children see.
+/// @brief GPUs per process: --gpus_per_process, else the launcher's ACCEL_GPUS_PER_PROCESS
+/// (which the children inherit), else 1.
+/// @throws usage_error when --gpus_per_process is below 1, or above 1 with --cpu
+/// @throws config_error naming ACCEL_GPUS_PER_PROCESS and its value when it is not a positive integer
+inline int gpus_per_process(const LaunchOptions& o, const LaunchInputs& in) {
+  using accel::detail::throw_error;
+  if (o.gpus_per_process && *o.gpus_per_process < 1)
+    throw_error<usage_error>("--gpus_per_process ", *o.gpus_per_process, " is not a positive integer; give the GPUs each process owns");
+  if (o.cpu && o.gpus_per_process.value_or(1) > 1)
+    throw_error<usage_error>("--cpu and --gpus_per_process ", *o.gpus_per_process,
+                             " contradict each other: a process on the CPU owns no GPU; pass one of them");
+  if (o.gpus_per_process) return *o.gpus_per_process;
+  const auto inherited = in.env_gpus_per_process;
+  return gpus_per_process_from([&inherited](const std::string& name) {
+    return name == "ACCEL_GPUS_PER_PROCESS" ? inherited : std::nullopt;
+  });
+}
+
+/// @brief `a, b, or c` (`a or b`, `a`).
+inline std::string either(const std::vector<std::string>& choices) {
+  std::string out;
+  for (std::size_t i = 0; i < choices.size(); ++i) out += (i == 0 ? "" : i + 1 == choices.size() ? (i == 1 ? " or " : ", or ") : ", ") + choices[i];
+  return out;
+}
+
+/// @brief The GPU checklist: how many processes this machine runs with `k` GPUs each, and what
+/// the children see.
 inline int check_gpus(const LaunchOptions& o, const LaunchInputs& in, LaunchPlan& plan, int requested_local,
-                      std::optional<std::string>& child_visible) {
+                      std::optional<std::string>& child_visible, int k) {
   using accel::detail::concat;
   using accel::detail::throw_error;
   const bool explicit_n = o.num_processes.has_value();
@@ -140,10 +171,25 @@ inline int check_gpus(const LaunchOptions& o, const LaunchInputs& in, LaunchPlan
     }
   }
   const int gpus = static_cast<int>(physical.size());
-  const int local = requested_local > 0 ? requested_local : (gpus > 0 ? gpus : 1);
+  const int local = requested_local > 0 ? requested_local : std::max(1, gpus / k);
   if (!checkable) return local;
+  const std::string per = o.num_machines > 1 ? " per machine" : "";
+  const long long needed = static_cast<long long>(local) * k;
+  if (k > 1 && needed > gpus) {
+    std::vector<std::string> fixes;
+    if (gpus / k >= 1) fixes.push_back(concat("pass --num_processes ", gpus / k * o.num_machines));
+    if (gpus / local >= 1) fixes.push_back(concat("pass --gpus_per_process ", gpus / local));
+    fixes.push_back(o.gpu_ids ? "list more GPUs with --gpu_ids" : "choose more GPUs with --gpu_ids");
+    fixes.push_back("run on the CPU with --cpu and no --gpus_per_process");
+    const std::string need = concat(text::plural(local, "process"), per, " with ", k, " GPUs each need", local == 1 ? "s " : " ",
+                                    needed, " GPUs");
+    if (o.gpu_ids)
+      throw_error<usage_error>(need, " but ", where, " lists only ", text::plural(gpus, "GPU"), ": each process needs ", k,
+                               " GPUs of its own; ", either(fixes));
+    throw_error<config_error>(need, " but only ", text::plural(gpus, "GPU"), " visible (", where, "): each process needs ", k,
+                              " GPUs of its own; ", either(fixes));
+  }
   if (local > gpus) {
-    const std::string per = o.num_machines > 1 ? " per machine" : "";
     const std::string fix = concat("pass --num_processes ", gpus * o.num_machines, o.gpu_ids ? ", list more GPUs with --gpu_ids" : ", choose more GPUs with --gpu_ids",
                                    ", or run on the CPU with --cpu");
     if (o.gpu_ids)
@@ -152,13 +198,19 @@ inline int check_gpus(const LaunchOptions& o, const LaunchInputs& in, LaunchPlan
     throw_error<config_error>(text::plural(local, "process"), per, " but only ", text::plural(gpus, "GPU"), " visible (", where,
                               "): each process needs its own GPU; ", fix);
   }
-  if (local < gpus && explicit_n) {
+  if (needed < gpus && (explicit_n || k > 1)) {
+    const int used = static_cast<int>(needed);
     std::string unused;
-    for (int g = local; g < gpus; ++g) unused += (unused.empty() ? "" : ",") + physical[static_cast<std::size_t>(g)];
-    plan.warnings.push_back(concat(text::plural(gpus, "GPU"), " visible (", where, ") but ", text::plural(local, "process"),
-                                   o.num_machines > 1 ? " per machine" : "", ": GPU", gpus - local == 1 ? " " : "s ", unused,
-                                   " stay", gpus - local == 1 ? "s" : "", " unused; pass --num_processes ", gpus * o.num_machines,
-                                   " to use every GPU, or choose GPUs with --gpu_ids"));
+    for (int g = used; g < gpus; ++g) unused += (unused.empty() ? "" : ",") + physical[static_cast<std::size_t>(g)];
+    const int most = gpus / k;  // processes that would fit
+    const std::string fix =
+        most > local ? concat("pass --num_processes ", most * o.num_machines, gpus % k == 0 ? " to use every GPU" : " to use more of them",
+                              ", or choose GPUs with --gpu_ids")
+                     : concat(text::plural(gpus, "GPU"), " do not divide into groups of ", k, "; choose a multiple of ", k,
+                              " GPUs with --gpu_ids");
+    plan.warnings.push_back(concat(text::plural(gpus, "GPU"), " visible (", where, ") but ", text::plural(local, "process"), per,
+                                   k > 1 ? concat(" with ", k, " GPUs each") : std::string{}, ": GPU",
+                                   gpus - used == 1 ? " " : "s ", unused, " stay", gpus - used == 1 ? "s" : "", " unused; ", fix));
   }
   return local;
 }
@@ -170,11 +222,13 @@ inline int check_gpus(const LaunchOptions& o, const LaunchInputs& in, LaunchPlan
 ///
 /// `--num_processes` counts the whole job; with several machines it is required, must divide evenly,
 /// and each machine runs num_processes / num_machines. On one machine it defaults to one process per
-/// visible GPU (one with none).
+/// visible GPU, or per K with `--gpus_per_process K` (one with none).
 /// @throws usage_error for contradictory or incomplete options (multi-machine without an address,
-///         a total that does not divide, more processes than --gpu_ids lists)
+///         a total that does not divide, more processes × K than --gpu_ids lists, --cpu with
+///         --gpus_per_process above 1, --gpus_per_process below 1)
 /// @throws config_error for an environment that cannot work (CUDA_VISIBLE_DEVICES empty or
-///         duplicated, fewer GPUs than processes, a multi-machine job without ACCEL_JOB_TOKEN)
+///         duplicated, fewer GPUs than processes × K, a multi-machine job without ACCEL_JOB_TOKEN,
+///         a malformed ACCEL_GPUS_PER_PROCESS)
 inline LaunchPlan plan_launch(const LaunchOptions& o, const LaunchInputs& in) {
   using accel::detail::concat;
   using accel::detail::throw_error;
@@ -224,8 +278,9 @@ inline LaunchPlan plan_launch(const LaunchOptions& o, const LaunchInputs& in) {
   }
   plan.machine_rank = o.machine_rank.value_or(0);
   std::optional<std::string> child_visible;
+  const int k = detail::gpus_per_process(o, in);
   if (o.cpu) plan.local_world_size = requested_local > 0 ? requested_local : 1;
-  else plan.local_world_size = detail::check_gpus(o, in, plan, requested_local, child_visible);
+  else plan.local_world_size = detail::check_gpus(o, in, plan, requested_local, child_visible, k);
   plan.world_size = plan.local_world_size * o.num_machines;
   plan.master_addr = o.main_process_ip.value_or("127.0.0.1");
   plan.master_port = o.main_process_port.value_or(0);
@@ -252,6 +307,7 @@ inline LaunchPlan plan_launch(const LaunchOptions& o, const LaunchInputs& in) {
     e["ACCEL_TIMEOUT_S"] = o.timeout_s;
     if (o.cpu) e["ACCEL_USE_CPU"] = "1";
     if (child_visible) e["CUDA_VISIBLE_DEVICES"] = *child_visible;
+    if (o.gpus_per_process) e["ACCEL_GPUS_PER_PROCESS"] = std::to_string(k);
     plan.ranks.push_back(std::move(r));
   }
   return plan;

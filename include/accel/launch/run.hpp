@@ -83,6 +83,7 @@ inline PreparedJob prepare_job(const LaunchOptions& options, const LaunchHooks& 
   if (options.num_machines == 1 && options.main_process_port.value_or(0) == 0) in.free_port = proc::pick_free_port();
   in.fresh_job_token = proc::random_hex(16);
   in.env_job_token = getenv_opt("ACCEL_JOB_TOKEN");
+  in.env_gpus_per_process = getenv_opt("ACCEL_GPUS_PER_PROCESS");
   PreparedJob job{plan_launch(options, in), {}};
   for (const auto& w : job.plan.warnings) say("warning: " + w);
 

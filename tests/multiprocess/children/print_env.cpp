@@ -9,7 +9,7 @@
 int main(int argc, char** argv) {
   const char* names[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                          "MASTER_ADDR", "MASTER_PORT", "ACCEL_LAUNCHED", "ACCEL_JOB_TOKEN", "ACCEL_TIMEOUT_S",
-                         "ACCEL_USE_CPU", "ACCEL_STORE", "CUDA_VISIBLE_DEVICES", "SLURM_PROCID", "ACCEL_TEST_MARKER"};
+                         "ACCEL_USE_CPU", "ACCEL_GPUS_PER_PROCESS", "ACCEL_STORE", "CUDA_VISIBLE_DEVICES", "SLURM_PROCID", "ACCEL_TEST_MARKER"};
   for (const char* n : names) {
     const char* v = std::getenv(n);
     if (v) std::printf("%s=%s\n", n, v);
