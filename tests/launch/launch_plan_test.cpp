@@ -292,7 +292,7 @@ TEST_CASE("the child environment drops other launchers' rank variables and overr
   CHECK(std::count(p.ranks[0].env.begin(), p.ranks[0].env.end(), std::pair<const std::string, std::string>("ACCEL_STORE", "127.0.0.1:9")) == 1);
 }
 
-TEST_CASE("--gpus_per_process sets ACCEL_GPUS_PER_PROCESS for every child, whose state owns its group", "[launch][plan][groups]") {
+TEST_CASE("gpus_per_process sets ACCEL_GPUS_PER_PROCESS for every child, whose state owns its group", "[launch][plan][groups]") {
   const auto p = plan({.gpus_per_process = 2}, gpus(8, "0,1,2,3,4,5,6,7"));
   REQUIRE(p.ranks.size() == 4);
   for (const auto& r : p.ranks) CHECK(r.env.at("ACCEL_GPUS_PER_PROCESS") == "2");
@@ -362,7 +362,7 @@ TEST_CASE("fewer visible GPUs than processes x K is an error naming K and the co
                                "machine): each process needs 2 GPUs of its own; pass --num_processes 4,"));
 }
 
-TEST_CASE("--gpus_per_process must be positive and contradicts --cpu above 1", "[launch][plan][groups]") {
+TEST_CASE("gpus_per_process must be positive and contradicts --cpu above 1", "[launch][plan][groups]") {
   REQUIRE_THROWS_AS(plan({.cpu = true, .gpus_per_process = 2}, gpus(0)), accel::usage_error);
   REQUIRE_THROWS_WITH(plan({.cpu = true, .gpus_per_process = 2}, gpus(0)),
                       "[accel.usage] --cpu and --gpus_per_process 2 contradict each other: a process on the CPU owns no GPU; "
