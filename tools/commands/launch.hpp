@@ -129,8 +129,9 @@ each process gets:
   machines the ACCEL_JOB_TOKEN you export on every machine), ACCEL_TIMEOUT_S, ACCEL_STORE (host:port
   of the store the launcher hosts on one machine; with several machines rank 0 hosts it at
   MASTER_ADDR:MASTER_PORT and ACCEL_STORE is unset), CUDA_VISIBLE_DEVICES (with --gpu_ids),
-  ACCEL_USE_CPU=1 (with --cpu), ACCEL_GPUS_PER_PROCESS=K (with --gpus_per_process). Other launchers' rank variables (SLURM_PROCID, OMPI_COMM_WORLD_*,
-  PMI_*, MV2_*) are removed so they cannot contradict these.
+  ACCEL_USE_CPU=1 (with --cpu), ACCEL_GPUS_PER_PROCESS=K (with --gpus_per_process). Other
+  launchers' rank variables (SLURM_PROCID, OMPI_COMM_WORLD_*, PMI_*, MV2_*) are removed so they
+  cannot contradict these.
 
 checks before anything starts:
   CUDA_VISIBLE_DEVICES set but empty, or listing a GPU twice  -> error (exit 3) with the fix

@@ -57,7 +57,7 @@ struct LaunchInputs {
   int free_port = 0;                                ///< a free port, used when --main_process_port is absent or 0
   std::string fresh_job_token;                      ///< 32 random hex digits for a one-machine job
   std::optional<std::string> env_job_token;         ///< ACCEL_JOB_TOKEN in the launcher's environment
-  std::optional<std::string> env_gpus_per_process;  ///< ACCEL_GPUS_PER_PROCESS in the launcher's environment (the children inherit it)
+  std::optional<std::string> env_gpus_per_process;  ///< the launcher's ACCEL_GPUS_PER_PROCESS (the children inherit it)
 };
 
 /// @brief One process this machine starts.
@@ -101,7 +101,8 @@ namespace detail {
 inline int gpus_per_process(const LaunchOptions& o, const LaunchInputs& in) {
   using accel::detail::throw_error;
   if (o.gpus_per_process && *o.gpus_per_process < 1)
-    throw_error<usage_error>("--gpus_per_process ", *o.gpus_per_process, " is not a positive integer; give the GPUs each process owns");
+    throw_error<usage_error>("--gpus_per_process ", *o.gpus_per_process,
+                             " is not a positive integer; give the number of GPUs each process owns");
   if (o.cpu && o.gpus_per_process.value_or(1) > 1)
     throw_error<usage_error>("--cpu and --gpus_per_process ", *o.gpus_per_process,
                              " contradict each other: a process on the CPU owns no GPU; pass one of them");
@@ -115,7 +116,10 @@ inline int gpus_per_process(const LaunchOptions& o, const LaunchInputs& in) {
 /// @brief `a, b, or c` (`a or b`, `a`).
 inline std::string either(const std::vector<std::string>& choices) {
   std::string out;
-  for (std::size_t i = 0; i < choices.size(); ++i) out += (i == 0 ? "" : i + 1 == choices.size() ? (i == 1 ? " or " : ", or ") : ", ") + choices[i];
+  for (std::size_t i = 0; i < choices.size(); ++i) {
+    const char* before = i == 0 ? "" : i + 1 < choices.size() ? ", " : i == 1 ? " or " : ", or ";
+    out += before + choices[i];
+  }
   return out;
 }
 
@@ -204,8 +208,8 @@ inline int check_gpus(const LaunchOptions& o, const LaunchInputs& in, LaunchPlan
     for (int g = used; g < gpus; ++g) unused += (unused.empty() ? "" : ",") + physical[static_cast<std::size_t>(g)];
     const int most = gpus / k;  // processes that would fit
     const std::string fix =
-        most > local ? concat("pass --num_processes ", most * o.num_machines, gpus % k == 0 ? " to use every GPU" : " to use more of them",
-                              ", or choose GPUs with --gpu_ids")
+        most > local ? concat("pass --num_processes ", most * o.num_machines,
+                              gpus % k == 0 ? " to use every GPU" : " to use more of them", ", or choose GPUs with --gpu_ids")
                      : concat(text::plural(gpus, "GPU"), " do not divide into groups of ", k, "; choose a multiple of ", k,
                               " GPUs with --gpu_ids");
     plan.warnings.push_back(concat(text::plural(gpus, "GPU"), " visible (", where, ") but ", text::plural(local, "process"), per,

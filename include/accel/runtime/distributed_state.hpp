@@ -45,7 +45,9 @@ inline JobJoiner& job_joiner() noexcept {
 /// @brief Options for constructing a DistributedState.
 struct StateOptions {
   bool cpu = false;                ///< use the CPU even when GPUs are visible
-  bool allow_gpu_sharing = false;  ///< allow more local processes than GPUs (processes share GPUs round-robin; one GPU per process only)
+  /// allow more local processes than GPUs (processes share GPUs round-robin); one GPU per process
+  /// only: groups of several GPUs (gpus_per_process > 1) are never shared
+  bool allow_gpu_sharing = false;
   /// GPUs each process owns (its group): local process r gets the visible GPUs [r*K, (r+1)*K).
   /// 0: the environment's ACCEL_GPUS_PER_PROCESS (set by `accel launch --gpus_per_process K`), else 1.
   /// Ignored on the CPU.
