@@ -8,6 +8,8 @@
 #include <set>
 
 #include "support/catch.hpp"
+#include "support/fake_devices.hpp"
+#include "support/fake_env.hpp"
 #include "support/models.hpp"
 #include "support/safetensors_writer.hpp"
 
@@ -305,4 +307,101 @@ TEST_CASE("every map the one-call load plans loads on GPUs exactly as large as t
   CHECK(idle_execution_gpu > 0);
   CHECK(loaded + refused == 120);
   CHECK(refused < 12);
+}
+
+namespace {
+
+// Local process `local_rank` of two on a machine with four GPUs, two GPUs each (as under
+// `accel launch --gpus_per_process 2`), from injected sources: it owns cuda:2r and cuda:2r+1.
+accel::DistributedState group_state(int local_rank, const accel_test::Vars& extra = {}) {
+  return accel::DistributedState(accel::map_env(accel_test::with(accel_test::torchrun_vars(local_rank, 2, 2), extra)),
+                                 accel_test::fake_gpus(4), {.gpus_per_process = 2, .make_current = false});
+}
+
+std::uint64_t live(const accel::DeviceMemoryPtr& d) { return static_cast<accel::HostSimulatedDevice&>(*d).live_bytes(); }
+
+}  // namespace
+
+TEST_CASE("two processes of two GPUs each plan and load their own copies on their own GPUs only", "[auto_dispatch][group]") {
+  accel_test::TempDir dir;
+  write_llama(dir.path(), true);
+  for (int r = 0; r < 2; ++r) {
+    INFO("local process " << r);
+    const auto state = group_state(r);
+    REQUIRE(state.devices() == std::vector<accel::Device>{accel::Device::cuda(2 * r), accel::Device::cuda(2 * r + 1)});
+    auto visible = accel::host_simulated_devices({1 << 20, 1 << 20, 1 << 20, 1 << 20});  // what each process sees
+    const auto opts = options(visible, "balanced", "0=1MiB,1=1MiB");
+    const auto planned = accel::plan_auto_dispatch(accel::resolve_checkpoint(dir.path()), state, opts);
+    // The map's GPU keys index the group; the load places them on the group's GPUs, in order.
+    for (const auto& [key, where] : planned.plan.device_map) CHECK((where == Placement::gpu(0) || where == Placement::gpu(1)));
+    REQUIRE(planned.load.devices->size() == 2);
+    CHECK((*planned.load.devices)[0] == visible[2 * r]);
+    CHECK((*planned.load.devices)[1] == visible[2 * r + 1]);
+
+    auto m = accel::load_checkpoint_and_dispatch(dir.path(), state, opts);
+    CHECK(placements(m) == std::set<Placement>{Placement::gpu(0), Placement::gpu(1)});
+    CHECK(live(visible[2 * r]) > 0);
+    CHECK(live(visible[2 * r + 1]) > 0);
+    CHECK(live(visible[2 - 2 * r]) == 0);  // the other process's GPUs stay empty
+    CHECK(live(visible[3 - 2 * r]) == 0);
+  }
+}
+
+TEST_CASE("a group's max_memory keys index the group; a key past it is refused naming the group", "[auto_dispatch][group]") {
+  accel_test::TempDir dir;
+  write_llama(dir.path(), true);
+  const auto state = group_state(1, {{"CUDA_VISIBLE_DEVICES", "4,5,6,7"}});
+  auto visible = accel::host_simulated_devices({1 << 20, 1 << 20, 1 << 20, 1 << 20});
+  SECTION("key 0 is the group's first GPU (cuda:2), key 1 its second (cuda:3)") {
+    // Key 0 too small for a layer: sequential fills the group's second GPU instead.
+    auto m = accel::load_checkpoint_and_dispatch(dir.path(), state, options(visible, "sequential", "0=1KiB,1=1MiB,cpu=1MiB"));
+    CHECK(placements(m).count(Placement::gpu(1)) == 1);
+    CHECK(live(visible[3]) > 0);
+    CHECK(live(visible[0]) + live(visible[1]) == 0);
+  }
+  SECTION("key 2 is past a group of two") {
+    const auto opts = options(visible, "auto", "0=1MiB,2=1MiB,cpu=1MiB");
+    REQUIRE_THROWS_AS(accel::load_checkpoint_and_dispatch(dir.path(), state, opts), accel::usage_error);
+    REQUIRE_THROWS_WITH(accel::plan_auto_dispatch(accel::resolve_checkpoint(dir.path()), state, opts),
+                        accel_test::contains("max_memory gives GPU 2 a budget (1.00 MiB) but this process's group has 2 GPUs: "
+                                             "cuda:2,cuda:3 (physical GPUs 6,7); GPU keys index the group: 0 to 1"));
+    for (const auto& d : visible) CHECK(live(d) == 0);  // refused before anything is allocated
+  }
+  SECTION("a process on the CPU has no GPU to budget") {
+    const accel::DistributedState cpu(accel::map_env(accel_test::torchrun_vars(1, 2, 2)), accel_test::fake_gpus(4),
+                                      {.cpu = true, .gpus_per_process = 2});
+    REQUIRE_THROWS_WITH(accel::load_checkpoint_and_dispatch(dir.path(), cpu, options(visible, "auto", "0=1MiB,cpu=1MiB")),
+                        accel_test::contains("but this process's group has no GPU (it runs on the CPU); budget only cpu and disk"));
+    auto m = accel::load_checkpoint_and_dispatch(dir.path(), cpu, options(visible, "auto", "cpu=1MiB"));
+    CHECK(placements(m) == std::set<Placement>{Placement::cpu()});
+  }
+  SECTION("without a state, keys still name the visible GPUs") {
+    auto m = accel::load_checkpoint_and_dispatch(dir.path(), options(visible, "sequential", "2=1MiB,cpu=1MiB"));
+    CHECK(placements(m) == std::set<Placement>{Placement::gpu(2)});
+    CHECK(live(visible[2]) > 0);
+  }
+}
+
+TEST_CASE("unset budgets are measured on the group's GPUs only", "[auto_dispatch][group]") {
+  accel_test::TempDir dir;
+  write_llama(dir.path(), true);
+  // GPUs 0-1 keep nothing after the 1 GiB reserve; GPUs 2-3 keep 1 GiB each.
+  const std::vector<std::uint64_t> sizes{1ull << 30, 1ull << 30, 2ull << 30, 2ull << 30};
+  auto second = accel::host_simulated_devices(sizes);
+  const auto planned = accel::plan_auto_dispatch(accel::resolve_checkpoint(dir.path()), group_state(1), options(second, "sequential", ""));
+  CHECK(planned.plan.device_map.placement_of("model.layers.0.mlp.up_proj.weight") == Placement::gpu(0));  // the group's first: cuda:2
+  auto first = accel::host_simulated_devices(sizes);
+  auto m = accel::load_checkpoint_and_dispatch(dir.path(), group_state(0), options(first, "sequential", ""));
+  CHECK(placements(m) == std::set<Placement>{Placement::cpu()});  // its own GPUs have no room left
+}
+
+TEST_CASE("a group naming a GPU the load was not given is refused", "[auto_dispatch][group]") {
+  accel_test::TempDir dir;
+  write_llama(dir.path(), true);
+  auto two = accel::host_simulated_devices({1 << 20, 1 << 20});
+  REQUIRE_THROWS_AS(accel::load_checkpoint_and_dispatch(dir.path(), group_state(1), options(two, "auto", "0=1MiB")),
+                    accel::unavailable_error);
+  REQUIRE_THROWS_WITH(accel::group_device_memories(group_state(1), two),
+                      accel_test::contains("process 1's group is cuda:2,cuda:3 (physical GPUs 2,3) but only 2 GPUs (cuda:0-1) "
+                                           "are given to load on"));
 }

@@ -4,7 +4,8 @@
 /// @brief The one-call form, as transformers' `from_pretrained(path, device_map="auto", ...)`:
 ///        plan a device map for a checkpoint with a strategy ("auto", "balanced",
 ///        "balanced_low_0", "sequential") and budgets, then load it
-///        (`load_checkpoint_and_dispatch(path, AutoDispatchOptions)`).
+///        (`load_checkpoint_and_dispatch(path, AutoDispatchOptions)`); given a DistributedState,
+///        on that process's own group of GPUs only (`load_checkpoint_and_dispatch(path, state, options)`).
 ///
 /// The plan is made exactly as `accel plan --checkpoint PATH` makes it: the model as transformers
 /// builds it from the headers, config.json and the architecture catalog (construction order,
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include <accel/runtime/config.hpp>
+#include <accel/runtime/distributed_state.hpp>
 #include <accel/runtime/error.hpp>
 #include <accel/runtime/text.hpp>
 #include <accel/model/checkpoint_tree.hpp>
@@ -75,13 +77,15 @@ struct AutoDispatchPlan {
 };
 
 /// @brief Budgets measured as `accel plan` measures them, from the GPUs a load will use and the
-/// machine's available RAM (default_max_memory of their free memory).
+/// machine's available RAM (default_max_memory of their free memory). GPU key i is `devices[i]`,
+/// as the map's GPU i is (LoadOptions::devices), whatever its logical index: measured over a
+/// process's group, key 0 is the group's first GPU.
 /// @throws unavailable_error when the RAM cannot be measured and there is no GPU
 [[nodiscard]] inline MaxMemory measured_max_memory(const std::vector<DeviceMemoryPtr>& devices) {
   std::vector<DeviceBudgetInfo> gpus;
-  for (const auto& d : devices) {
-    const auto info = d->memory_info();
-    gpus.push_back({d->index(), info.total_bytes, info.free_bytes});
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    const auto info = devices[i]->memory_info();
+    gpus.push_back({static_cast<int>(i), info.total_bytes, info.free_bytes});
   }
   const auto ram = read_available_ram();
   if (!ram && gpus.empty())
@@ -89,6 +93,40 @@ struct AutoDispatchPlan {
                                            "(AutoDispatchOptions::max_memory, e.g. parse_max_memory(\"cpu=64GiB\"), or "
                                            "accel load --max-memory cpu=64GiB)");
   return default_max_memory(gpus, ram.value_or(0));
+}
+
+namespace detail {
+// `cuda:2,cuda:3 (physical GPUs 6,7)`: a process's group, for messages.
+inline std::string describe_group(const DistributedState& state) {
+  std::string gpus, physical;
+  for (const auto& d : state.devices()) gpus += (gpus.empty() ? "" : ",") + d.to_string();
+  for (const auto& p : state.physical_gpus()) physical += (physical.empty() ? "" : ",") + p;
+  if (state.physical_gpus().empty()) return gpus;
+  return concat(gpus, state.physical_gpus().size() == 1 ? " (physical GPU " : " (physical GPUs ", physical, ")");
+}
+}  // namespace detail
+
+/// @brief The GPUs a process owns (DistributedState::devices(), its group), in the group's order,
+///        picked from the machine's visible GPUs: `visible[i]` is logical GPU i (LoadOptions::devices'
+///        rule), so the group's j-th GPU is `visible[state.devices()[j].index()]`. Empty when the
+///        process runs on the CPU. Pure function: nothing is allocated or queried.
+/// @param visible every GPU the process sees (cuda_device_memories(), or host-simulated ones)
+/// @throws unavailable_error when the group names a GPU that `visible` lacks
+[[nodiscard]] inline std::vector<DeviceMemoryPtr> group_device_memories(const DistributedState& state,
+                                                                         const std::vector<DeviceMemoryPtr>& visible) {
+  std::vector<DeviceMemoryPtr> group;
+  for (const Device& d : state.devices()) {
+    if (!d.is_cuda()) continue;
+    if (d.index() < 0 || static_cast<std::size_t>(d.index()) >= visible.size())
+      detail::throw_error<unavailable_error>(
+          "process ", state.process_index(), "'s group is ", detail::describe_group(state), " but ",
+          visible.empty() ? std::string("no GPU is given")
+                          : detail::concat("only ", text::plural(static_cast<long long>(visible.size()), "GPU"), " (cuda:0-",
+                                           visible.size() - 1, ") are given"),
+          " to load on; give every GPU the process sees (LoadOptions::devices unset: every visible CUDA GPU)");
+    group.push_back(visible[static_cast<std::size_t>(d.index())]);
+  }
+  return group;
 }
 
 namespace detail {
@@ -232,6 +270,24 @@ inline std::vector<std::string> row_read_offloaded(const ModuleTree& tree, const
   return out;
 }
 
+/// @brief Plans the one-call load of one process of a job on its own GPUs only: the group of
+///        `state` (DistributedState::devices(); one GPU, or K with StateOptions::gpus_per_process).
+///
+/// The map's GPU i is the group's i-th GPU: `options.max_memory` keys index the group (`0` is
+/// `state.devices()[0]`), unset budgets are measured on the group's GPUs only, and the map names
+/// no GPU outside it. `options.load.devices`, when set, are every GPU the process sees (index i =
+/// logical GPU i), from which the group is taken; the returned plan's `load.devices` are the group's.
+/// On the CPU the group has no GPU: the map uses cpu and disk.
+/// @throws accel::usage_error for a budget keyed past the group (naming its size and GPUs); as
+///         plan_auto_dispatch(checkpoint, options) otherwise
+[[nodiscard]] inline AutoDispatchPlan plan_auto_dispatch(const Checkpoint& checkpoint, const DistributedState& state,
+                                                        AutoDispatchOptions options) {
+  const std::size_t group_size = state.device().is_cuda() ? state.devices().size() : 0;  // {cpu}: no GPU
+  if (options.max_memory) require_group_budgets(*options.max_memory, group_size, detail::describe_group(state));
+  options.load.devices = group_device_memories(state, options.load.devices ? *options.load.devices : cuda_device_memories());
+  return plan_auto_dispatch(checkpoint, options);
+}
+
 /// @brief Plans a device map for a checkpoint and loads it, in one call (see AutoDispatchOptions).
 /// @param checkpoint a `.safetensors` file, a `*.safetensors.index.json`, or a folder holding them
 ///        (config.json is looked for next to it)
@@ -247,6 +303,25 @@ inline std::vector<std::string> row_read_offloaded(const ModuleTree& tree, const
   const auto start = std::chrono::steady_clock::now();
   const Checkpoint resolved = resolve_checkpoint(checkpoint);
   auto planned = plan_auto_dispatch(resolved, options);
+  return detail::plan_and_load(resolved, planned.plan.device_map, planned.load, start);
+}
+
+/// @brief Plans and loads one process's copy of a model on its own group of GPUs, in one call (see
+///        plan_auto_dispatch(checkpoint, state, options)): the map's GPU i is loaded onto
+///        `state.devices()[i]`, and `DispatchedModel`'s placements and execution GPU index the group.
+/// @throws as plan_auto_dispatch(checkpoint, state, options), then as the explicit-map load
+/// @note blocking; every process of the job calls it for its own copy, independently
+/// @code
+/// accel::DistributedState state(accel::StateOptions{.gpus_per_process = 2});
+/// auto model = accel::load_checkpoint_and_dispatch(
+///     "ckpt/", state, {.max_memory = accel::parse_max_memory("0=70GiB,1=70GiB,cpu=200GiB")});  // 0, 1: the group's GPUs
+/// @endcode
+[[nodiscard]] inline DispatchedModel load_checkpoint_and_dispatch(const std::filesystem::path& checkpoint,
+                                                                 const DistributedState& state,
+                                                                 const AutoDispatchOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const Checkpoint resolved = resolve_checkpoint(checkpoint);
+  auto planned = plan_auto_dispatch(resolved, state, options);
   return detail::plan_and_load(resolved, planned.plan.device_map, planned.load, start);
 }
 

@@ -240,6 +240,24 @@ struct BudgetReserve {
   return m;
 }
 
+/// @brief Checks budgets meant for one process's group of GPUs (DistributedState::devices()): GPU
+///        key i is the group's i-th GPU, so every key must be below the group's size (pure function).
+/// @param group_size GPUs in the group (0 when the process runs on the CPU)
+/// @param group the group's GPUs for the message, e.g. `cuda:2,cuda:3 (physical GPUs 6,7)`
+/// @throws accel::usage_error naming the first key past the group, the group's size and its GPUs
+inline void require_group_budgets(const MaxMemory& budgets, std::size_t group_size, std::string_view group) {
+  for (const auto& [gpu, bytes] : budgets.gpus) {
+    if (gpu >= 0 && static_cast<std::size_t>(gpu) < group_size) continue;
+    if (group_size == 0)
+      detail::throw_error<usage_error>("max_memory gives GPU ", gpu, " a budget (", text::format_bytes(bytes),
+                                       ") but this process's group has no GPU (it runs on the CPU); budget only cpu and disk");
+    detail::throw_error<usage_error>(
+        "max_memory gives GPU ", gpu, " a budget (", text::format_bytes(bytes), ") but this process's group has ",
+        text::plural(static_cast<long long>(group_size), "GPU"), ": ", group, "; GPU keys index the group: 0",
+        group_size > 1 ? detail::concat(" to ", group_size - 1) : std::string(), ", 0 being its first GPU");
+  }
+}
+
 /// @brief `MemAvailable` from /proc/meminfo-formatted text (values in kB), in bytes.
 [[nodiscard]] inline std::optional<std::uint64_t> parse_meminfo_available(std::string_view meminfo) {
   std::istringstream in{std::string(meminfo)};
