@@ -381,3 +381,33 @@ TEST_CASE("accel load refuses a plan no GPU can fetch its offloaded layers into 
                            accel_test::contains("raise a GPU's budget"));
   CHECK_FALSE(std::filesystem::exists(dir / "offload"));
 }
+
+TEST_CASE("accel load --gpus_per_process 2 --process 1 loads on that process's group, keys indexing it", "[cli][load][group]") {
+  accel_test::TempDir dir;
+  write_model(dir.path());
+  accel_test::write_text(dir / "map.json", R"({"model.embed": 0, "model.layers.0": 1, "model.layers.1": "cpu", "lm_head": "cpu"})");
+  const std::string base = "env CUDA_VISIBLE_DEVICES=4,5,6,7 " +
+                           accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) +
+                                                 " --simulate-gpus 1MiB,1MiB,1MiB,1MiB --gpus_per_process 2 --process 1 --quiet ");
+  auto r = accel_test::run_command(base + "--device-map " + quoted(dir / "map.json") + " 2>&1");
+  INFO(r.output);
+  REQUIRE(r.status == 0);
+  CHECK(r.output.find("group: local process 1 of 2, 2 GPUs each: cuda:2,cuda:3 (physical GPUs 6,7)") != std::string::npos);
+  CHECK(r.output.find("cuda:2            1     2.00 KiB  1 device") != std::string::npos);  // key 0: the group's first
+  CHECK(r.output.find("cuda:3            1     4.00 KiB  1 device") != std::string::npos);
+  CHECK(r.output.find("fetch buffers on cuda:2:") != std::string::npos);
+  auto planned = accel_test::run_command(base + "--device-map balanced --max-memory 0=1MiB,1=1MiB,cpu=1MiB --json");
+  REQUIRE(planned.status == 0);
+  const auto j = nlohmann::json::parse(planned.output);
+  CHECK(j["group"]["devices"] == nlohmann::json::array({"cuda:2", "cuda:3"}));
+  CHECK(j["group"]["physical_gpus"] == nlohmann::json::array({"6", "7"}));
+  for (const auto& [key, where] : j["device_map"].items()) CHECK((where == 0 || where == 1));
+  auto past = accel_test::run_command(base + "--max-memory 0=1MiB,2=1MiB 2>&1");
+  CHECK(past.status == 2);
+  CHECK(past.output.find("max_memory gives GPU 2 a budget (1.00 MiB) but this process's group has 2 GPUs") != std::string::npos);
+  auto out_of_range = accel_test::run_command(accel_test::accel_cli("load --checkpoint " + quoted(dir.path()) +
+                                                                    " --simulate-gpus 1MiB,1MiB --gpus_per_process 2 --process 1 2>&1"));
+  CHECK(out_of_range.status == 2);
+  CHECK(out_of_range.output.find("load: --process 1 is out of range: 2 visible GPUs hold 1 process of 2 GPUs (--process 0)") !=
+        std::string::npos);
+}

@@ -234,3 +234,68 @@ TEST_CASE("accel plan names the execution GPU and the fetch buffers it kept room
   CHECK(j["execution"] == nlohmann::json::parse(R"({"gpu": 0, "fetch_buffers": 2, "fetch_buffer_bytes": 2048000,
                                                     "largest_offloaded_layer": "lm_head", "loadable": true})"));
 }
+
+TEST_CASE("accel plan --gpus_per_process 2 --process 1 plans on that process's group and names it", "[cli][plan][group]") {
+  accel_test::TempDir dir;
+  accel_test::write_text(dir / "m.json", skeleton);
+  const std::string base = "env CUDA_VISIBLE_DEVICES=4,5,6,7 " +
+                           accel_test::accel_cli("plan --skeleton " + quoted(dir / "m.json") +
+                                                 " --simulate-gpus 1GiB,1GiB,1GiB,1GiB --gpus_per_process 2 --process 1 ");
+  SECTION("the text names the group's GPUs; --json keys index the group") {
+    auto text = accel_test::run_command(base + "--max-memory 0=200,1=200 --device-map sequential 2>&1");
+    INFO(text.output);
+    REQUIRE(text.status == 0);
+    CHECK_THAT(text.output, accel_test::contains("group: local process 1 of 2, 2 GPUs each: cuda:2,cuda:3 (physical GPUs 6,7); "
+                                                 "the map's GPU keys 0-1 index it"));
+    auto json = accel_test::run_command(base + "--max-memory 0=200,1=200 --device-map sequential --json");
+    REQUIRE(json.status == 0);
+    CHECK(nlohmann::ordered_json::parse(json.output).dump() == R"({"linear1":0,"batchnorm":1,"linear2":1})");
+  }
+  SECTION("measured budgets come from the group's GPUs only, keyed from 0") {
+    const std::string sized = "env CUDA_VISIBLE_DEVICES=4,5,6,7 " +
+                              accel_test::accel_cli("plan --skeleton " + quoted(dir / "m.json") +
+                                                    " --simulate-gpus 1GiB,1GiB,2GiB,3GiB --gpus_per_process 2 --process 1 2>&1");
+    auto r = accel_test::run_command(sized);
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    // free less max(1 GiB, 10 %): 2 GiB keeps 1 GiB, 3 GiB keeps 2 GiB; the 1 GiB GPUs of process 0 are not planned on.
+    CHECK_THAT(r.output, accel_test::contains("): 0=1.00 GiB, 1=2.00 GiB, cpu="));
+  }
+  SECTION("a budget key past the group is refused, naming its size") {
+    auto r = accel_test::run_command(base + "--max-memory 0=100,2=200 2>&1");
+    CHECK(r.status == 2);
+    CHECK_THAT(r.output, accel_test::contains("max_memory gives GPU 2 a budget (200 B) but this process's group has 2 GPUs: "
+                                              "cuda:2,cuda:3 (physical GPUs 6,7); GPU keys index the group: 0 to 1"));
+  }
+}
+
+TEST_CASE("accel plan refuses a GPU group it cannot plan for, saying what to give", "[cli][plan][group]") {
+  accel_test::TempDir dir;
+  accel_test::write_text(dir / "m.json", skeleton);
+  const std::string base = "plan --skeleton " + quoted(dir / "m.json") + " --max-memory 0=100,1=200 ";
+  const auto run = [&](const std::string& args) { return accel_test::run_command(accel_test::accel_cli(base + args + " 2>&1")); };
+  auto past = run("--simulate-gpus 1GiB,1GiB,1GiB,1GiB --gpus_per_process 2 --process 2");
+  CHECK(past.status == 2);
+  CHECK_THAT(past.output, accel_test::contains("plan: --process 2 is out of range: 4 visible GPUs hold 2 processes of 2 GPUs "
+                                               "(--process 0 to 1); give one of those, or a smaller --gpus_per_process"));
+  auto few = run("--simulate-gpus 1GiB,1GiB --gpus_per_process 3");
+  CHECK(few.status == 2);
+  CHECK_THAT(few.output, accel_test::contains("plan: --gpus_per_process 3 needs 3 GPUs per process but only 2 GPUs are visible"));
+  CHECK_THAT(few.output, accel_test::contains("give --gpus_per_process 2 or less"));
+  auto zero = run("--simulate-gpus 1GiB,1GiB --gpus_per_process 0");
+  CHECK(zero.status == 2);
+  CHECK_THAT(zero.output, accel_test::contains("--gpus_per_process '0' is not a positive integer"));
+  auto alone = run("--simulate-gpus 1GiB,1GiB --process 1");
+  CHECK(alone.status == 2);
+  CHECK_THAT(alone.output, accel_test::contains("plan: --process 1 picks a process of a job with several GPUs per process; give "
+                                                "its GPUs per process too (--gpus_per_process K), or drop --process"));
+  auto none = accel_test::run_command("env CUDA_VISIBLE_DEVICES= " + accel_test::accel_cli(base + "--gpus_per_process 2 2>&1"));
+  CHECK(none.status == 2);
+  CHECK_THAT(none.output, accel_test::contains("plan: --gpus_per_process 2 plans on a process's group of GPUs, but no GPU is "
+                                               "visible (CUDA_VISIBLE_DEVICES=''); run it where the job's GPUs are, or give "
+                                               "them with --simulate-gpus SIZES"));
+  auto help = accel_test::run_command(accel_test::accel_cli("plan --help"));
+  CHECK_THAT(help.output, accel_test::contains("--gpus-per-process K") && accel_test::contains("--process R") &&
+                              accel_test::contains("--simulate-gpus SIZES") &&
+                              accel_test::contains("With --gpus_per_process K [--process R] it plans as local process R"));
+}

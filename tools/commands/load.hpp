@@ -29,6 +29,7 @@
 #include <accel/plan/planner.hpp>
 
 #include "args.hpp"
+#include "gpu_group.hpp"
 #include "model_args.hpp"
 
 namespace accel_cli {
@@ -60,6 +61,8 @@ inline constexpr OptionSpec load_options[] = {
                                           "from GPUs) to DIR in accelerate's offload-folder format, for checking"},
     {"quiet", OptionKind::flag, "", "no progress bar"},
     {"json", OptionKind::flag, "", "print the load report as JSON"},
+    gpus_per_process_option,
+    process_option,
 };
 
 inline constexpr const char* load_usage = R"(usage: accel load --checkpoint PATH [--device-map FILE|JSON|MODE] [options]
@@ -72,23 +75,14 @@ unless their dtype changes), and prints per device the tensors and bytes placed 
 Map keys that cover only what the model computes or ties (rotary buffers, a tied lm_head) are
 accepted silently; other keys covering no checkpoint tensor are listed. Exit status: 0; 2 bad
 arguments; 3 bad device map or budgets; 4 GPU not available; 5 infeasible plan; 6 bad checkpoint;
-9 out of device memory or another CUDA failure; 70 internal error.)";
+9 out of device memory or another CUDA failure; 70 internal error.
+
+With --gpus_per_process K [--process R] it loads as local process R of a job with K GPUs per
+process would (load_checkpoint_and_dispatch with its DistributedState): on the visible GPUs R*K to
+R*K+K-1 only (of --simulate-gpus' when given), which the map's and --max-memory's GPU keys index
+(0 = the group's first).)";
 
 namespace detail_load {
-
-inline std::vector<std::uint64_t> parse_sizes(const std::string& list) {
-  std::vector<std::uint64_t> out;
-  std::size_t start = 0;
-  while (start <= list.size()) {
-    const auto comma = list.find(',', start);
-    const auto item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (!item.empty()) out.push_back(accel::parse_byte_size(item));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  if (out.empty()) throw accel::usage_error("load: --simulate-gpus needs sizes like '8GiB,8GiB'");
-  return out;
-}
 
 inline accel::CpuMemory parse_cpu_memory(const std::string& s) {
   if (s == "pageable") return accel::CpuMemory::pageable;
@@ -97,7 +91,12 @@ inline accel::CpuMemory parse_cpu_memory(const std::string& s) {
   throw accel::usage_error("load: --cpu-memory '" + s + "' is not pageable, pinned or zero-copy");
 }
 
-inline std::string placement_label(const accel::Placement& p) { return p.is_gpu() ? "cuda:" + p.to_string() : p.to_string(); }
+// `cuda:1`, `cpu`, `disk`; with a group, its GPU i is named as the machine names it (`cuda:3`).
+inline std::string placement_label(const accel::Placement& p, const std::optional<GpuGroup>& group = std::nullopt) {
+  if (p.is_gpu() && group && p.index >= 0 && static_cast<std::size_t>(p.index) < group->devices.size())
+    return group->devices[static_cast<std::size_t>(p.index)].to_string();
+  return p.is_gpu() ? "cuda:" + p.to_string() : p.to_string();
+}
 
 }  // namespace detail_load
 
@@ -153,12 +152,20 @@ inline int run_load(std::span<char*> argv) {
   std::signal(SIGXFSZ, SIG_IGN);
 
   accel::LoadOptions opts;
-  opts.devices = a.has("simulate-gpus") ? accel::host_simulated_devices(detail_load::parse_sizes(*a.value("simulate-gpus")))
+  opts.devices = a.has("simulate-gpus") ? accel::host_simulated_devices(parse_simulated_sizes(*a.value("simulate-gpus"), "load"))
                                         : accel::cuda_device_memories();
   if (auto f = a.value("offload-folder")) opts.offload_folder = *f;
   if (auto c = a.value("config")) opts.config_file = *c;
   if (auto c = a.value("cpu-memory")) opts.cpu_memory = detail_load::parse_cpu_memory(*c);
   if (auto s = a.value("staging")) opts.staging_bytes = std::max<std::uint64_t>(accel::parse_byte_size(*s), 4096);
+  const auto group = gpu_group(a, "load", static_cast<int>(opts.devices->size()),
+                               accel::parse_visible_devices(accel::process_env()("CUDA_VISIBLE_DEVICES")),
+                               "run it where the job's GPUs are, or give them with --simulate-gpus SIZES");
+  if (group) {  // only the group's GPUs, in its order: the map's GPU i is its i-th
+    std::vector<accel::DeviceMemoryPtr> mine;
+    for (const auto& d : group->devices) mine.push_back((*opts.devices)[static_cast<std::size_t>(d.index())]);
+    opts.devices = std::move(mine);
+  }
   opts.strict = a.has("strict");
   opts.progress = !a.has("quiet") && !a.has("json");
   const auto requested_dtype = explicit_dtype(a);  // checks the name before any file is read
@@ -215,6 +222,7 @@ inline int run_load(std::span<char*> argv) {
   if (mode) {
     const bool defaulted = !a.has("max-memory");
     auto budgets = defaulted ? accel::measured_max_memory(*opts.devices) : accel::parse_max_memory(*a.value("max-memory"));
+    if (group) accel::require_group_budgets(budgets, group->devices.size(), group->gpus());
     auto plan = accel::load_plan_options(std::move(budgets), *opts.devices, opts);
     plan.budget_scale = model.checkpoint->budget_scale();
     plan.objective = objective;
@@ -246,6 +254,11 @@ inline int run_load(std::span<char*> argv) {
     if (const auto& q = model.checkpoint->quantization)
       j["quantization"] = {{"method", q->config.quant_method}, {"description", q->config.description},
                            {"quantized_weights", q->modules}, {"stored_bytes", q->stored_bytes}};
+    if (group) {
+      j["group"] = {{"process", group->process}, {"gpus_per_process", group->gpus_per_process}, {"devices", nlohmann::ordered_json::array()},
+                    {"physical_gpus", group->physical}};
+      for (const auto& d : group->devices) j["group"]["devices"].push_back(d.to_string());
+    }
     j["device_map"] = map.to_json();
     for (const auto& [p, tot] : r.per_placement) {
       nlohmann::ordered_json s = nlohmann::ordered_json::object();
@@ -271,6 +284,7 @@ inline int run_load(std::span<char*> argv) {
   }
   std::printf("accel load: %s (%zu tensors, %s), device map %s\n", path->c_str(), loaded.tensors().size(),
               accel::text::format_bytes(r.bytes_loaded, accel::text::ByteStyle::significant3).c_str(), map_source.c_str());
+  if (group) std::printf("group: %s; the map's GPU keys index it\n", group->describe().c_str());
   std::printf("architecture: %s\ndtype: %s", architecture.c_str(), dtype.note.c_str());
   if (!dtype.keep_in_fp32.empty()) std::printf(", float32: %s", accel::text::quoted_list(dtype.keep_in_fp32).c_str());
   if (mode) std::printf("; blocks: %s", blocks_note.c_str());
@@ -280,7 +294,7 @@ inline int run_load(std::span<char*> argv) {
   for (const auto& [p, tot] : r.per_placement) {
     std::string held;
     for (const auto& [k, n] : storage[p]) held += (held.empty() ? "" : ", ") + std::to_string(n) + " " + k;
-    std::printf("%-10s %8zu %12s  %s\n", detail_load::placement_label(p).c_str(), tot.tensors,
+    std::printf("%-10s %8zu %12s  %s\n", detail_load::placement_label(p, group).c_str(), tot.tensors,
                 accel::text::format_bytes(tot.bytes, accel::text::ByteStyle::significant3).c_str(), held.c_str());
   }
   std::printf("\nloaded in %.3f s: %s copied at %s/s", r.seconds,
@@ -295,7 +309,8 @@ inline int run_load(std::span<char*> argv) {
     std::printf("note: %zu device-map key(s) cover no checkpoint tensor and name nothing the model computes or ties: %s\n",
                 unused.unknown.size(), accel::text::quoted_list(unused.unknown).c_str());
   if (loaded.fetch_buffer_bytes())
-    std::printf("fetch buffers on cuda:%d: %zu x %s (largest offloaded layer)\n", loaded.execution_device().value_or(0),
+    std::printf("fetch buffers on %s: %zu x %s (largest offloaded layer)\n",
+                detail_load::placement_label(accel::Placement::gpu(loaded.execution_device().value_or(0)), group).c_str(),
                 loaded.fetch_buffer_count(), accel::text::format_bytes(loaded.fetch_buffer_bytes(), accel::text::ByteStyle::significant3).c_str());
   if (auto dir = a.value("dump-dir")) std::printf("loaded tensors written to %s (accelerate's offload-folder format)\n", dir->c_str());
   for (const auto& w : r.warnings) std::printf("warning: %s\n", w.c_str());

@@ -30,6 +30,7 @@
 
 #include "args.hpp"
 #include "bandwidth.hpp"
+#include "gpu_group.hpp"
 #include "model_args.hpp"
 #include "plan_svg.hpp"
 
@@ -71,6 +72,10 @@ inline constexpr OptionSpec plan_options[] = {
                                              "default: accel env --measure-bandwidth's cache, else cpu=25GB/s,disk=2GB/s"},
     {"json-report", OptionKind::flag, "", "print the map with both objectives' bytes and time per forward pass, the "
                                           "moves and the rates as one JSON object"},
+    gpus_per_process_option,
+    process_option,
+    {"simulate-gpus", OptionKind::text, "SIZES", "plan on host-simulated GPUs of these sizes ('80GiB,80GiB') instead of "
+                                                 "this machine's: measured budgets and --process's group come from them"},
 };
 
 inline constexpr const char* plan_usage = R"(usage: accel plan (--checkpoint PATH | --skeleton FILE) [options]
@@ -79,7 +84,13 @@ Plans which module goes to which GPU, to CPU or to disk (accelerate's infer_auto
 headers only, and prints per device the bytes placed, % of budget and modules, then what must stream
 to the GPU on every forward pass. Budgets default to each GPU's free memory minus max(1 GiB, 10% of
 its total) and 90% of available RAM; disk is unbounded unless --max-memory gives disk=SIZE (disk=0
-forbids it). Exit status: 0; 2 bad arguments; 3 bad budgets/skeleton; 5 infeasible; 6 bad checkpoint.)";
+forbids it).
+
+With --gpus_per_process K [--process R] it plans as local process R of a job with K GPUs per
+process (accel launch --gpus_per_process K) would: on its group only, the visible GPUs R*K to
+R*K+K-1, whose budgets are measured (or given with --max-memory, GPU key 0 being the group's first),
+and the map's GPU keys 0 to K-1 index the group; the report names the group's physical GPUs.
+Exit status: 0; 2 bad arguments; 3 bad budgets/skeleton; 5 infeasible; 6 bad checkpoint.)";
 
 inline constexpr OptionSpec estimate_options[] = {
     {"checkpoint", OptionKind::text, "PATH", "safetensors file, index or folder (headers only)"},
@@ -169,10 +180,29 @@ inline nlohmann::ordered_json plan_report_json(const accel::PlanResult& plan, co
   return j;
 }
 
-inline accel::MaxMemory measured_budgets() {
+// The GPUs plan measures and picks a group from: --simulate-gpus' (all free), else this machine's
+// (`with_free`: with their free memory, which creates a CUDA context on each).
+inline std::vector<accel::DeviceBudgetInfo> plan_gpus(const ParsedArgs& a, bool with_free) {
   std::vector<accel::DeviceBudgetInfo> gpus;
-  for (const auto& g : accel::default_device_query().list(true).gpus)
-    gpus.push_back({g.index, g.total_memory, g.free_memory});
+  if (auto sizes = a.value("simulate-gpus")) {
+    for (const auto bytes : parse_simulated_sizes(*sizes, "plan")) gpus.push_back({static_cast<int>(gpus.size()), bytes, bytes});
+    return gpus;
+  }
+  for (const auto& g : accel::default_device_query().list(with_free).gpus) gpus.push_back({g.index, g.total_memory, g.free_memory});
+  return gpus;
+}
+
+// Only `group`'s GPUs, keyed by their place in it (0 = its first), as the map's keys index it.
+inline std::vector<accel::DeviceBudgetInfo> group_gpus(const std::vector<accel::DeviceBudgetInfo>& gpus, const GpuGroup& group) {
+  std::vector<accel::DeviceBudgetInfo> out;
+  for (const auto& d : group.devices) {
+    out.push_back(gpus.at(static_cast<std::size_t>(d.index())));
+    out.back().index = static_cast<int>(out.size() - 1);
+  }
+  return out;
+}
+
+inline accel::MaxMemory measured_budgets(const std::vector<accel::DeviceBudgetInfo>& gpus) {
   const auto ram = accel::read_available_ram();
   if (!ram && gpus.empty())
     throw accel::unavailable_error("cannot measure available RAM and no GPU is visible; pass --max-memory");
@@ -237,10 +267,18 @@ inline int run_plan(std::span<char*> argv) {
   if (like != "transformers" && like != "accelerate")
     throw accel::usage_error("plan: --like '" + like + "' is not transformers or accelerate");
   const auto names = accel::parse_map_names(a.value("names").value_or("model"));
+  const bool defaulted = !a.has("max-memory");
+  // The GPUs: measured for the budgets, or counted for --gpus_per_process's group (checked before
+  // any file is read).
+  auto gpus = defaulted || a.has("gpus-per-process") ? plan_gpus(a, defaulted) : std::vector<accel::DeviceBudgetInfo>{};
+  const auto group = gpu_group(a, "plan", static_cast<int>(gpus.size()),
+                               accel::parse_visible_devices(accel::process_env()("CUDA_VISIBLE_DEVICES")),
+                               "run it where the job's GPUs are, or give them with --simulate-gpus SIZES");
+  if (group) gpus = group_gpus(gpus, *group);
   auto model = load_model(a, "plan", explicit_dtype(a));
   accel::PlanOptions opts;
-  const bool defaulted = !a.has("max-memory");
-  opts.max_memory = defaulted ? measured_budgets() : accel::parse_max_memory(*a.value("max-memory"));
+  opts.max_memory = defaulted ? measured_budgets(gpus) : accel::parse_max_memory(*a.value("max-memory"));
+  if (group) accel::require_group_budgets(opts.max_memory, group->devices.size(), group->gpus());
   const auto mode = accel::parse_device_map_mode(a.value("device-map").value_or("auto"));
   // The dtype: the same decision `accel load` converts with (model_args.hpp).
   auto dtype = choose_dtype(a, model);
@@ -330,6 +368,9 @@ inline int run_plan(std::span<char*> argv) {
   if (quantized) std::printf("quantization: %s\n", quantization.c_str());
   if (model.checkpoint)
     for (const auto& w : model.checkpoint->warnings) std::printf("warning: %s\n", w.c_str());
+  if (group)
+    std::printf("group: %s; the map's GPU keys 0%s index it\n", group->describe().c_str(),
+                group->devices.size() > 1 ? ("-" + std::to_string(group->devices.size() - 1)).c_str() : "");
   std::printf("budgets%s: %s\n", defaulted ? " (measured: free GPU memory minus max(1 GiB, 10%), 90% of available RAM)" : "",
               budgets.to_string().c_str());
   for (const auto& line : plan.balancing) std::printf("  %s\n", line.c_str());
