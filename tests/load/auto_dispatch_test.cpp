@@ -347,7 +347,7 @@ TEST_CASE("two processes of two GPUs each plan and load their own copies on thei
   }
 }
 
-TEST_CASE("a group's max_memory keys index the group; a key past it is refused naming the group", "[auto_dispatch][group]") {
+TEST_CASE("a group's max_memory keys index the group and a key past it is refused naming the group", "[auto_dispatch][group]") {
   accel_test::TempDir dir;
   write_llama(dir.path(), true);
   const auto state = group_state(1, {{"CUDA_VISIBLE_DEVICES", "4,5,6,7"}});

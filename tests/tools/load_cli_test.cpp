@@ -382,7 +382,7 @@ TEST_CASE("accel load refuses a plan no GPU can fetch its offloaded layers into 
   CHECK_FALSE(std::filesystem::exists(dir / "offload"));
 }
 
-TEST_CASE("accel load --gpus_per_process 2 --process 1 loads on that process's group, keys indexing it", "[cli][load][group]") {
+TEST_CASE("accel load --gpus_per_process 2 --process 1 loads on that process's group whose GPUs the keys index", "[cli][load][group]") {
   accel_test::TempDir dir;
   write_model(dir.path());
   accel_test::write_text(dir / "map.json", R"({"model.embed": 0, "model.layers.0": 1, "model.layers.1": "cpu", "lm_head": "cpu"})");

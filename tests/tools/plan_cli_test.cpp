@@ -269,7 +269,7 @@ TEST_CASE("accel plan --gpus_per_process 2 --process 1 plans on that process's g
   }
 }
 
-TEST_CASE("accel plan refuses a GPU group it cannot plan for, saying what to give", "[cli][plan][group]") {
+TEST_CASE("accel plan refuses a GPU group it cannot plan for and says what to give", "[cli][plan][group]") {
   accel_test::TempDir dir;
   accel_test::write_text(dir / "m.json", skeleton);
   const std::string base = "plan --skeleton " + quoted(dir / "m.json") + " --max-memory 0=100,1=200 ";
