@@ -47,7 +47,14 @@ using nlohmann::json;
 
 // (class, scenario) -> why accel's map differs from transformers' on purpose. A listed scenario
 // that agrees fails the check, so the list never goes stale.
-const std::map<std::pair<std::string, std::string>, std::string> known_differences = {};
+const std::string split_buffer_dropped =
+    "transformers' infer_auto_device_map splits a module into its children and direct parameters, not its direct "
+    "buffers: a split MaskFormerSwinSelfAttention's persistent relative_position_index gets no device, and "
+    "dispatch_model's check_device_map refuses that map; accel places the buffer with its module's parts";
+const std::map<std::pair<std::string, std::string>, std::string> known_differences = {
+    {{"MaskFormerModel", "auto_two_gpus_cpu_disk_bf16"}, split_buffer_dropped},
+    {{"MaskFormerModel", "sequential_gpu_cpu_disk_fp16_from_fp32"}, split_buffer_dropped},
+};
 
 // ---------------------------------------------------------------------------------------------
 // Folded names (gen_catalog_goldens.py's fold): [template, value, ranges...], `#` a numbered part.

@@ -9,11 +9,14 @@ what from_pretrained knows and checkpoint headers do not:
 
   - no_split_modules, keep_in_fp32_modules(_strict), base_model_prefix, attribute_map;
   - modules in construction order as templates (`model.layers.{i}`), each with its class and the
-    local names of its direct parameters and buffers; how many blocks a numbered container
-    holds, as an expression over config.json (`num_hidden_layers`);
+    local names of its direct parameters and buffers (and, where a template has several classes,
+    each class's child names in registration order; the parameters a module creates in a dtype
+    of its own, which the strict keep-in-fp32 list does not cover); how many blocks a numbered
+    container holds, as an expression over config.json (`num_hidden_layers`);
   - tied parameter groups, for tie_word_embeddings true and false;
   - buffers (persistent or not) with shapes as expressions over config.json and a dtype
-    ("model" when it follows the load dtype);
+    ("model" when it follows the load dtype); a block whose computed buffer differs from its
+    template's first (LeViT's stages) gets an entry by its own name, which replaces the template there;
   - the checkpoint conversions transformers applies while loading (renames, expert fusion);
   - defaults: the config class's default for every config key an expression names.
 
@@ -467,15 +470,21 @@ def describe(torch, transformers, arch, covers, overrides, log, slow_build_s=Non
         children = list(mod.named_children())
         if children and all(n.isdigit() for n, _ in children):
             containers.setdefault(t, name)
-    # A template with several classes (dense and MoE layers): keep each class's child names so
-    # a tree from headers can tell them apart.
+    # A template with several classes (dense and MoE layers): keep each class's child names, in
+    # the order the class registers them (the order from_pretrained walks them in, which the
+    # templates' order cannot give for a child name two classes share), so a tree from headers
+    # can tell them apart and order them.
     paths = [m["path"] for m in modules]
     for m in modules:
         if paths.count(m["path"]) > 1:
-            m["children"] = sorted({
-                template(n).rsplit(".", 1)[-1] for n, mm in model.named_modules()
-                if template(n).rsplit(".", 1)[0] == m["path"] and n.count(".") == m["path"].count(".") + 1
-                and type(model.get_submodule(n.rsplit(".", 1)[0])).__name__ == m["class"]})
+            kids = []
+            for n, _ in model.named_modules():
+                if (template(n).rsplit(".", 1)[0] == m["path"] and n.count(".") == m["path"].count(".") + 1
+                        and type(model.get_submodule(n.rsplit(".", 1)[0])).__name__ == m["class"]):
+                    k = template(n).rsplit(".", 1)[-1]
+                    if k not in kids:
+                        kids.append(k)
+            m["children"] = kids
 
     repeats = {}
     b.watched = set(containers.values())
@@ -496,17 +505,34 @@ def describe(torch, transformers, arch, covers, overrides, log, slow_build_s=Non
     # Buffers: dtype in a bf16 build tells whether they follow the load dtype.
     low = b.model(cfg, torch.bfloat16)
     low_dtypes = {n: t.dtype for n, t in low.named_buffers()}
+    # Parameters the model creates in a dtype of their own (Reformer's axial position weights,
+    # float32 whatever the load dtype): from_pretrained sizes and loads them in it. Those the
+    # strict keep-in-fp32 list already keeps in float32 (routers' gate.weight) are left to it.
+    strict = list(model._keep_in_fp32_modules_strict or [])
+    for name, p in low.named_parameters():
+        if not p.is_floating_point() or p.dtype == torch.bfloat16:
+            continue
+        if any(re.search(k.replace("*", ".*"), name) for k in strict):
+            continue
+        owner, _, local = name.rpartition(".")
+        m = by_key[(template(owner), type(low.get_submodule(owner)).__name__)]
+        m.setdefault("dtypes", {}).setdefault(local, str(p.dtype).replace("torch.", ""))
     buffers, seen, varied = [], {}, set()
     for name, buf in model.named_buffers():
         t = template(name)
-        if t in seen:
-            if tuple(buf.shape) != seen[t] and t not in varied:
-                varied.add(t)  # blocks of different widths (CNN stages): format 1 has one shape per template
-                log(f"    note: {name} is {tuple(buf.shape)}; the template {t} keeps the first one's {seen[t]}")
-            continue
-        seen[t] = tuple(buf.shape)
         owner, _, local = name.rpartition(".")
         persistent = local not in model.get_submodule(owner)._non_persistent_buffers_set
+        if t in seen:
+            if tuple(buf.shape) == seen[t] or persistent:
+                continue  # a persistent buffer's shape is the checkpoint's
+            # Blocks of different sizes (LeViT's stages): the block whose computed buffer differs
+            # from the template's first gets an entry of its own, which replaces the template's there.
+            if t not in varied:
+                varied.add(t)
+                log(f"    note: {name} is {tuple(buf.shape)}, not the template {t}'s {seen[t]}: recorded by name")
+            t = name
+        else:
+            seen[t] = tuple(buf.shape)
         dtype = "model" if low_dtypes[name] != buf.dtype else str(buf.dtype).replace("torch.", "")
         shape = []
         for axis, size in enumerate(buf.shape):
@@ -702,11 +728,14 @@ EMPTY = {"covers": "", "attribute_map": {}, "defaults": {}, "keep_in_fp32_module
 
 
 def full_module(m):
-    """A format-1 module: parameters and buffers always there, children only when not empty."""
+    """A format-1 module: parameters and buffers always there, children and dtypes only when not
+    empty."""
     out = {"path": m["path"], "class": m["class"], "parameters": list(m.get("parameters", [])),
            "buffers": list(m.get("buffers", []))}
     if m.get("children"):
         out["children"] = list(m["children"])
+    if m.get("dtypes"):
+        out["dtypes"] = dict(m["dtypes"])
     return out
 
 
@@ -720,7 +749,7 @@ def normalized(entry):
 
 def compact_module(m):
     out = {"path": m["path"], "class": m["class"]}
-    for k in ("parameters", "buffers", "children"):
+    for k in ("parameters", "buffers", "children", "dtypes"):
         if m.get(k):
             out[k] = m[k]
     return out

@@ -97,7 +97,9 @@ struct ModelConfig {
   }
   for (const char* key : {"num_hidden_layers", "n_layer", "num_layers"}) {
     auto v = field(key);
-    if (!v || c.num_hidden_layers) continue;
+    // A model of several stacks may count each (LXMERT: {"language": 9, "vision": 5, ...}): its
+    // config class reads that, and the catalog counts blocks from its own fields; no one count.
+    if (!v || c.num_hidden_layers || v->is_object()) continue;
     if (!v->is_number_unsigned()) bad(key, *v, "a non-negative integer");
     c.num_hidden_layers = v->get<std::uint64_t>();
   }
@@ -118,12 +120,15 @@ struct ModuleTemplate {
   std::string class_name;               ///< `LlamaMLP`
   std::vector<std::string> parameters;  ///< local names of its direct parameters, registration order
   std::vector<std::string> buffers;     ///< local names of its direct buffers
-  std::vector<std::string> children;    ///< child names; given only where a path has several classes
+  std::vector<std::string> children;    ///< child names, registration order; given only where a path has several classes
+  /// Parameters the module creates in a dtype of their own, whatever the load dtype (Reformer's
+  /// axial position weights in float32): local name -> torch dtype name.
+  std::map<std::string, std::string, std::less<>> dtypes{};
 };
 
 /// @brief A buffer of an architecture; each shape entry is a catalog expression over config.json.
 struct BufferTemplate {
-  std::string name;                ///< `model.rotary_emb.inv_freq`
+  std::string name;                ///< `model.rotary_emb.inv_freq`; a block's own name replaces its template's there
   std::vector<std::string> shape;  ///< e.g. `max_position_embeddings`; "1" for a constant
   std::string dtype;               ///< torch name, or "model": follows the dtype the model loads in
   bool persistent = true;          ///< in the state dict (so in checkpoints)
@@ -278,11 +283,19 @@ struct CatalogReader {
         if (at.empty() || str(m, "path", w) != at) fail(w, "has a base marker in 'modules' without a matching base_path");
         ++markers;
         for (const auto& bm : base->modules)
-          a.modules.push_back({mounted(at, bm.path), bm.class_name, bm.parameters, bm.buffers, bm.children});
+          a.modules.push_back({mounted(at, bm.path), bm.class_name, bm.parameters, bm.buffers, bm.children, bm.dtypes});
         continue;
       }
       a.modules.push_back({str(m, "path", w), str(m, "class", w), strings(m, "parameters", w), strings(m, "buffers", w),
-                           strings(m, "children", w)});
+                           strings(m, "children", w), {}});
+      if (const auto dtypes = m.find("dtypes"); dtypes != m.end()) {
+        if (!dtypes->is_object()) fail(w, "has a module whose 'dtypes' is not an object");
+        for (const auto& [local, dtype] : dtypes->items()) {
+          if (!dtype.is_string() || !try_dtype_from_string(dtype.get<std::string>()))
+            fail(w, "has a module whose 'dtypes' gives '" + local + "' no dtype name");
+          a.modules.back().dtypes.emplace(local, dtype.get<std::string>());
+        }
+      }
     }
     if (!at.empty() && markers != 1) fail(w, "names a base but marks where it goes in 'modules' " + std::to_string(markers) + " times");
 
@@ -701,8 +714,11 @@ class TemplateIndex {
   return out;
 }
 
-/// @brief Tied parameter groups as transformers builds them for this config (each sorted): the
-///        config's tie_word_embeddings, else the config class default, else true.
+/// @brief Tied parameter groups as transformers builds them for this config (each sorted, each name
+///        once): the config's tie_word_embeddings, else the config class default, else true. A
+///        template stands for every block it expands to; a group of one template repeated (Zamba's
+///        transformer block, shared by some of its layers) ties every block's copy that the model
+///        builds, which model_from_checkpoint tells from the checkpoint's modules.
 [[nodiscard]] inline std::vector<std::vector<std::string>> tied_groups(const Architecture& arch, const ModelConfig& config) {
   bool tie = true;
   if (config.tie_word_embeddings) tie = *config.tie_word_embeddings;
@@ -713,6 +729,7 @@ class TemplateIndex {
     for (const auto& t : g)
       for (auto& p : expand_template(arch, t, config)) names.push_back(std::move(p));
     std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
     out.push_back(std::move(names));
   }
   return out;
@@ -727,6 +744,51 @@ class TemplateIndex {
   if (load_dtype == DType::F16 || load_dtype == DType::BF16)
     for (const auto& s : arch.keep_in_fp32_modules_strict)
       if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+  return out;
+}
+
+namespace detail {
+// False when a block number of `name` is past its container's count for this config
+// (`encoder.stages.1.layers.9` of a stage of 4 layers); true when every count is known and holds,
+// or not known.
+inline bool within_block_counts(const Architecture& arch, std::string_view name, const ModelConfig& config) {
+  static constexpr std::string_view letters = "ijklmnopq";
+  std::string container;  // the template up to here, numbered parts as the catalog writes them
+  std::size_t numbered = 0;
+  for (std::size_t start = 0; start <= name.size();) {
+    const auto end = std::min(name.find('.', start), name.size());
+    const auto part = name.substr(start, end - start);
+    if (is_block_number(part) && numbered < letters.size()) {
+      const auto count = repeat_count(arch, container, config);
+      if (count && text::parse_integer<std::uint64_t>(part).value_or(0) >= *count) return false;
+      container += (container.empty() ? "{" : ".{") + std::string(1, letters[numbered++]) + "}";
+    } else {
+      container += (container.empty() ? "" : ".") + std::string(part);
+    }
+    start = end + 1;
+  }
+  return true;
+}
+}  // namespace detail
+
+/// @brief keep-in-fp32 patterns (keep_in_fp32_matches) of the parameters the model creates in
+///        float32 whatever the load dtype (ModuleTemplate::dtypes), a block number written `*`.
+[[nodiscard]] inline std::vector<std::string> own_float32_patterns(const Architecture& arch) {
+  std::vector<std::string> out;
+  for (const auto& m : arch.modules)
+    for (const auto& [local, dtype] : m.dtypes) {
+      if (dtype != "float32") continue;
+      std::string pattern;
+      for (std::size_t start = 0; start <= m.path.size() && !m.path.empty();) {
+        const auto end = std::min(m.path.find('.', start), m.path.size());
+        const auto part = std::string_view(m.path).substr(start, end - start);
+        pattern += detail::is_placeholder(part) ? std::string_view("*") : part;
+        pattern += '.';
+        start = end + 1;
+      }
+      pattern += local;
+      if (std::find(out.begin(), out.end(), pattern) == out.end()) out.push_back(std::move(pattern));
+    }
   return out;
 }
 
@@ -749,6 +811,9 @@ inline constexpr std::uint64_t buffer_max_bytes = std::uint64_t{1} << 60;
 [[nodiscard]] inline std::vector<BufferSpec> non_persistent_buffers(const Architecture& arch, const ModelConfig& config,
                                                                     DType load_dtype) {
   std::vector<BufferSpec> out;
+  std::vector<std::string_view> own;  // blocks whose buffer differs from its template's (a name without placeholders)
+  for (const auto& b : arch.buffers)
+    if (!b.persistent && b.name.find('{') == std::string::npos) own.push_back(b.name);
   for (const auto& b : arch.buffers) {
     if (b.persistent) continue;
     const DType dtype = b.dtype == "model" ? load_dtype : dtype_from_string(b.dtype);
@@ -772,7 +837,10 @@ inline constexpr std::uint64_t buffer_max_bytes = std::uint64_t{1} << 60;
       if (tensor_bytes(dtype, numel).value_or(buffer_max_bytes + 1) > buffer_max_bytes) too_large();
       shape.push_back(static_cast<std::int64_t>(dim));
     }
-    for (auto& name : expand_template(arch, b.name, config)) out.push_back({std::move(name), dtype, shape, false});
+    const bool templated = b.name.find('{') != std::string::npos;
+    if (!templated && !detail::within_block_counts(arch, b.name, config)) continue;  // a block this config lacks
+    for (auto& name : expand_template(arch, b.name, config))
+      if (!templated || std::find(own.begin(), own.end(), name) == own.end()) out.push_back({std::move(name), dtype, shape, false});
   }
   return out;
 }

@@ -154,6 +154,8 @@ struct CheckpointModel {
     auto out = architecture && load ? keep_in_fp32_modules(*architecture, *load) : std::vector<std::string>{};
     if (quantization)  // what the quantized modules hold in float32 whatever the dtype
       for (const auto& k : quantization->config.keep_in_fp32) out.push_back(k);
+    if (architecture && load)  // what the model creates in float32: from_pretrained keeps a tensor in the model's dtype
+      for (const auto& p : own_float32_patterns(*architecture)) out.push_back(p);
     return out;
   }
 };
@@ -208,6 +210,81 @@ struct TreeEntry {
   bool quantized = false;                ///< quantized storage: kept at its stored dtype
   bool tied_copy = false;                ///< a tied copy the checkpoint leaves out (Tensor::tied_copy)
 };
+
+// The modules the checkpoint's tensors make (entries [0, count)), each with its children's names,
+// built on first use. They decide which class a block has where the catalog gives a path several
+// (Encodec's convolution, LSTM and residual layers; Zamba's Mamba and hybrid layers; dense and MoE
+// layers), and so which children and buffers transformers builds in it.
+class CheckpointModules {
+ public:
+  CheckpointModules(const std::vector<TreeEntry>& entries, std::size_t count) : entries_(&entries), count_(count) {}
+  /// The names of the children of the module at `path` ("" the root), or nullptr when no
+  /// checkpoint tensor lies under it.
+  const std::vector<std::string_view>* children(std::string_view path) {
+    if (!built_) build();
+    const auto it = kids_.find(path);
+    return it == kids_.end() ? nullptr : &it->second;
+  }
+
+ private:
+  void build() {
+    built_ = true;
+    kids_.try_emplace(std::string_view{});
+    for (std::size_t i = 0; i < count_; ++i) {
+      const std::string_view name = (*entries_)[i].name;
+      std::string_view parent{};
+      for (auto dot = name.find('.'); dot != std::string_view::npos; dot = name.find('.', dot + 1)) {
+        const auto path = name.substr(0, dot);
+        if (kids_.try_emplace(path).second) {  // a new module: its parent gains a child
+          const auto start = parent.empty() ? 0 : parent.size() + 1;
+          kids_[parent].push_back(name.substr(start, dot - start));
+        }
+        parent = path;
+      }
+    }
+  }
+  const std::vector<TreeEntry>* entries_;
+  std::size_t count_;
+  bool built_ = false;
+  std::unordered_map<std::string_view, std::vector<std::string_view>> kids_;
+};
+
+// Whether transformers builds `name`, a tied copy or a computed buffer the checkpoint does not
+// hold, where a catalog template expanded over every block puts it. A module path the catalog gives
+// several classes is decided by the children the checkpoint holds under it (as
+// annotate_module_classes decides its class): the name is built only when every class still
+// possible there has its next part, a child module or the tensor itself. Encodec's LSTM layers have
+// no `kernel_size` buffer, Reformer's local-attention layers no `self_mask_value_float16`, Zamba's
+// Mamba layers no copy of the shared transformer block. A path of one class, or whose children fit
+// none of its classes, decides nothing.
+inline bool built_in_checkpoint(const TemplateIndex& index, CheckpointModules& modules, std::string_view name) {
+  const auto& arch = index.architecture();
+  const auto has = [](const std::vector<std::string>& list, std::string_view s) { return std::find(list.begin(), list.end(), s) != list.end(); };
+  const auto has_child = [](const ModuleTemplate& m, std::string_view c) {  // a numbered child as `{j}`
+    return std::any_of(m.children.begin(), m.children.end(), [&](const std::string& t) { return template_part_matches(t, c); });
+  };
+  std::vector<const ModuleTemplate*> found;
+  for (auto dot = name.find('.'); dot != std::string_view::npos; dot = name.find('.', dot + 1)) {
+    const auto path = name.substr(0, dot);
+    found.clear();
+    index.for_each_match(path, [&](std::size_t t) { found.push_back(&arch.modules[t]); });
+    // Several classes of one template (not a literal block beside a numbered one).
+    if (found.size() < 2 || std::any_of(found.begin(), found.end(), [&](auto m) { return m->path != found.front()->path; })) continue;
+    if (const auto* kids = modules.children(path))
+      std::erase_if(found, [&](const ModuleTemplate* m) {
+        return !std::all_of(kids->begin(), kids->end(), [&](std::string_view k) { return has_child(*m, k); });
+      });
+    if (found.empty()) continue;
+    const auto end = name.find('.', dot + 1);
+    const auto next = name.substr(dot + 1, end == std::string_view::npos ? std::string_view::npos : end - dot - 1);
+    const bool tensor = end == std::string_view::npos;
+    if (!std::all_of(found.begin(), found.end(), [&](const ModuleTemplate* m) {
+          return tensor ? has(m->parameters, next) || has(m->buffers, next) : has_child(*m, next);
+        }))
+      return false;
+  }
+  return true;
+}
 
 // Adds a quantized companion to the tensor it is part of in the model (bitsandbytes' quant state
 // to its weight): the entry becomes its bytes, which is what planning counts for stored tensors.
@@ -444,11 +521,14 @@ inline void check_load_dtype(const Checkpoint& ckpt, const StoredMarks* stored, 
   if (arch) {
     std::unordered_map<std::string_view, std::size_t> present;  // `entries` grows below; its names stay put
     for (std::size_t i = 0; i < entries.size(); ++i) present.emplace(entries[i].name, i);
+    detail::CheckpointModules modules(entries, entries.size());
     auto config = *out.config;
     if (opts.tie_word_embeddings) config.tie_word_embeddings = opts.tie_word_embeddings;
     for (auto& group : tied_groups(*arch, config)) {
       // The tensor the checkpoint holds is the one the others share (save_pretrained leaves the
-      // tied copies out); a group the checkpoint holds nothing of is left alone.
+      // tied copies out); a group the checkpoint holds nothing of is left alone. A copy only
+      // where the model builds one (a template's blocks of another class have none).
+      std::erase_if(group, [&](const std::string& n) { return !present.count(n) && !detail::built_in_checkpoint(*index, modules, n); });
       const auto source = std::find_if(group.begin(), group.end(), [&](const std::string& n) { return present.count(n) > 0; });
       if (source == group.end()) continue;
       const auto src = entries[present.at(*source)];
@@ -459,7 +539,7 @@ inline void check_load_dtype(const Checkpoint& ckpt, const StoredMarks* stored, 
     }
     const DType model_dtype = opts.load_dtype.value_or(out.auto_dtype.value_or(DType::F32));
     for (auto& b : non_persistent_buffers(*arch, *out.config, model_dtype)) {
-      if (present.count(b.name)) continue;
+      if (present.count(b.name) || !detail::built_in_checkpoint(*index, modules, b.name)) continue;
       entries.push_back({made_names.emplace_back(std::move(b.name)), b.dtype, std::move(b.shape), SIZE_MAX, true, false, {}, 0, {}, false});
       ++out.buffers_added;
     }
@@ -515,6 +595,47 @@ inline void check_load_dtype(const Checkpoint& ckpt, const StoredMarks* stored, 
     }
     nodes[cur].tensors.push_back(i);
   }
+  if (arch) {
+    // A module holding tensors whose children hold none (weight norm's ParametrizationList and its
+    // `0`) has no children in the checkpoint; transformers' model has them, and a module with
+    // children is no layer to transformers (not kept room for, split into its tensors when too
+    // large), so they are added, empty, from the catalog.
+    std::unordered_map<std::string_view, std::vector<std::string_view>> child_parts;  // template -> child parts
+    for (const auto& m : arch->modules) {
+      const auto dot = m.path.rfind('.');
+      if (m.path.empty()) continue;
+      auto& v = child_parts[dot == std::string::npos ? std::string_view{} : std::string_view(m.path).substr(0, dot)];
+      const auto part = dot == std::string::npos ? std::string_view(m.path) : std::string_view(m.path).substr(dot + 1);
+      if (std::find(v.begin(), v.end(), part) == v.end()) v.push_back(part);
+    }
+    for (std::size_t id = 1, count = nodes.size(); id < count; ++id) {
+      if (!nodes[id].children.empty() || nodes[id].tensors.empty()) continue;
+      const ModuleTemplate* only = nullptr;
+      std::size_t matches = 0;
+      index->for_each_match(nodes[id].path, [&](std::size_t t) {
+        only = &arch->modules[t];
+        ++matches;
+      });
+      if (matches != 1) continue;
+      const auto it = child_parts.find(only->path);
+      if (it == child_parts.end()) continue;
+      for (const auto part : it->second) {
+        std::uint64_t n = 1;
+        if (detail::is_placeholder(part)) {
+          const auto c = repeat_count(*arch, only->path, *out.config);
+          if (!c) continue;
+          n = *c;
+        }
+        for (std::uint64_t i = 0; i < n; ++i) {
+          const std::string& path =
+              made_names.emplace_back(detail::concat(nodes[id].path, ".", detail::is_placeholder(part) ? std::to_string(i) : std::string(part)));
+          const std::string_view view = path;
+          nodes[id].children.push_back(nodes.size());
+          nodes.push_back(Node{view, view.substr(nodes[id].path.size() + 1), {}, {}, nodes[id].min_shard});
+        }
+      }
+    }
+  }
   auto local_of = [&](std::size_t t) {
     std::string_view n = entries[t].name;
     auto dot = n.rfind('.');
@@ -557,9 +678,28 @@ inline void check_load_dtype(const Checkpoint& ckpt, const StoredMarks* stored, 
     }
     // Siblings: the catalog's construction order when it knows them, then the heuristics.
     kids.clear();
+    // A path of several classes whose children name one (Reformer's LSH attention, `query_key`
+    // then `value`, beside its local attention, `query`, `key`, `value`): that class's order.
+    const ModuleTemplate* decided = nullptr;
+    if (arch && id != 0 && !node.children.empty()) {
+      std::vector<const ModuleTemplate*> found;
+      index->for_each_match(prefix, [&](std::size_t t) { found.push_back(&arch->modules[t]); });
+      if (found.size() > 1 && std::all_of(found.begin(), found.end(), [&](auto m) { return m->path == found.front()->path; })) {
+        std::erase_if(found, [&](const ModuleTemplate* m) {
+          return !std::all_of(node.children.begin(), node.children.end(), [&](std::size_t c) {
+            return std::any_of(m->children.begin(), m->children.end(), [&](const std::string& t) { return detail::template_part_matches(t, nodes[c].local); });
+          });
+        });
+        if (found.size() == 1) decided = found.front();
+      }
+    }
     for (auto c : node.children) {
       std::size_t rank = SIZE_MAX;
-      if (arch)
+      if (decided)
+        rank = static_cast<std::size_t>(std::find_if(decided->children.begin(), decided->children.end(), [&](const std::string& t) {
+                                          return detail::template_part_matches(t, nodes[c].local);
+                                        }) - decided->children.begin());
+      else if (arch)
         if (auto r = module_rank(*index, nodes[c].path)) rank = *r;
       kids.emplace_back(rank, c);
     }
