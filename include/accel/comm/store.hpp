@@ -508,14 +508,23 @@ class StoreClient {
   /// @brief The collective exchange: every rank of `world` sends one value under `key`; each
   /// receives all values in rank order once the last arrives.
   /// @param label what the collective is ("gather_object #3"), used in error messages
+  /// @param members a group's exchange (split()): the job rank of each of its `world` ranks, so
+  ///        the store watches (and names) the right processes; empty: rank r is job rank r
   /// @throws timeout_error naming the ranks that have not arrived
   /// @throws comm_error when a missing rank died or exited, or ranks disagree on the world size
   /// @note collective over the ranks of `world`
   Blobs exchange(const std::string& key, int rank, int world, std::span<const std::byte> value, std::string_view label,
-                 std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
+                 std::optional<std::chrono::milliseconds> timeout = std::nullopt, std::span<const int> members = {}) {
     const auto t = timeout.value_or(timeout_);
-    auto reply = request(detail::WireWriter(detail::Msg::exchange).str(key).i32(rank).i32(world).u64(ms(t)).str(label).bytes(value).finish(),
-                         t, std::string(label));
+    detail::WireWriter w(detail::Msg::exchange);
+    w.str(key).i32(rank).i32(world).u64(ms(t)).str(label).bytes(value);
+    if (!members.empty()) {  // only then: a world exchange stays what stores without groups accept
+      ACCEL_EXPECTS(members.size() == static_cast<std::size_t>(world), "store exchange ", label, ": ", members.size(),
+                    " members for ", world, " ranks");
+      w.u32(static_cast<std::uint32_t>(members.size()));
+      for (const int m : members) w.i32(m);
+    }
+    auto reply = request(w.finish(), t, std::string(label));
     expect(reply, detail::Msg::list, "exchange");
     detail::WireReader r(std::span<const std::byte>(reply).subspan(1));
     const std::uint32_t n = r.u32();

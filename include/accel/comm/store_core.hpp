@@ -266,6 +266,7 @@ class StoreCore {
   struct Exchange {
     std::string label;
     std::vector<Slot> slots;
+    std::vector<std::int32_t> members;  ///< job rank of each slot (a group's exchange); empty: slot r is rank r
     int arrived = 0;
     std::string abandoned;  ///< why it can never complete ("" while it can)
     FailureKind abandoned_kind = FailureKind::peer_gone;
@@ -338,9 +339,19 @@ class StoreCore {
     int count = 0;
     for (std::size_t r = 0; r < ex.slots.size(); ++r)
       if (!ex.slots[r].present) {
-        s += concat(count++ ? ", " : "", r, " (", rank_state(static_cast<int>(r)), ")");
+        const int job = job_rank(ex, r);
+        s += ex.members.empty() ? concat(count++ ? ", " : "", r, " (", rank_state(job), ")")
+                                : concat(count++ ? ", " : "", r, " (job rank ", job, ", ", rank_state(job), ")");
       }
-    return concat(count == 1 ? "rank " : "ranks ", s, count == 1 ? " has" : " have");
+    return concat(ex.members.empty() ? "" : "group ", count == 1 ? "rank " : "ranks ", s, count == 1 ? " has" : " have");
+  }
+  // The job rank behind an exchange's slot: the slot itself, or its member in a group's exchange.
+  static int job_rank(const Exchange& ex, std::size_t slot) {
+    return ex.members.empty() ? static_cast<int>(slot) : static_cast<int>(ex.members[slot]);
+  }
+  // "rank 3", or "group rank 1 (job rank 3)" in a group's exchange.
+  static std::string slot_name(const Exchange& ex, std::size_t slot) {
+    return ex.members.empty() ? concat("rank ", slot) : concat("group rank ", slot, " (job rank ", ex.members[slot], ")");
   }
 
   void process(ConnId id, StoreClock::time_point now) {
@@ -545,9 +556,22 @@ class StoreCore {
                          options_.max_world_size, " ranks"));
     auto [it, fresh] = exchanges_.try_emplace(q.key);
     Exchange& ex = it->second;
-    if (fresh) ex.label = q.label, ex.slots.resize(static_cast<std::size_t>(q.world));
+    if (fresh) ex.label = q.label, ex.slots.resize(static_cast<std::size_t>(q.world)), ex.members = q.members;
     if (!ex.abandoned.empty()) return fail(id, ex.abandoned_kind, ex.abandoned);
     const auto r = static_cast<std::size_t>(q.rank);
+    // A group's exchange: every member names the same job ranks, and its own is the one it registered.
+    if (ex.members != q.members || (!q.members.empty() && world_ > 0 && *std::max_element(q.members.begin(), q.members.end()) >= world_)) {
+      const std::string why = concat("rank ", q.rank, " joined ", q.label, " with members [", text::join(q.members), "] but ",
+                                     fresh ? concat("the job has ", world_, " ranks") : concat("others use [", text::join(ex.members), "]"));
+      fail(id, FailureKind::mismatch, why);
+      return abandon(q.key, FailureKind::mismatch, why);
+    }
+    if (const int registered = conns_.at(id).rank; !q.members.empty() && registered >= 0 && q.members[r] != registered) {
+      const std::string why = concat("job rank ", registered, " joined ", q.label, " as group rank ", q.rank, ", which is job rank ",
+                                     q.members[r], "'s place");
+      fail(id, FailureKind::mismatch, why);
+      return abandon(q.key, FailureKind::mismatch, why);
+    }
     if (ex.slots.size() != static_cast<std::size_t>(q.world) || ex.slots[r].present) {
       const std::string why = ex.slots.size() != static_cast<std::size_t>(q.world)
                                   ? concat("rank ", q.rank, " joined ", q.label, " with world size ", q.world, " but others use ", ex.slots.size())
@@ -578,14 +602,14 @@ class StoreCore {
     Exchange& ex = exchanges_[key];
     for (std::size_t r = 0; r < ex.slots.size(); ++r) {
       if (ex.slots[r].present) continue;
-      auto info = ranks_.find(static_cast<int>(r));
+      auto info = ranks_.find(job_rank(ex, r));
       if (info == ranks_.end() || info->second.status == RankStatus::connected) continue;
       const RankStatus status = info->second.status;
       return abandon(key, FailureKind::peer_gone,
                      status == RankStatus::left
-                         ? concat("rank ", r, " exited without joining ", ex.label,
+                         ? concat(slot_name(ex, r), " exited without joining ", ex.label,
                                   " (was the collective called on only some ranks, e.g. inside if (is_main_process())?)")
-                         : concat("rank ", r, " ", gone_text(status), ", so it cannot join ", ex.label));
+                         : concat(slot_name(ex, r), " ", gone_text(status), ", so it cannot join ", ex.label));
     }
   }
 

@@ -8,6 +8,7 @@
 /// so the parser can be fuzzed on its own (tests/fuzz/store_frame_fuzz.cpp).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -195,6 +196,9 @@ struct StoreRequest {
   std::vector<std::byte> expected;  ///< compare_set expected
   std::vector<std::string> keys;    ///< wait
   std::string label;                ///< exchange: what the collective is, for messages
+  /// exchange, optional last field: the job rank of each slot, for a group's exchange (split());
+  /// empty: slot r is job rank r
+  std::vector<std::int32_t> members;
   std::string token;                ///< hello
   std::string job_id;               ///< hello, optional field: the client's job, named in refusals
   bool probing = false;             ///< hello, optional last field: the client looks for its store among several ports
@@ -205,6 +209,20 @@ struct StoreRequest {
 };
 
 inline std::vector<std::byte> to_vector(std::span<const std::byte> b) { return {b.begin(), b.end()}; }
+
+/// @brief An exchange's member list: `world` distinct job ranks, each at least 0.
+inline std::vector<std::int32_t> parse_members(WireReader& r, std::int32_t world) {
+  const std::uint32_t n = r.u32();
+  if (n != static_cast<std::uint32_t>(world)) throw_error<wire_error>("malformed exchange: ", n, " members for world size ", world);
+  if (n > r.remaining() / 4) throw_error<wire_error>("malformed exchange: ", n, " members announced in ", r.remaining(), " bytes");
+  std::vector<std::int32_t> members(n);
+  for (auto& m : members) m = r.i32();
+  std::vector<std::int32_t> sorted = members;
+  std::sort(sorted.begin(), sorted.end());
+  if (sorted.front() < 0 || std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    throw_error<wire_error>("malformed exchange: the members are not distinct job ranks");
+  return members;
+}
 
 /// @brief Decodes one request body. Pure; the fuzz target's entry point.
 /// @throws wire_error on an unknown type, a truncated field, trailing bytes or out-of-range values
@@ -240,6 +258,7 @@ inline StoreRequest parse_request(std::span<const std::byte> body) {
       q.value = to_vector(r.bytes());
       if (q.world <= 0 || q.rank < 0 || q.rank >= q.world)
         throw_error<wire_error>("malformed exchange: rank ", q.rank, " of world size ", q.world);
+      if (r.remaining() > 0) q.members = parse_members(r, q.world);
       break;
     case Msg::bye: break;
     default: throw_error<wire_error>("unknown store request type ", static_cast<int>(t));
