@@ -4,6 +4,7 @@
 // failure markers, sequence mismatches, timeouts; and the DistributedState entry points.
 #include <accel/comm/collectives.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -408,4 +409,132 @@ TEST_CASE("DistributedState collectives create the CPU communicator from the lau
       return all;
     }));
   for (auto& f : ranks) REQUIRE(f.get() == std::vector<std::string>{"a", "b", "c", "d", "e"});
+}
+
+// ---- Groups: split() and grid_groups() ----
+
+namespace {
+// Every member's job rank, gathered over `group` (so the group's order shows).
+std::vector<int> job_ranks_of(Communicator& group, int job_rank) { return accel::gather_object(group, job_rank); }
+}  // namespace
+
+TEST_CASE("split orders each group by key then by rank and gives no_group ranks null", "[collectives][groups]") {
+  // Colors 0 1 0 1 0 and rank 5 in no group; keys 5 1 5 0 2: group 0 is ranks 4, 0, 2 (0 and 2 tie
+  // on key 5 and keep their order), group 1 is ranks 3, 1.
+  const std::vector<int> colors = {0, 1, 0, 1, 0, accel::no_group}, keys = {5, 1, 5, 0, 2, 9};
+  run_world_ok(6, [&](Communicator& world) {
+    const int r = world.rank();
+    const auto group = accel::split(world, colors[static_cast<std::size_t>(r)], keys[static_cast<std::size_t>(r)]);
+    if (r == 5) {
+      ACCEL_TEST_ENSURE(group == nullptr);
+    } else {
+      const std::vector<int> expected = colors[static_cast<std::size_t>(r)] == 0 ? std::vector<int>{4, 0, 2} : std::vector<int>{3, 1};
+      ACCEL_TEST_ENSURE(group != nullptr && group->is_group() && !world.is_group());
+      ACCEL_TEST_ENSURE(group->size() == static_cast<int>(expected.size()));
+      ACCEL_TEST_ENSURE(expected[static_cast<std::size_t>(group->rank())] == r);
+      ACCEL_TEST_ENSURE(job_ranks_of(*group, r) == expected);
+      for (int i = 0; i < group->size(); ++i) ACCEL_TEST_ENSURE(group->job_rank(i) == expected[static_cast<std::size_t>(i)]);
+      std::vector<int> sum = {r, 1};
+      accel::all_reduce<int>(*group, sum, accel::ReduceOp::sum);
+      ACCEL_TEST_ENSURE(sum == std::vector<int>{colors[static_cast<std::size_t>(r)] == 0 ? 6 : 4, group->size()});
+      // A group of a group: its job ranks are the job's, not the parent group's.
+      const auto sub = accel::split(*group, group->rank() == 0 ? accel::no_group : 0, -group->rank());
+      if (group->rank() != 0) {
+        std::vector<int> rest(expected.begin() + 1, expected.end());
+        std::reverse(rest.begin(), rest.end());
+        ACCEL_TEST_ENSURE(job_ranks_of(*sub, r) == rest);
+        ACCEL_TEST_ENSURE(sub->job_rank(0) == rest.front());
+      }
+    }
+    ACCEL_TEST_ENSURE(accel::gather_object(world, r).size() == 6);  // the world's rounds are unaffected
+  });
+}
+
+TEST_CASE("grid_groups gives each rank its stage group and its replica group", "[collectives][groups]") {
+  for (const auto& [replicas, stages] : std::vector<std::pair<int, int>>{{2, 2}, {1, 3}, {3, 2}}) {
+    INFO(replicas << " x " << stages);
+    run_world_ok(replicas * stages, [replicas = replicas, stages = stages](Communicator& world) {
+      const int r = world.rank();
+      const auto g = accel::grid_groups(world, replicas, stages);
+      ACCEL_TEST_ENSURE(g.replica == r / stages && g.stage == r % stages && g.replicas == replicas && g.stages == stages);
+      ACCEL_TEST_ENSURE(g.stage_group->size() == stages && g.stage_group->rank() == g.stage);
+      ACCEL_TEST_ENSURE(g.replica_group->size() == replicas && g.replica_group->rank() == g.replica);
+      for (int round = 0; round < 3; ++round) {  // interleaved: stage group, replica group, world
+        std::vector<int> stage_members, replica_members;
+        for (int s = 0; s < stages; ++s) stage_members.push_back(g.replica * stages + s);
+        for (int p = 0; p < replicas; ++p) replica_members.push_back(p * stages + g.stage);
+        ACCEL_TEST_ENSURE(job_ranks_of(*g.stage_group, r) == stage_members);
+        ACCEL_TEST_ENSURE(job_ranks_of(*g.replica_group, r) == replica_members);
+        ACCEL_TEST_ENSURE(job_ranks_of(world, r).size() == static_cast<std::size_t>(replicas * stages));
+      }
+    });
+  }
+}
+
+TEST_CASE("grid_groups refuses a grid that is not the world's size or differs across ranks", "[collectives][groups]") {
+  auto errors = run_world(4, [](Communicator& world) { accel::grid_groups(world, 3, 2); });
+  for (const auto& e : errors) {
+    REQUIRE(e);
+    CHECK_THROWS_AS(std::rethrow_exception(e), accel::usage_error);
+    CHECK_THAT(message(e), accel_test::contains("grid_groups: 3 replicas x 2 stages make 6 ranks, but the communicator has 4"));
+  }
+  errors = run_world(4, [](Communicator& world) { accel::grid_groups(world, world.rank() == 3 ? 1 : 2, world.rank() == 3 ? 4 : 2); });
+  for (const auto& e : errors) {
+    REQUIRE(e);
+    CHECK_THROWS_AS(std::rethrow_exception(e), accel::usage_error);
+    CHECK_THAT(message(e), accel_test::contains("the ranks pass different grids (replicas x stages): ranks 0, 1, 2 pass 2 x 2, rank 3 "
+                                                "passes 1 x 4"));
+  }
+  errors = run_world(3, [](Communicator& world) { accel::grid_groups(world, 0, 3); });
+  for (const auto& e : errors) CHECK_THAT(message(e), accel_test::contains("0 replicas x 3 stages; both must be at least 1"));
+}
+
+TEST_CASE("split with a bad color, or beside another collective, fails on every rank", "[collectives][groups]") {
+  auto errors = run_world(3, [](Communicator& world) { accel::split(world, world.rank() == 1 ? -5 : 0, 0); });
+  CHECK_THROWS_AS(std::rethrow_exception(errors[1]), accel::usage_error);
+  CHECK_THAT(message(errors[1]), accel_test::contains("split: color -5 is negative; pass a color of 0 or more, or accel::no_group"));
+  for (std::size_t r : {0u, 2u}) CHECK_THAT(message(errors[r]), accel_test::contains("rank 1 failed before split #1"));
+  errors = run_world(2, [](Communicator& world) {
+    if (world.rank() == 0) accel::split(world, 0, 0);
+    else accel::gather_object(world, 1);
+  });
+  for (const auto& e : errors) CHECK_THAT(message(e), accel_test::contains("collective mismatch at "));
+  for (const auto& e : errors) CHECK_THAT(message(e), accel_test::contains("rank 0 called split #1, rank 1 called gather_object #1"));
+}
+
+TEST_CASE("a group member that leaves is named by group rank and job rank to the rest of its group", "[collectives][groups]") {
+  // Groups {0, 2} and {1, 3}: job rank 3 leaves while job rank 1 waits for it; group {0, 2} goes on.
+  const auto errors = run_world(4, [](Communicator& world) {
+    const auto group = accel::split(world, world.rank() % 2, world.rank());
+    if (world.rank() == 3) return;
+    const auto all = accel::gather_object(*group, world.rank());
+    ACCEL_TEST_ENSURE(all.size() == 2);
+  });
+  REQUIRE(errors[0] == nullptr);
+  REQUIRE(errors[2] == nullptr);
+  REQUIRE(errors[3] == nullptr);
+  CHECK_THAT(message(errors[1]), accel_test::contains("group rank 1 (job rank 3) returned without joining gather_object #1"));
+}
+
+TEST_CASE("a failure marker inside a group names the group rank and the job rank", "[collectives][groups]") {
+  const auto errors = run_world(4, [](Communicator& world) {
+    const auto group = accel::split(world, world.rank() < 2 ? 0 : 1, -world.rank());  // {1, 0} and {3, 2}
+    accel::gather_object(*group, demo::Fragile{world.rank() == 3 ? 2 : 0});
+  });
+  CHECK_THAT(message(errors[3]), accel_test::contains("value 2 refuses to serialize"));
+  CHECK_THAT(message(errors[2]), accel_test::contains("group rank 0 (job rank 3) failed before gather_object #1"));
+  CHECK(errors[0] == nullptr);
+  CHECK(errors[1] == nullptr);
+}
+
+TEST_CASE("a one-process communicator splits into a group of one", "[collectives][groups]") {
+  accel::SoloCommunicator solo;
+  CHECK(accel::split(solo, accel::no_group, 0) == nullptr);
+  const auto g = accel::split(solo, 4, 7);
+  REQUIRE(g);
+  CHECK(g->size() == 1);
+  CHECK(g->rank_name(0) == "group rank 0 (job rank 0)");
+  CHECK(accel::gather_object(*g, 5) == std::vector<int>{5});
+  const auto grid = accel::grid_groups(solo, 1, 1);
+  CHECK(accel::gather_object(*grid.stage_group, 1) == std::vector<int>{1});
 }

@@ -6,7 +6,8 @@
 /// run_world(n, fn) starts n threads, each calling fn(comm) with its own ThreadCommunicator, and
 /// returns each rank's exception (null when it returned normally). A rank that returns or throws
 /// is "gone": ranks still waiting for it in a round get a comm_error naming it, as with real
-/// processes, so failure propagation is tested without sockets.
+/// processes, so failure propagation is tested without sockets. split() makes groups whose rounds
+/// are their own (a hub per group), and a gone rank is named in every group it belongs to.
 #pragma once
 
 #include <accel/comm/communicator.hpp>
@@ -26,34 +27,53 @@
 
 namespace accel_test {
 
-/// @brief The shared state of one thread world.
+/// @brief The shared state of one thread world, or of one group of it (split()): a group's hub
+/// shares the world's lock and knows which ranks are gone by their job ranks.
 class ThreadHub {
- public:
-  explicit ThreadHub(int n) : n_(n), gone_(static_cast<std::size_t>(n)) {}
+  struct World {
+    explicit World(int n) : gone(static_cast<std::size_t>(n)) {}
+    std::mutex m;
+    std::condition_variable cv;
+    std::vector<std::optional<std::string>> gone;                 ///< by job rank
+    std::map<std::string, std::shared_ptr<ThreadHub>> groups;     ///< by parent hub, split and color
+  };
 
-  /// @brief Marks a rank as finished (returned or threw) and wakes every waiter.
+ public:
+  explicit ThreadHub(int n) : world_(std::make_shared<World>(n)), n_(n) {}
+  ThreadHub(std::shared_ptr<World> world, std::vector<int> members)
+      : world_(std::move(world)), n_(static_cast<int>(members.size())), members_(std::move(members)) {}
+
+  /// @brief Marks a job rank as finished (returned or threw) and wakes every waiter, in every group.
   void leave(int rank, std::string how) {
-    std::lock_guard lock(m_);
-    gone_[static_cast<std::size_t>(rank)] = std::move(how);
-    cv_.notify_all();
+    std::lock_guard lock(world_->m);
+    world_->gone[static_cast<std::size_t>(rank)] = std::move(how);
+    world_->cv.notify_all();
+  }
+
+  /// @brief The hub of one group of a split of this hub: the first of its members to ask makes it.
+  std::shared_ptr<ThreadHub> group(std::uint64_t split_seq, int color, const std::vector<int>& job_ranks) {
+    std::lock_guard lock(world_->m);
+    auto& hub = world_->groups[accel::detail::concat(static_cast<const void*>(this), "/", split_seq, "/", color)];
+    if (!hub) hub = std::make_shared<ThreadHub>(world_, job_ranks);
+    return hub;
   }
 
   accel::Blobs deposit_and_wait(int rank, std::uint64_t seq, std::vector<std::byte> entry, const std::string& label,
                                 std::chrono::milliseconds timeout) {
-    std::unique_lock lock(m_);
+    std::unique_lock lock(world_->m);
     Slot& s = slots_[seq];
     if (s.entries.empty()) s.entries.resize(static_cast<std::size_t>(n_));
     s.entries[static_cast<std::size_t>(rank)] = std::move(entry);
     ++s.arrived;
-    cv_.notify_all();
+    world_->cv.notify_all();
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
       Slot& slot = slots_[seq];
       if (slot.arrived == n_) break;
       for (int r = 0; r < n_; ++r)
-        if (!slot.entries[static_cast<std::size_t>(r)] && gone_[static_cast<std::size_t>(r)])
-          accel::detail::throw_error<accel::comm_error>("rank ", r, " ", *gone_[static_cast<std::size_t>(r)], " without joining ", label);
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && slots_[seq].arrived < n_) {
+        if (const auto& gone = world_->gone[static_cast<std::size_t>(job_rank(r))]; !slot.entries[static_cast<std::size_t>(r)] && gone)
+          accel::detail::throw_error<accel::comm_error>(name(r), " ", *gone, " without joining ", label);
+      if (world_->cv.wait_until(lock, deadline) == std::cv_status::timeout && slots_[seq].arrived < n_) {
         std::string missing;
         for (int r = 0; r < n_; ++r)
           if (!slots_[seq].entries[static_cast<std::size_t>(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
@@ -73,11 +93,14 @@ class ThreadHub {
     int arrived = 0;
     int collected = 0;
   };
+  int job_rank(int r) const { return members_.empty() ? r : members_[static_cast<std::size_t>(r)]; }
+  std::string name(int r) const {
+    return members_.empty() ? accel::detail::concat("rank ", r) : accel::detail::concat("group rank ", r, " (job rank ", job_rank(r), ")");
+  }
+  std::shared_ptr<World> world_;
   int n_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::map<std::uint64_t, Slot> slots_;
-  std::vector<std::optional<std::string>> gone_;
+  std::vector<int> members_;  ///< a group's: the job rank of each of its ranks (empty: the world's)
+  std::map<std::uint64_t, Slot> slots_;  ///< guarded by world_->m
 };
 
 /// @brief One rank's communicator in a thread world.
@@ -88,6 +111,12 @@ class ThreadCommunicator final : public accel::Communicator {
   [[nodiscard]] std::string backend() const override { return "threads"; }
 
  protected:
+  std::shared_ptr<accel::Communicator> make_group(const accel::GroupSpec& spec) override {
+    if (spec.color == accel::no_group) return nullptr;
+    return std::make_shared<ThreadCommunicator>(hub_->group(spec.split_seq, spec.color, spec.job_ranks), spec.rank,
+                                                static_cast<int>(spec.members.size()), timeout());
+  }
+
   Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header,
                  const accel::Payload& payload) override {
     // Entry = u32 header size, header, payload (the same framing idea as the CPU backend).

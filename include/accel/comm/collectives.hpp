@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <new>
@@ -120,6 +121,88 @@ inline Communicator& communicator(DistributedState& state) {
   if (Communicator* c = state.communicator()) return *c;
   return init_communicator(state);
 }
+
+/// @name Groups
+///@{
+
+/// @brief The communicator of this rank's group (MPI_Comm_split): ranks passing the same `color`
+/// form a group, ordered by `key`, ties by rank in `comm`. Every collective works on it, and its
+/// rounds never mix with another group's or `comm`'s. Messages name a member as "group rank 1
+/// (job rank 3)".
+/// @param color 0 or more, or no_group: this rank joins no group and gets null
+/// @throws usage_error when a rank passes a negative color other than no_group (that rank; the
+///         others throw comm_error naming it); comm_error / timeout_error as any collective
+/// @note collective over `comm` (one round), then over each group (its setup)
+inline std::shared_ptr<Communicator> split(Communicator& comm, int color, int key) { return comm.split(color, key); }
+/// @copydoc split(Communicator&, int, int)
+inline std::shared_ptr<Communicator> split(DistributedState& state, int color, int key) { return split(communicator(state), color, key); }
+
+/// @brief This rank's groups in a grid of `replicas` x `stages` ranks (rank = replica * stages + stage).
+struct GridGroups {
+  std::shared_ptr<Communicator> stage_group;    ///< the `stages` ranks of this replica, in stage order (rank there = stage)
+  std::shared_ptr<Communicator> replica_group;  ///< the `replicas` ranks holding this stage, in replica order (rank there = replica)
+  int replica = 0;                              ///< this rank's replica: rank / stages
+  int stage = 0;                                ///< this rank's stage: rank % stages
+  int replicas = 0;
+  int stages = 0;
+};
+
+namespace detail {
+/// @brief Why `replicas` x `stages` is not a grid of `size` ranks ("" when it is). Pure.
+inline std::string grid_problem(int replicas, int stages, int size) {
+  if (replicas < 1 || stages < 1)
+    return concat("grid_groups: ", replicas, " replicas x ", stages, " stages; both must be at least 1");
+  if (static_cast<long long>(replicas) * stages != size)
+    return concat("grid_groups: ", replicas, " replicas x ", stages, " stages make ", static_cast<long long>(replicas) * stages,
+                  " ranks, but the communicator has ", size, "; pass replicas and stages whose product is ", size);
+  return {};
+}
+}  // namespace detail
+
+/// @brief The stage group and replica group of this rank in a `replicas` x `stages` grid over
+/// `world` (two split()s: by replica, then by stage).
+/// @throws usage_error on every rank when replicas * stages is not world.size() (naming the
+///         numbers) or the ranks pass different shapes (naming what each passed)
+/// @note collective over `world`
+inline GridGroups grid_groups(Communicator& world, int replicas, int stages) {
+  std::exception_ptr failure;
+  try {
+    if (auto problem = detail::grid_problem(replicas, stages, world.size()); !problem.empty()) detail::throw_error<usage_error>(problem);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  detail::WireWriter w;
+  w.i32(replicas).i32(stages);
+  const auto mine = w.take();
+  const Blobs all = world.all_gather("grid_groups", failure ? Payload() : Payload(mine), failure);
+  std::vector<std::string> shapes;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    try {
+      detail::WireReader rd(all[i]);
+      const int r = rd.i32(), s = rd.i32();
+      rd.expect_end();
+      shapes.push_back(detail::concat(r, " x ", s));
+    } catch (const detail::wire_error& e) {
+      detail::throw_error<comm_error>(world.rank_name(static_cast<int>(i)), " sent a malformed grid_groups entry (", e.what(), ")");
+    }
+  }
+  if (std::adjacent_find(shapes.begin(), shapes.end(), std::not_equal_to<>()) != shapes.end())
+    detail::throw_error<usage_error>("grid_groups: the ranks pass different grids (replicas x stages): ",
+                                     detail::ranks_by(shapes.size(), [&](std::size_t i) { return shapes[i]; }, "pass"),
+                                     "; pass the same on every rank");
+  GridGroups g;
+  g.replicas = replicas, g.stages = stages;
+  g.replica = world.rank() / stages, g.stage = world.rank() % stages;
+  g.stage_group = split(world, g.replica, g.stage);
+  g.replica_group = split(world, g.stage, g.replica);
+  return g;
+}
+/// @copydoc grid_groups(Communicator&, int, int)
+inline GridGroups grid_groups(DistributedState& state, int replicas, int stages) {
+  return grid_groups(communicator(state), replicas, stages);
+}
+
+///@}
 
 /// @name Synchronisation
 ///@{

@@ -16,7 +16,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
 #include <exception>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -72,6 +74,44 @@ inline std::string exception_message(const std::exception_ptr& e) {
 
 }  // namespace detail
 
+/// @brief The color of a rank that joins no group in split() (MPI_UNDEFINED): it gets null.
+inline constexpr int no_group = -1;
+
+/// @brief What a backend needs to make the communicator of this rank's group in a split
+/// (Communicator::make_group()). Every rank of the parent gets one, no_group ranks included.
+struct GroupSpec {
+  std::uint64_t split_seq = 0;  ///< the parent's round number of the split: the same on every rank, new for each split
+  int color = no_group;         ///< this rank's color; no_group: it joins no group
+  int rank = -1;                ///< this rank's rank in its group (-1 for no_group)
+  std::vector<int> members;     ///< the parent ranks of the group, in group rank order (empty for no_group)
+  std::vector<int> job_ranks;   ///< the job ranks of the same members
+};
+
+namespace detail {
+
+/// @brief What one rank says in a split's round.
+struct SplitEntry {
+  int color = no_group;
+  int key = 0;
+};
+
+/// @brief This rank's group in a split (pure, MPI_Comm_split's rule): the ranks of its color,
+/// ordered by key, ties by parent rank. `job_ranks` stays empty (the caller maps members).
+inline GroupSpec plan_group(std::span<const SplitEntry> all, int me) {
+  GroupSpec g;
+  g.color = all[static_cast<std::size_t>(me)].color;
+  if (g.color == no_group) return g;
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (all[i].color == g.color) g.members.push_back(static_cast<int>(i));
+  std::stable_sort(g.members.begin(), g.members.end(), [&](int a, int b) {
+    return all[static_cast<std::size_t>(a)].key < all[static_cast<std::size_t>(b)].key;
+  });
+  g.rank = static_cast<int>(std::find(g.members.begin(), g.members.end(), me) - g.members.begin());
+  return g;
+}
+
+}  // namespace detail
+
 /// @brief What one rank contributes to a round: its bytes, in two pieces that travel as one
 /// (`head` then `body`). The typed collectives put their encoding in `head` and point `body` at the
 /// value's own memory when it is plain data, so a large payload is not copied before it is sent.
@@ -114,6 +154,15 @@ class Communicator {
   [[nodiscard]] int rank() const noexcept { return rank_; }
   /// @brief Number of members.
   [[nodiscard]] int size() const noexcept { return size_; }
+  /// @brief The job rank of member `r`: `r` itself on the job's communicator, its place in the
+  /// job on a group's (split()).
+  [[nodiscard]] int job_rank(int r) const { return job_ranks_.empty() ? r : job_ranks_.at(static_cast<std::size_t>(r)); }
+  /// @brief Whether this is a group's communicator (made by split()) rather than the job's.
+  [[nodiscard]] bool is_group() const noexcept { return !job_ranks_.empty(); }
+  /// @brief How messages name member `r`: "rank 2", or "group rank 1 (job rank 3)" in a group.
+  [[nodiscard]] std::string rank_name(int r) const {
+    return is_group() ? detail::concat("group rank ", r, " (job rank ", job_rank(r), ")") : detail::concat("rank ", r);
+  }
   /// @brief Bound on every wait.
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   /// @brief "cpu", "nccl", "solo", "threads".
@@ -181,7 +230,64 @@ class Communicator {
   /// @brief True when the buffer collectives take device memory (NCCL), false for host memory.
   [[nodiscard]] virtual bool device_buffers() const noexcept { return false; }
 
+  /// @brief The communicator of this rank's group (MPI_Comm_split): the ranks that pass the same
+  /// `color` form a group, ordered by `key`, ties by rank here. One round hands every rank's
+  /// (color, key) to everyone, then the backend makes the group's communicator, whose rounds and
+  /// memory are its own: collectives of different groups (and of this communicator) never mix.
+  /// @param color 0 or more; no_group: this rank joins no group and gets null
+  /// @param key any number; orders the group
+  /// @throws usage_error on every rank when a rank passes a negative color other than no_group
+  ///         (on that rank; the others throw comm_error naming it)
+  /// @throws comm_error / timeout_error as all_gather() (a rank calling another collective meanwhile
+  ///         is a collective mismatch)
+  /// @note collective over this communicator; the group's own setup is collective over the group
+  std::shared_ptr<Communicator> split(int color, int key) {
+    std::exception_ptr failure;
+    try {
+      if (color < 0 && color != no_group)
+        detail::throw_error<usage_error>("split: color ", color, " is negative; pass a color of 0 or more, or accel::no_group (",
+                                         no_group, ") on a rank that joins no group");
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    detail::WireWriter w;
+    w.i32(color).i32(key);
+    const auto mine = w.take();
+    const Blobs all = all_gather("split", failure ? Payload() : Payload(mine), failure);
+    std::vector<detail::SplitEntry> entries;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      try {
+        detail::WireReader rd(all[i]);
+        detail::SplitEntry e{rd.i32(), rd.i32()};
+        rd.expect_end();
+        if (e.color < 0 && e.color != no_group) throw detail::wire_error(detail::concat("color ", e.color));
+        entries.push_back(e);
+      } catch (const detail::wire_error& e) {
+        detail::throw_error<comm_error>(rank_name(static_cast<int>(i)), " sent a malformed split entry (", e.what(), ")");
+      }
+    }
+    GroupSpec spec = detail::plan_group(entries, rank_);
+    spec.split_seq = seq_;
+    for (const int m : spec.members) spec.job_ranks.push_back(job_rank(m));
+    std::shared_ptr<Communicator> group = make_group(spec);
+    if (spec.color == no_group) return nullptr;
+    const int want = static_cast<int>(spec.members.size());
+    if (!group || group->rank() != spec.rank || group->size() != want)
+      detail::throw_error<comm_error>(backend(), " backend made ", group ? detail::concat("rank ", group->rank(), " of ", group->size())
+                                                                        : std::string("no communicator"),
+                                      " for group rank ", spec.rank, " of ", want, " (color ", color, ")");
+    group->job_ranks_ = spec.job_ranks;
+    return group;
+  }
+
  protected:
+  /// @brief Makes the communicator of this rank's group in a split (called on every rank of this
+  /// communicator, in step, right after the split's round). Returns null for a no_group rank (a
+  /// backend whose split is collective over the parent, as NCCL's, takes part first); otherwise a
+  /// communicator of rank spec.rank among spec.members.size() whose rounds use names, keys and
+  /// memory of their own.
+  virtual std::shared_ptr<Communicator> make_group(const GroupSpec& spec) = 0;
+
   /// @param rank this member's rank; @param size members; @param timeout bound on every wait
   /// @throws usage_error when rank is not in [0, size)
   Communicator(int rank, int size, std::chrono::milliseconds timeout) : rank_(rank), size_(size), timeout_(timeout) {
@@ -273,13 +379,13 @@ class Communicator {
     int failures = 0;
     for (std::size_t i = 0; i < all.size(); ++i)
       if (all[i].failed) {
-        failed_ranks += detail::concat(failures ? ", " : "", i);
-        messages += detail::concat(failures++ ? "; " : "", "rank ", i, ": ", all[i].failure);
+        failed_ranks += detail::concat(failures ? ", " : "", i, is_group() ? detail::concat(" (job rank ", job_rank(static_cast<int>(i)), ")") : "");
+        messages += detail::concat(failures++ ? "; " : "", rank_name(static_cast<int>(i)), ": ", all[i].failure);
       }
     if (failure) std::rethrow_exception(failure);
     if (failures)
-      detail::throw_error<comm_error>(failures == 1 ? "rank " : "ranks ", failed_ranks, " failed before ", label, " and joined it with a "
-                                      "failure marker, so no result can be returned (", messages, ")");
+      detail::throw_error<comm_error>(is_group() ? "group " : "", failures == 1 ? "rank " : "ranks ", failed_ranks, " failed before ", label,
+                                      " and joined it with a failure marker, so no result can be returned (", messages, ")");
     return std::move(r.payloads);
   }
 
@@ -289,7 +395,7 @@ class Communicator {
     if (same) return;
     std::string calls;
     for (std::size_t i = 0; i < all.size(); ++i)
-      calls += detail::concat(i ? ", " : "", "rank ", i, " called ", all[i].op, " #", all[i].seq,
+      calls += detail::concat(i ? ", " : "", rank_name(static_cast<int>(i)), " called ", all[i].op, " #", all[i].seq,
                               all[i].root >= 0 ? detail::concat(" (root ", all[i].root, ")") : std::string());
     detail::throw_error<comm_error>("collective mismatch at ", label, ": ", calls,
                                     "; every rank must call the same collectives in the same order (a collective inside "
@@ -301,6 +407,7 @@ class Communicator {
   std::chrono::milliseconds timeout_;
   std::uint64_t seq_ = 0;
   std::vector<std::byte> send_buffer_;
+  std::vector<int> job_ranks_;  ///< a group's: the job rank of each member (empty on the job's communicator)
 };
 
 /// @brief The communicator of a one-process job: every collective returns this process's own data.
@@ -310,6 +417,12 @@ class SoloCommunicator final : public Communicator {
   [[nodiscard]] std::string backend() const override { return "solo"; }
 
  protected:
+  /// A group of one: a communicator of its own, which behaves as this one.
+  std::shared_ptr<Communicator> make_group(const GroupSpec& spec) override {
+    if (spec.color == no_group) return nullptr;
+    return std::make_shared<SoloCommunicator>(timeout());
+  }
+
   Round exchange(std::uint64_t, const std::string&, std::span<const std::byte> header, const Payload& payload) override {
     Round r;
     r.headers.push_back(header);

@@ -31,8 +31,10 @@
 #include <functional>
 #include <memory>
 #include <new>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -83,7 +85,12 @@ class CpuCommunicator final : public Communicator {
   /// @param store the job's store (connect_job_store())
   /// @throws comm_error / timeout_error when a rank does not join within the store's timeout
   CpuCommunicator(std::shared_ptr<StoreClient> store, int rank, int size, CpuCommOptions options = {})
-      : Communicator(rank, size, store->timeout()), store_(std::move(store)), options_(std::move(options)) {
+      : CpuCommunicator(std::move(store), rank, size, std::move(options), {}) {}
+
+ private:
+  // A group's communicator (make_group) names its members' job ranks, so the store watches them.
+  CpuCommunicator(std::shared_ptr<StoreClient> store, int rank, int size, CpuCommOptions options, std::vector<int> members)
+      : Communicator(rank, size, store->timeout()), store_(std::move(store)), options_(std::move(options)), members_(std::move(members)) {
     const char* env = std::getenv("ACCEL_CPU_SHM");
     if (env && (std::string(env) == "0" || std::string(env) == "false" || std::string(env) == "off")) options_.use_shm = false;
     // Rank 0 draws a generation number so a communicator re-created under the same name never
@@ -106,7 +113,7 @@ class CpuCommunicator final : public Communicator {
       if (!slots_->create()) slots_.reset();  // no shared memory here: the store carries every round
     }
     w.str(slots_ ? slots_->segment() : std::string());
-    const Blobs all = store_->exchange(base_key() + "setup", rank, size, w.take(), "communicator setup (" + options_.name + ")");
+    const Blobs all = store_exchange(base_key() + "setup", w.take(), "communicator setup (" + options_.name + ")");
     same_machine_ = true;
     std::vector<detail::ShmBufferEngine::Peer> peers;
     std::vector<std::uint64_t> chunks, round_bytes;
@@ -116,7 +123,7 @@ class CpuCommunicator final : public Communicator {
       detail::WireReader rd(all[i]);
       same_machine_ = same_machine_ && rd.str() == me;
       const auto gen = rd.u64();
-      if (i == 0) prefix_ = base_key() + std::to_string(gen) + "/";
+      if (i == 0) generation_ = gen, prefix_ = base_key() + std::to_string(gen) + "/";
       auto& p = peers.emplace_back();
       p.segment = rd.str();
       p.pid = rd.i64();
@@ -150,6 +157,7 @@ class CpuCommunicator final : public Communicator {
     }
   }
 
+ public:
   /// @brief Says this rank is done; if its last round went through shared memory, first waits
   /// (bounded) until every rank is done too, so nobody is left reading a segment being unlinked.
   ~CpuCommunicator() override {
@@ -173,6 +181,16 @@ class CpuCommunicator final : public Communicator {
   [[nodiscard]] StoreClient& store() const noexcept { return *store_; }
 
  protected:
+  /// A CpuCommunicator on the same store, named after this one (its instance) and the split, so
+  /// its keys and shared-memory segments are its own.
+  std::shared_ptr<Communicator> make_group(const GroupSpec& spec) override {
+    if (spec.color == no_group) return nullptr;
+    CpuCommOptions o = options_;
+    o.name = detail::concat(options_.name, "/", generation_, "/split", spec.split_seq, "/", spec.color);
+    return std::shared_ptr<CpuCommunicator>(
+        new CpuCommunicator(store_, spec.rank, static_cast<int>(spec.members.size()), std::move(o), spec.job_ranks));
+  }
+
   void prepare_buffers(const BufferCall&) override {
     if (buffers_) buffers_->prepare();
   }
@@ -192,7 +210,7 @@ class CpuCommunicator final : public Communicator {
       } catch (const detail::shm_peer_left&) {
         // The peer never joins this round's store key either: the store says how it left
         // (exited, crashed, never joined), as it does for rounds that travel through it.
-        store_->exchange(key(std::to_string(seq)), rank(), size(), std::span<const std::byte>(), label);
+        store_exchange(key(std::to_string(seq)), std::span<const std::byte>(), label);
         throw;
       }
     }
@@ -212,7 +230,7 @@ class CpuCommunicator final : public Communicator {
     else if (!seg)
       w.u8(2).u64(payload.size()).bytes(slice(payload, 0, piece, scratch));
     const auto entry = w.take();
-    Blobs all = store_->exchange(key(std::to_string(seq)), rank(), size(), entry, label);
+    Blobs all = store_exchange(key(std::to_string(seq)), entry, label);
 
     Round r;
     struct Part {
@@ -337,7 +355,7 @@ class CpuCommunicator final : public Communicator {
       w.u8(problem.empty() ? 0 : 1).str(problem);
       w.bytes(problem.empty() ? slice(mine, from, length, scratch) : std::span<const std::byte>());
       const std::string what = detail::concat(label, ", piece ", k + 1, " of ", rounds + 1);
-      const Blobs all = store_->exchange(key(detail::concat(seq, ".", k)), rank(), size(), w.take(), what);
+      const Blobs all = store_exchange(key(detail::concat(seq, ".", k)), w.take(), what);
       std::vector<std::string> problems;
       std::vector<std::span<const std::byte>> got(all.size());
       for (std::size_t i = 0; i < all.size(); ++i) {
@@ -364,11 +382,17 @@ class CpuCommunicator final : public Communicator {
     return buffer;
   }
 
+  // One round among this communicator's ranks through the store (a group's names its job ranks).
+  Blobs store_exchange(const std::string& k, std::span<const std::byte> value, std::string_view label) {
+    return store_->exchange(k, rank(), size(), value, label, std::nullopt, members_);
+  }
   std::string base_key() const { return "accel/comm/" + options_.name + "/"; }
   std::string key(const std::string& what) const { return prefix_ + what; }
 
   std::shared_ptr<StoreClient> store_;
   CpuCommOptions options_;
+  std::vector<int> members_;  ///< a group's: the job rank of each rank (empty: the job's ranks)
+  std::uint64_t generation_ = 0;  ///< this instance's number among communicators of its name
   std::string prefix_;  ///< store key prefix of this communicator instance
   bool same_machine_ = false;
   std::uint64_t last_shm_round_ = 0;  ///< the latest round whose payload went through our segments
