@@ -27,6 +27,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -70,6 +71,12 @@ struct NcclApi {
   cudaError_t (*memcpy_async)(void*, const void*, std::size_t, cudaMemcpyKind, cudaStream_t) = &cudaMemcpyAsync;
   ncclResult_t (*get_unique_id)(ncclUniqueId*) = &ncclGetUniqueId;
   ncclResult_t (*comm_init_rank_config)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_t*) = &ncclCommInitRankConfig;
+  /// ncclCommSplit where NCCL has it (2.18 on); null: split() creates groups from a unique id instead
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0)
+  ncclResult_t (*comm_split)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*) = &ncclCommSplit;
+#else
+  ncclResult_t (*comm_split)(ncclComm_t, int, int, ncclComm_t*, ncclConfig_t*) = nullptr;
+#endif
   ncclResult_t (*comm_get_async_error)(ncclComm_t, ncclResult_t*) = &ncclCommGetAsyncError;
   ncclResult_t (*comm_finalize)(ncclComm_t) = &ncclCommFinalize;
   ncclResult_t (*comm_destroy)(ncclComm_t) = &ncclCommDestroy;
@@ -195,6 +202,7 @@ class NcclCommunicator final : public Communicator {
         detail::throw_error<comm_error>("the ncclUniqueId from rank 0 has ", got.size(), " bytes, ", sizeof id.internal, " expected");
       std::memcpy(id.internal, got.data(), got.size());
     }
+    generation_ = generation;
     prefix_ = "accel/nccl/" + options_.name + "/" + std::to_string(generation) + "/";
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // so every wait below can be bounded and the communicator aborted
@@ -226,6 +234,62 @@ class NcclCommunicator final : public Communicator {
   [[nodiscard]] bool device_buffers() const noexcept override { return true; }
 
  protected:
+  /// The group's NCCL communicator: ncclCommSplit (every rank of this one takes part, no_group
+  /// ranks with NCCL_SPLIT_NOCOLOR), or where NCCL lacks it, ncclCommInitRank with a unique id
+  /// that the group's rank 0 hands out in one round of this communicator. Its store keys are named
+  /// after this instance, the split and the color.
+  std::shared_ptr<Communicator> make_group(const GroupSpec& spec) override {
+#if ACCEL_HAS_NCCL()
+    const NcclApi& api = *options_.api;
+    const bool member = spec.color != no_group;
+    const int group_size = static_cast<int>(spec.members.size());
+    NcclCommOptions o = options_;
+    o.name = detail::concat(options_.name, "/", generation_, "/split", spec.split_seq, "/", spec.color);
+    ncclComm_t child = nullptr;
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    if (api.comm_split) {
+      std::unique_lock lock(mutex_);
+      throw_if_aborted("split");
+      detail::CurrentDevice on(api, device_);
+      nccl(api.comm_split(comm_, member ? spec.color : NCCL_SPLIT_NOCOLOR, spec.rank, &child, &config), "ncclCommSplit");
+      if (!member) wait_comm("ncclCommSplit");  // the group's own members wait on their new communicator
+    } else {
+      ncclUniqueId id{};
+      std::exception_ptr failure;
+      if (spec.rank == 0) {
+        try {
+          detail::CurrentDevice on(api, device_);
+          nccl(api.get_unique_id(&id), "ncclGetUniqueId");
+        } catch (...) {
+          failure = std::current_exception();
+        }
+      }
+      const auto mine = std::as_bytes(std::span<const char>(id.internal, spec.rank == 0 ? sizeof id.internal : 0));
+      const Blobs all = all_gather("split.nccl_id", mine, failure);
+      if (!member) return nullptr;
+      const auto got = all[static_cast<std::size_t>(spec.members.front())];
+      if (got.size() != sizeof id.internal)
+        detail::throw_error<comm_error>("the ncclUniqueId from ", rank_name(spec.members.front()), " has ", got.size(), " bytes, ",
+                                        sizeof id.internal, " expected");
+      std::memcpy(id.internal, got.data(), got.size());
+      detail::CurrentDevice on(api, device_);
+      const ncclResult_t rc = api.comm_init_rank_config(&child, group_size, id, spec.rank, &config);
+      if (rc != ncclSuccess && rc != ncclInProgress) {
+        if (child) (void)api.comm_abort(child);
+        throw nccl_error(static_cast<int>(rc), detail::concat("ncclCommInitRankConfig failed for group rank ", spec.rank, " of ",
+                                                              group_size, ": ", api.result_string(rc)));
+      }
+    }
+    if (!member) return nullptr;
+    return std::shared_ptr<NcclCommunicator>(new NcclCommunicator(store_, spec.rank, group_size, device_, timeout(), std::move(o),
+                                                                  spec.job_ranks, child));
+#else
+    (void)spec;
+    detail::throw_error<unavailable_error>("NCCL is not compiled in");
+#endif
+  }
+
   Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header, const Payload& payload) override {
 #if ACCEL_HAS_NCCL()
     {
@@ -253,7 +317,7 @@ class NcclCommunicator final : public Communicator {
       detail::WireWriter w;
       w.bytes(header).u64(payload.size());
       if (small) w.bytes(payload.size() == payload.head.size() ? payload.head : std::span<const std::byte>(payload.joined()));
-      all = store_->exchange(prefix_ + std::to_string(seq), rank(), size(), w.take(), label);
+      all = store_->exchange(prefix_ + std::to_string(seq), rank(), size(), w.take(), label, std::nullopt, members_);
       for (std::size_t i = 0; i < all.size(); ++i) {
         detail::WireReader rd(all[i]);
         r.headers.push_back(rd.bytes());
@@ -336,6 +400,25 @@ class NcclCommunicator final : public Communicator {
 
  private:
 #if ACCEL_HAS_NCCL()
+  // A group's communicator around `comm`, just created by make_group (maybe still initialising).
+  NcclCommunicator(std::shared_ptr<StoreClient> store, int rank, int size, int device, std::chrono::milliseconds timeout,
+                   NcclCommOptions options, std::vector<int> members, ncclComm_t comm)
+      : Communicator(rank, size, timeout), store_(std::move(store)), options_(std::move(options)), device_(device),
+        members_(std::move(members)) {
+    const NcclApi& api = *options_.api;
+    comm_ = comm;
+    prefix_ = "accel/nccl/" + options_.name + "/";
+    try {
+      ACCEL_EXPECTS(size == 1 || store_, "NcclCommunicator: a store is required for ", size, " ranks");
+      detail::CurrentDevice on(api, device_);
+      wait_comm("the group's NCCL communicator");
+      cuda(api.stream_create(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
   void cuda(cudaError_t rc, const char* call) {
     if (rc == cudaSuccess) return;
     const NcclApi& api = *options_.api;
@@ -518,10 +601,12 @@ class NcclCommunicator final : public Communicator {
   std::size_t send_bytes_ = 0, recv_bytes_ = 0;
   bool aborted_ = false;
   std::string prefix_;  ///< store key prefix of this instance: accel/nccl/<name>/<generation>/
+  std::uint64_t generation_ = 0;  ///< this instance's number among communicators of its name (0 for a group's)
 #endif
   std::shared_ptr<StoreClient> store_;
   NcclCommOptions options_;
   int device_;
+  std::vector<int> members_;  ///< a group's: the job rank of each rank (empty: the job's ranks)
 };
 
 ACCEL_NAMESPACE_END
