@@ -220,3 +220,42 @@ TEST_CASE("store core: a finished exchange of large values leaves no copy of the
   // What stays is bounded by the receive buffers' small retained capacity, not by the values.
   REQUIRE(h.core.retained_bytes() <= 2 * accel::detail::FrameAssembler::retained_capacity);
 }
+
+namespace {
+// A group's exchange: `members` are the job ranks of its slots.
+std::vector<std::byte> group_exchange(int rank, const std::vector<int>& members, const std::string& label) {
+  WireWriter w(Msg::exchange);
+  w.str("g/" + label).i32(rank).i32(static_cast<int>(members.size())).u64(300'000).str(label).str("v");
+  w.u32(static_cast<std::uint32_t>(members.size()));
+  for (int m : members) w.i32(m);
+  return w.finish();
+}
+}  // namespace
+
+TEST_CASE("store core: a group's exchange watches its members' job ranks, not the slots' numbers", "[store][groups]") {
+  Harness h(60s, 4);
+  for (StoreCore::ConnId id : {1u, 2u, 3u, 4u}) h.join(id, static_cast<int>(id) - 1, h.at(0ms), 4);
+  h.send(3, group_exchange(0, {2, 3}, "gather_object #1"), h.at(1s));  // job rank 2 as group rank 0
+  h.bye(2, h.at(2s)), h.core.closed(2, h.at(2s)), h.core.resume(h.at(2s));  // job rank 1 leaves: not a member
+  REQUIRE(h.replies(3).empty());
+  h.core.closed(4, h.at(3s));  // job rank 3 dies
+  h.core.resume(h.at(3s));
+  const auto r = h.replies(3);
+  REQUIRE(r.at(0).kind == FailureKind::peer_gone);
+  REQUIRE_THAT(r.at(0).message, accel_test::contains("group rank 1 (job rank 3) lost its connection to the store without saying goodbye"));
+}
+
+TEST_CASE("store core: a group's members must agree and match the joining connection's rank", "[store][groups]") {
+  Harness h(60s, 4);
+  for (StoreCore::ConnId id : {1u, 2u, 3u, 4u}) h.join(id, static_cast<int>(id) - 1, h.at(0ms), 4);
+  h.send(1, group_exchange(0, {0, 2}, "barrier #1"), h.at(1s));
+  h.send(3, group_exchange(1, {0, 3}, "barrier #1"), h.at(1s));
+  const auto r = h.replies(3);
+  REQUIRE(r.at(0).kind == FailureKind::mismatch);
+  REQUIRE_THAT(r.at(0).message, accel_test::contains("rank 1 joined barrier #1 with members [0, 3] but others use [0, 2]"));
+  REQUIRE(h.replies(1).at(0).kind == FailureKind::mismatch);
+  h.send(2, group_exchange(0, {3, 1}, "barrier #2"), h.at(2s));  // job rank 1 claims job rank 3's place
+  REQUIRE_THAT(h.replies(2).at(0).message, accel_test::contains("job rank 1 joined barrier #2 as group rank 0, which is job rank 3's place"));
+  CHECK_THROWS_AS(accel::detail::parse_request(std::span<const std::byte>(group_exchange(0, {1, 1}, "x")).subspan(4)),
+                  accel::detail::wire_error);
+}
