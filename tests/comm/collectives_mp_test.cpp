@@ -211,7 +211,7 @@ TEST_CASE("the real accel launch runs a gathering job", "[collectives][mp]") {
   REQUIRE(p.out(0) == expected_gather_output(3));
 }
 
-TEST_CASE("accel launch: a 2 x 2 grid runs collectives in its stage groups, replica groups and the world, interleaved",
+TEST_CASE("accel launch: a 2 x 2 grid runs collectives in its stage groups and replica groups and the world interleaved",
           "[collectives][mp][groups]") {
   const std::string groups_child = std::string(ACCEL_TEST_CHILD_DIR) + "/groups_child";
   Processes p;
@@ -226,7 +226,7 @@ TEST_CASE("accel launch: a 2 x 2 grid runs collectives in its stage groups, repl
           "rank 3 replica 1 stage 1: stage group members=2,3 sum=7, replica group members=1,3 sum=6, world members=0,1,2,3 sum=10\n");
 }
 
-TEST_CASE("a rank that dies while its group waits is named by group rank and job rank, the other group is unaffected",
+TEST_CASE("a rank that dies while its group waits is named by group rank and job rank and the other group is unaffected",
           "[collectives][mp][groups]") {
   const std::string groups_child = std::string(ACCEL_TEST_CHILD_DIR) + "/groups_child";
   Processes q;

@@ -489,7 +489,7 @@ TEST_CASE("grid_groups refuses a grid that is not the world's size or differs ac
   for (const auto& e : errors) CHECK_THAT(message(e), accel_test::contains("0 replicas x 3 stages; both must be at least 1"));
 }
 
-TEST_CASE("split with a bad color, or beside another collective, fails on every rank", "[collectives][groups]") {
+TEST_CASE("split with a bad color or beside another collective fails on every rank", "[collectives][groups]") {
   auto errors = run_world(3, [](Communicator& world) { accel::split(world, world.rank() == 1 ? -5 : 0, 0); });
   CHECK_THROWS_AS(std::rethrow_exception(errors[1]), accel::usage_error);
   CHECK_THAT(message(errors[1]), accel_test::contains("split: color -5 is negative; pass a color of 0 or more, or accel::no_group"));

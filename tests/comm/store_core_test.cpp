@@ -232,7 +232,7 @@ std::vector<std::byte> group_exchange(int rank, const std::vector<int>& members,
 }
 }  // namespace
 
-TEST_CASE("store core: a group's exchange watches its members' job ranks, not the slots' numbers", "[store][groups]") {
+TEST_CASE("store core: a group's exchange watches its members' job ranks rather than the slots' numbers", "[store][groups]") {
   Harness h(60s, 4);
   for (StoreCore::ConnId id : {1u, 2u, 3u, 4u}) h.join(id, static_cast<int>(id) - 1, h.at(0ms), 4);
   h.send(3, group_exchange(0, {2, 3}, "gather_object #1"), h.at(1s));  // job rank 2 as group rank 0
