@@ -208,17 +208,6 @@ def record(torch, transformers, arch, covers, overrides, log, slow_build_s=None)
 
 # ---------------------------------------------------------------------------------------------
 
-def read_cache(path):
-    out = {}
-    if path and os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                if line.strip():
-                    r = json.loads(line)
-                    out[r["architecture"]] = r
-    return out
-
-
 def document(results, classes, versions):
     """The fixture: shared configs, one record per class (failures listed with the reason)."""
     configs, records, failed = {}, [], []
@@ -285,7 +274,7 @@ def main():
     classes = sorted(a["architecture"] for a in catalog["architectures"])
     if args.only is not None:
         classes = [c.strip() for c in args.only.split(",") if c.strip()]
-    results = {a: r for a, r in read_cache(args.cache).items() if a in classes} if args.only is None else {}
+    results = {a: r for a, r in gen_catalog.read_cache(args.cache).items() if a in classes} if args.only is None else {}
     todo = [a for a in classes if a not in results]
     log(f"{len(classes)} classes, {len(results)} from the cache, {len(todo)} to record with {args.jobs} workers")
     cache_file = open(args.cache, "a") if args.cache and args.only is None else None
