@@ -53,7 +53,7 @@ const std::string split_buffer_dropped =
     "dispatch_model's check_device_map refuses that map; accel places the buffer with its module's parts";
 const std::string fp32_sized_at_16_bits =
     "the class keeps modules in float32 when loaded in float16 (keep_in_fp32_modules: T5's feed-forward `wo`, AXK2's "
-    "`gate.weight`); transformers 5.25 sizes the map on the model built in float16 and upcasts them only while loading, "
+    "`indexer.weights_proj`); transformers 5.25 sizes the map on the model built in float16 and upcasts them only while loading, "
     "so its blocks count 2 bytes per element of them and its fill can pass a budget; accel sizes them as loaded (4 bytes)";
 const std::string fp16 = "sequential_gpu_cpu_disk_fp16_from_fp32";
 const std::map<std::pair<std::string, std::string>, std::string> known_differences = {
