@@ -1016,6 +1016,34 @@ def read_cache(path):
     return out
 
 
+def run_cached(classes, jobs, timeout_s, slow_build_s, cache_path, log, quiet=True, work=None, verb="build",
+               failed="skipped"):
+    """{class: result} for every class: from the cache (JSON lines at cache_path; None: none), and by
+    build_all (work, describe unless given) for those it lacks, each result appended to it and logged
+    as it comes."""
+    results = {a: r for a, r in read_cache(cache_path).items() if a in classes}
+    todo = [a for a in classes if a not in results]
+    log(f"{len(classes)} classes, {len(results)} from the cache, {len(todo)} to {verb} with {jobs} workers")
+    cache_file = open(cache_path, "a") if cache_path else None
+
+    def on_result(r):
+        results[r["architecture"]] = r
+        status = "ok" if "entry" in r else f"{failed}: " + r["reason"]
+        log(f"[{len(results)}/{len(classes)}] {r['architecture']} ({r['seconds']} s) {status}")
+        for line in r["log"]:
+            log(line)
+        if cache_file:
+            cache_file.write(json.dumps(r) + "\n")
+            cache_file.flush()
+
+    try:
+        build_all(todo, jobs, timeout_s, slow_build_s, on_result, quiet=quiet, work=work)
+    finally:
+        if cache_file:
+            cache_file.close()
+    return results
+
+
 def write_embedded(json_path=JSON_PATH, hpp_path=HPP_PATH):
     with open(json_path) as f:
         text = f.read()
@@ -1080,25 +1108,8 @@ def main():
     classes = sorted({c for names in mappings.values() for c in names})
     if args.only is not None:
         classes = [c.strip() for c in args.only.split(",") if c.strip()]
-    cache = read_cache(args.cache) if args.only is None else {}
-    results = {a: r for a, r in cache.items() if a in classes}
-    todo = [a for a in classes if a not in results]
-    log(f"{len(classes)} classes, {len(results)} from the cache, {len(todo)} to build with {args.jobs} workers")
-    cache_file = open(args.cache, "a") if args.cache and args.only is None else None
-
-    def on_result(r):
-        results[r["architecture"]] = r
-        status = "ok" if "entry" in r else "skipped: " + r["reason"]
-        log(f"[{len(results)}/{len(classes)}] {r['architecture']} ({r['seconds']} s) {status}")
-        for line in r["log"]:
-            log(line)
-        if cache_file:
-            cache_file.write(json.dumps(r) + "\n")
-            cache_file.flush()
-
-    build_all(todo, args.jobs, args.timeout, SLOW_BUILD_S, on_result, quiet=not args.verbose)
-    if cache_file:
-        cache_file.close()
+    results = run_cached(classes, args.jobs, args.timeout, SLOW_BUILD_S, args.cache if args.only is None else None, log,
+                         quiet=not args.verbose)
     for a in SKIP_ON_PURPOSE:
         if a in results:
             results[a] = {"architecture": a, "reason": SKIP_ON_PURPOSE[a]}

@@ -274,22 +274,8 @@ def main():
     classes = sorted(a["architecture"] for a in catalog["architectures"])
     if args.only is not None:
         classes = [c.strip() for c in args.only.split(",") if c.strip()]
-    results = {a: r for a, r in gen_catalog.read_cache(args.cache).items() if a in classes} if args.only is None else {}
-    todo = [a for a in classes if a not in results]
-    log(f"{len(classes)} classes, {len(results)} from the cache, {len(todo)} to record with {args.jobs} workers")
-    cache_file = open(args.cache, "a") if args.cache and args.only is None else None
-
-    def on_result(r):
-        results[r["architecture"]] = r
-        status = "ok" if "entry" in r else "failed: " + r["reason"]
-        log(f"[{len(results)}/{len(classes)}] {r['architecture']} ({r['seconds']} s) {status}")
-        if cache_file:
-            cache_file.write(json.dumps(r) + "\n")
-            cache_file.flush()
-
-    gen_catalog.build_all(todo, args.jobs, args.timeout, None, on_result, work=record)
-    if cache_file:
-        cache_file.close()
+    results = gen_catalog.run_cached(classes, args.jobs, args.timeout, None, args.cache if args.only is None else None, log,
+                                     work=record, verb="record", failed="failed")
     versions = {"transformers": transformers.__version__, "accelerate": accelerate.__version__,
                 "torch": torch.__version__.split("+")[0]}
     doc = document(results, classes, versions)
