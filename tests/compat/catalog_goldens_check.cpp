@@ -17,7 +17,6 @@
 // Exit 0 when every scenario is identical or listed in known_differences (with the reason) and
 // still differs; 1 otherwise, naming each class, scenario and a few keys.
 #include <fcntl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,6 +38,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "support/run_command.hpp"
 
 namespace {
 
@@ -194,16 +195,6 @@ std::string quoted(const std::string& s) {
   return out + "'";
 }
 
-std::pair<int, std::string> run(const std::string& command) {
-  std::string out;
-  FILE* p = ::popen(command.c_str(), "r");
-  if (!p) return {-1, out};
-  char buf[65536];
-  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int raw = ::pclose(p);
-  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : 128 + WTERMSIG(raw), out};
-}
-
 // The device of `name` under a map: the longest key that is the name or a dotted prefix of it, else "".
 const json* device_of(const std::string& name, const std::unordered_map<std::string, json>& map) {
   std::string key = name;
@@ -260,7 +251,7 @@ Outcome check_class(const std::string& accel, const json& fixture, const json& r
     if (scenario["dtype"] != "auto") cmd += " --dtype " + quoted(scenario["dtype"]);
     if (fallback) cmd += " --no-catalog --json-report";
     cmd += " 2>" + quoted((dir / "stderr").string());
-    const auto [status, out] = run(cmd);
+    const auto [status, out] = accel_test::run_command(cmd);
     std::string err;
     {
       std::ifstream in(dir / "stderr");
