@@ -13,7 +13,8 @@ what from_pretrained knows and checkpoint headers do not:
     each class's child names in registration order; the parameters a module creates in a dtype
     of its own, which the strict keep-in-fp32 list does not cover); how many blocks a numbered
     container holds, as an expression over config.json (`num_hidden_layers`);
-  - tied parameter groups, for tie_word_embeddings true and false;
+  - tied parameter groups, for tie_word_embeddings true and false (a config without the flag,
+    such as EncoderDecoderConfig, gets the ties its sub-models make by default under both);
   - buffers (persistent or not) with shapes as expressions over config.json and a dtype
     ("model" when it follows the load dtype); a block whose computed buffer differs from its
     template's first (LeViT's stages) gets an entry by its own name, which replaces the template there;
@@ -190,6 +191,122 @@ def template(name):
     letters, out = iter("ijklmnopq"), []
     for part in name.split(".") if name else []:
         out.append("{" + next(letters) + "}" if part.isdigit() else part)
+    return ".".join(out)
+
+
+def tie_group_templates(tied, model):
+    """transformers' tie groups ({tied name: the name it shares}, all_tied_weights_keys) as
+    templates. A group stands for one group per value of its placeholders, which share a value
+    across its names: `{i}` ranges over the blocks of the container it numbers (all the containers
+    it numbers, where it appears more than once), `{i+1}` is that value plus one. Groups alike but
+    for their numbers become one template where the blocks' count reproduces them exactly
+    (Bark's `fine_acoustics.lm_heads.{i}` with `fine_acoustics.input_embeds_layers.{i+1}`);
+    numbers that do not vary are written out (Udop's `encoder.relative_bias.biases.0` with
+    `encoder.block.0.layer.0.SelfAttention.relative_attention_bias`, not every block's), and
+    groups no template reproduces are written out one by one. A group of one template (a module
+    several blocks share) stays that template, repeated: every block the model builds of it."""
+    groups = collections.defaultdict(set)
+    for name, source in tied.items():
+        groups[source].update((name, source))
+
+    def numbers(n):
+        return [int(p) for p in n.split(".") if p.isdigit()]
+
+    def count(path):
+        try:
+            return len(model.get_submodule(path))
+        except Exception:  # noqa: BLE001  (not a container)
+            return None
+
+    families = collections.OrderedDict()
+    for members in groups.values():
+        ordered = sorted(members, key=lambda n: (template(n), numbers(n)))
+        families.setdefault(tuple(template(n) for n in ordered), []).append(ordered)
+    out = []
+    for family in families.values():
+        family.sort(key=lambda g: [numbers(n) for n in g])
+        first = family[0]
+        if len(family) == 1 and len(first) > 1 and len({template(n) for n in first}) == 1 and numbers(first[0]):
+            # One module shared by several blocks (Zamba's transformer block, in the layers its
+            # config picks): the template once per name, every block of it that the model builds.
+            out.append([template(n) for n in first])
+            continue
+        # Each number of each name: (name index, which number) -> its values along the family.
+        slots = [(k, q) for k, n in enumerate(first) for q in range(len(numbers(n)))]
+        values = {s: [numbers(g[s[0]])[s[1]] for g in family] for s in slots}
+        spelled, letters = {}, []  # letters: (slot that defines it, letter)
+        for s in slots:
+            v = values[s]
+            if len(family) == 1 or len(set(v)) == 1:
+                spelled[s] = str(v[0])
+                continue
+            for base, letter in letters:
+                d = v[0] - values[base][0]
+                if all(a - b == d for a, b in zip(v, values[base])):
+                    spelled[s] = "{" + letter + (f"{d:+d}" if d else "") + "}"
+                    break
+            else:
+                letter = "ijklmnopq"[len(letters)]
+                letters.append((s, letter))
+                spelled[s] = "{" + letter + "}"
+
+        def spell(k, name):
+            parts, q = [], 0
+            for p in name.split("."):
+                if p.isdigit():
+                    parts.append(spelled[(k, q)])
+                    q += 1
+                else:
+                    parts.append(p)
+            return ".".join(parts)
+
+        group = [spell(k, n) for k, n in enumerate(first)]
+        # What accel expands it to (architecture.hpp tied_groups): each letter over the values its
+        # containers all have blocks for.
+        ranges = []
+        for base, letter in letters:
+            allowed = None
+            for k, name in enumerate(group):
+                parts = name.split(".")
+                for at, p in enumerate(parts):
+                    if not (p.startswith("{" + letter) and p.endswith("}")):
+                        continue
+                    offset = int(p[2:-1] or 0)
+                    container = ".".join(first[k].split(".")[:at])
+                    n = count(container)
+                    if n is None:
+                        continue
+                    here = {v for v in range(-offset, n - offset)}
+                    allowed = here if allowed is None else allowed & here
+            ranges.append(sorted(allowed or ()))
+        expected = set()
+        for chosen in _product_of(ranges):
+            value = dict(zip([letter for _, letter in letters], chosen))
+            expected.add(tuple(sorted(_fill(t, value) for t in group)))
+        if letters and expected == {tuple(sorted(g)) for g in family}:
+            out.append(sorted(group))
+        else:
+            out.extend(sorted(g) for g in family)
+    return sorted(out)
+
+
+def _product_of(ranges):
+    if not ranges:
+        yield ()
+        return
+    for first in ranges[0]:
+        for rest in _product_of(ranges[1:]):
+            yield (first,) + rest
+
+
+def _fill(name, value):
+    """A tie template's name for placeholder values {letter: value} (`{i+1}` is value + 1)."""
+    out = []
+    for p in name.split("."):
+        if p.startswith("{") and p.endswith("}"):
+            out.append(str(value[p[1]] + int(p[2:-1] or 0)))
+        else:
+            out.append(p)
     return ".".join(out)
 
 
@@ -448,6 +565,31 @@ def build_default(torch, transformers, arch, overrides, log):
     return b, cfg, model, time.monotonic() - started
 
 
+def multi_class_children(model, paths, path, cls):
+    """{"children": the local names of the children of the modules at template `path` of class
+    `cls`, in construction order} when several templates of `paths` are `path`, else {}."""
+    if paths.count(path) < 2:
+        return {}
+    out = []
+    for n, _ in model.named_modules():
+        parent, _, local = template(n).rpartition(".")
+        if parent == path and n.count(".") == path.count(".") + 1 and \
+                type(model.get_submodule(n.rsplit(".", 1)[0])).__name__ == cls and local not in out:
+            out.append(local)
+    return {"children": out}
+
+
+def tied_field(b, cfg, model):
+    """An entry's "tied": the tie groups (tie_group_templates) for tie_word_embeddings true and
+    false; a config without the flag ties what its model ties (Bark's fine acoustics heads), the
+    same groups for both."""
+    def groups(tie):
+        m = b.model(b.config(tie_word_embeddings=tie)) if hasattr(cfg, "tie_word_embeddings") else model
+        return tie_group_templates(dict(m.all_tied_weights_keys), m)
+
+    return {"true": groups(True), "false": groups(False)}
+
+
 def describe(torch, transformers, arch, covers, overrides, log, slow_build_s=None):
     """The full (format-1) entry of one class; covers "" when none is given."""
     b, cfg, model, took = build_default(torch, transformers, arch, overrides, log)
@@ -470,21 +612,12 @@ def describe(torch, transformers, arch, covers, overrides, log, slow_build_s=Non
         children = list(mod.named_children())
         if children and all(n.isdigit() for n, _ in children):
             containers.setdefault(t, name)
-    # A template with several classes (dense and MoE layers): keep each class's child names, in
-    # the order the class registers them (the order from_pretrained walks them in, which the
-    # templates' order cannot give for a child name two classes share), so a tree from headers
-    # can tell them apart and order them.
-    paths = [m["path"] for m in modules]
+    # A template with several classes (dense and MoE layers): keep each class's child names so
+    # a tree from headers can tell them apart, in construction order (T5's feed-forward sub-layer
+    # builds DenseReluDense before layer_norm, its attention sub-layer SelfAttention first: the
+    # templates' order cannot say both).
     for m in modules:
-        if paths.count(m["path"]) > 1:
-            kids = []
-            for n, _ in model.named_modules():
-                if (template(n).rsplit(".", 1)[0] == m["path"] and n.count(".") == m["path"].count(".") + 1
-                        and type(model.get_submodule(n.rsplit(".", 1)[0])).__name__ == m["class"]):
-                    k = template(n).rsplit(".", 1)[-1]
-                    if k not in kids:
-                        kids.append(k)
-            m["children"] = kids
+        m.update(multi_class_children(model, [x["path"] for x in modules], m["path"], m["class"]))
 
     repeats = {}
     b.watched = set(containers.values())
@@ -547,19 +680,6 @@ def describe(torch, transformers, arch, covers, overrides, log, slow_build_s=Non
             shape.append(expr)
         buffers.append({"name": t, "shape": shape, "dtype": dtype, "persistent": persistent})
 
-    def tie_groups(tie):
-        if not hasattr(cfg, "tie_word_embeddings"):
-            return []
-        m = b.model(b.config(tie_word_embeddings=tie))
-        keys = dict(m.all_tied_weights_keys)
-        groups = {tuple(sorted([k for k, v in keys.items() if v == src] + [src])) for src in set(keys.values())}
-        out = []
-        for g in sorted(groups):
-            tg = [template(n) for n in g]
-            if tg not in out:
-                out.append(tg)
-        return out
-
     from transformers.conversion_mapping import get_model_conversion_mapping
     conversions = [{"kind": type(c).__name__, "source": list(c.source_patterns), "target": list(c.target_patterns),
                     "operations": [type(o).__name__ for o in getattr(c, "operations", [])]}
@@ -585,7 +705,7 @@ def describe(torch, transformers, arch, covers, overrides, log, slow_build_s=Non
         "no_split_modules": sorted(model._no_split_modules or []),
         "keep_in_fp32_modules": sorted(model._keep_in_fp32_modules or []),
         "keep_in_fp32_modules_strict": sorted(model._keep_in_fp32_modules_strict or []),
-        "tied": {"true": tie_groups(True), "false": tie_groups(False)},
+        "tied": tied_field(b, cfg, model),
         "modules": modules,
         "repeats": repeats,
         "buffers": buffers,

@@ -18,7 +18,13 @@ the dotted suffix the two share, numbered parts as `{i}`, `{j}`, ...:
 
 A checkpoint name takes the rule whose checkpoint side is its longest matching prefix; numbered
 parts keep their values in order, and a numbered part the model side lacks is fused (many
-checkpoint tensors make one model tensor). The rules are checked, in this script, against
+checkpoint tensors make one model tensor). Where transformers' regular expressions do more, a
+number inside a part is a placeholder too, and a model number may be the value plus a constant
+or written out (reduce_pair_shifted):
+
+    model.visual.layers.linear_{i}            ->  model.vision_tower.encoder_layers.{i}.projection
+    model.llm.attn_res.attn_queries.{i}       ->  model.layers.{i+1}.attention_input.query
+ The rules are checked, in this script, against
 transformers' own answer for every key of every class; a class whose rules do not reproduce it
 is recorded with `"exact": false` and the first key that differs.
 
@@ -36,11 +42,12 @@ import argparse
 import json
 import multiprocessing
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import embed_json  # noqa: E402
-from gen_catalog import template  # noqa: E402  (numbered parts as {i}, {j}, ...)
+from gen_catalog import repairs, template, tie_group_templates  # noqa: E402  (numbered parts as {i}, {j}, ...)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 JSON_PATH = os.path.join(ROOT, "include/accel/model/data/names.json")
@@ -64,8 +71,29 @@ def template_parts(name):
     return parts, values
 
 
+# A template part with a numbered placeholder: `{i}` (a whole numbered part), `linear_{i}` (a
+# number inside a part: transformers' `linear_(\d+)`), on the model side also `{i+1}` (the
+# number plus a constant: Inkling2's `attn_queries.{i}` -> `layers.{i+1}.attention_input`).
+PLACEHOLDER = re.compile(r"^([^{}]*)\{([a-z])([+-][0-9]+)?\}([^{}]*)$")
+
+
+def placeholder(t):
+    """(text before, offset, text after) of a template part with a placeholder, else None."""
+    found = PLACEHOLDER.match(t)
+    return None if found is None else (found.group(1), int(found.group(3) or 0), found.group(4))
+
+
+def part_value(t, p):
+    """The number a placeholder part `t` takes from the name part `p` (None: no match)."""
+    before, _, after = placeholder(t)
+    if len(p) <= len(before) + len(after) or not p.startswith(before) or not p.endswith(after):
+        return None
+    number = p[len(before):len(p) - len(after)]
+    return number if is_number(number) else None
+
+
 def part_matches(t, p):
-    return is_number(p) if t.startswith("{") else t == p
+    return t == p if placeholder(t) is None else part_value(t, p) is not None
 
 
 def matching_rule(rules, key):
@@ -105,26 +133,29 @@ def apply_rules(rules, key):
         return key
     parts = key.split(".")
     cp = best[0].split(".")
-    values = [p for t, p in zip(cp, parts) if t.startswith("{")]
+    values = [part_value(t, p) for t, p in zip(cp, parts) if placeholder(t) is not None]
     out, k = [], 0
     for t in best[1].split("."):
-        if t.startswith("{"):
-            out.append(values[k])
-            k += 1
-        else:
+        ph = placeholder(t)
+        if ph is None:
             out.append(t)
+            continue
+        before, offset, after = ph
+        out.append(before + (str(int(values[k]) + offset) if offset else values[k]) + after)
+        k += 1
     return ".".join(out + parts[len(cp):])
 
 
-def prefix_rule(key, model, n, literal=False):
+def prefix_rule(key, model, n, literal=False, reduce=None):
     """The rule for the first n parts of `key` (the whole pair when `model` does not end with
-    the rest of `key`)."""
+    the rest of `key`), made by `reduce` (reduce_pair_exact unless given)."""
+    reduce = reduce or reduce_pair_exact
     c = key.split(".")
     rest = c[n:]
     m = model.split(".")
     if n >= len(c) or not rest or m[len(m) - len(rest):] != rest or len(m) <= len(rest):
-        return reduce_pair_exact(key, model, literal)
-    return reduce_pair_exact(".".join(c[:n]), ".".join(m[:len(m) - len(rest)]), literal)
+        return reduce(key, model, literal)
+    return reduce(".".join(c[:n]), ".".join(m[:len(m) - len(rest)]), literal)
 
 
 def reduce_pair_exact(ckpt, model, literal=False):
@@ -146,6 +177,51 @@ def reduce_pair_exact(ckpt, model, literal=False):
     fill = lambda parts: ".".join("{" + LETTERS[k] + "}" if p is None else p  # noqa: E731
                                   for p, k in zip(parts, numbering(parts)))
     return fill(c_parts), fill(m_parts)
+
+
+def reduce_pair_shifted(ckpt, model, inside=False, model_literals=False, literal=False):
+    """A rule for these two (prefix) names for what reduce_pair_exact cannot express: the model's
+    numbered parts take the checkpoint's numbers in order, each plus a constant when they differ
+    (`attn_queries.{i}` -> `layers.{i+1}.attention_input`); with `inside`, a number inside a
+    checkpoint part counts too, its last run of digits (`linear_{i}` -> `encoder_layers.{i}`,
+    `conv2d{i}` -> `convs.{i-1}`); with `model_literals`, model numbers left without a checkpoint
+    number are written out (`fc1` -> `mlp.layers.0`). The checkpoint's numbers the model does not
+    take stay placeholders (fused), or with `literal` written out; one inside a part stays written
+    out. None when the model has numbers left over and `model_literals` is not set."""
+    c_parts = ckpt.split(".")
+    slots = []  # (part index, text before the number, the number, text after)
+    for i, p in enumerate(c_parts):
+        if is_number(p):
+            slots.append((i, "", p, ""))
+        elif inside:
+            run = re.search(r"([0-9]+)(?!.*[0-9])", p)
+            if run is not None and "{" not in p and "}" not in p:
+                slots.append((i, p[:run.start()], run.group(1), p[run.end():]))
+    m_parts = model.split(".")
+    out_c, out_m, k = list(c_parts), [], 0
+    for p in m_parts:
+        if not is_number(p):
+            out_m.append(p)
+            continue
+        if k < len(slots):
+            i, before, number, after = slots[k]
+            offset = int(p) - int(number)
+            out_c[i] = before + "{" + LETTERS[k] + "}" + after
+            out_m.append("{" + LETTERS[k] + (f"{offset:+d}" if offset else "") + "}")
+            k += 1
+        elif model_literals:
+            out_m.append(p)
+        else:
+            return None
+    if k == 0 and not model_literals:
+        return None
+    letter = k
+    for i, before, number, after in slots[k:]:
+        if before or after or literal:
+            continue
+        out_c[i] = "{" + LETTERS[letter] + "}"
+        letter += 1
+    return ".".join(out_c), ".".join(out_m)
 
 
 def numbering(parts):
@@ -209,15 +285,26 @@ def describe(arch):
     transformers.logging.set_verbosity_error()
     cls = getattr(transformers, arch)
 
+    fix = {}
+
     def build(**changes):
-        config = cls.config_class(**changes)
+        config = cls.config_class(**dict(fix, **changes))
         with torch.device("meta"):
             return cls(config)
 
     try:
         model = build()
     except Exception as e:  # noqa: BLE001  (a config class that needs arguments, a missing optional package)
-        return {"class": arch, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"}
+        # Defaults the model cannot use (head_dim left None) are repaired as gen_catalog.py repairs
+        # them, so the classes it catalogues have their names here too.
+        model = None
+        try:
+            fix = repairs(cls.config_class())
+            model = build() if fix else None
+        except Exception:  # noqa: BLE001
+            pass
+        if model is None:
+            return {"class": arch, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"}
     state = model.state_dict()
     try:
         saved = list(saved_state(model))
@@ -245,30 +332,50 @@ def describe(arch):
     keep = [(k, k) for k in state if k not in renamed_from and adjust_prefix(k, prefix, checkpoint_roots, model_roots, base_roots) == k]
     for k, _ in keep:
         reps.setdefault((template(k), template(k)), (k, k))
+    # Every pair of the representative's templates: a rule must rename all of them (the same
+    # templates with other numbers), which a rule adding a constant to a number must be checked on.
+    alike = {}
+    for c, m in adjusted + keep:
+        alike.setdefault((template(c), template(m)), []).append((c, m))
     reps = sorted(reps.values())
     # Each renamed name gets the shortest rule (the most shared suffix dropped) that renames every
     # representative it would catch as transformers does: `model.layers.{i}` -> `model.layers.{i}.mlp`
     # would also catch the layer norms, so `model.layers.{i}.post_mlp_layernorm` it is.
+    # Numbered parts as placeholders first (they match every block, and fuse experts), then with
+    # the numbers the model side does not keep written out (`merger.mlp.2` -> `linear_fc2`); then
+    # what transformers' regular expressions do beyond that (reduce_pair_shifted): numbers plus a
+    # constant, numbers inside a part, and model numbers no checkpoint number gives written out.
+    ways = [(literal, None) for literal in (False, True)]
+    for inside, model_literals in ((False, False), (True, False), (False, True), (True, True)):
+        shifted = lambda a, b, literal, i=inside, ml=model_literals: reduce_pair_shifted(a, b, i, ml, literal)  # noqa: E731
+        ways += [(literal, shifted) for literal in (False, True)]
     for c, m in reps:
         if apply_rules(rules, c) == m:
             continue
         chosen = None
-        # Numbered parts as placeholders first (they match every block, and fuse experts), then
-        # with the numbers the model side does not keep written out (`merger.mlp.2` -> `linear_fc2`).
-        for literal in (False, True):
-            for n in range(shortest_rule(c, m), len(c.split(".")) + 1):
-                rule = prefix_rule(c, m, n, literal)
-                if rule is None:
-                    continue
-                trial = rules + [list(rule)]
-                if all(apply_rules(trial, c2) == m2 for c2, m2 in reps if rule_matches(rule[0], c2)):
-                    chosen = rule
+        group = alike[(template(c), template(m))]
+        # The rule is read from the representative, else from the last of its templates' pairs,
+        # whose numbers tell apart what the first's may not (RF-DETR's `backbone.0....layer.0`).
+        for c1, m1 in [(c, m)] + ([group[-1]] if group[-1] != (c, m) else []):
+            for literal, reduce in ways:
+                for n in range(shortest_rule(c1, m1), len(c1.split(".")) + 1):
+                    rule = prefix_rule(c1, m1, n, literal, reduce)
+                    if rule is None:
+                        continue
+                    trial = rules + [list(rule)]
+                    if all(apply_rules(trial, c2) == m2 for c2, m2 in reps if rule_matches(rule[0], c2)) and \
+                            all(apply_rules(trial, c2) == m2 for c2, m2 in group):
+                        chosen = rule
+                        break
+                if chosen is not None:
                     break
             if chosen is not None:
                 break
         if chosen is None:
-            exact, first_difference = False, f"{c} -> {m}: no rule renames it without renaming others wrongly"
-            break
+            # The other names still get their rules; the class is marked inexact.
+            if exact:
+                exact, first_difference = False, f"{c} -> {m}: no rule renames it without renaming others wrongly"
+            continue
         rules.append(list(chosen))
     rules.sort(key=lambda r: (-len(r[0].split(".")), r[0]))
     if exact:
@@ -289,11 +396,8 @@ def describe(arch):
                 m = build(tie_word_embeddings=tie)
             except Exception:  # noqa: BLE001
                 return None
-        keys = dict(getattr(m, "all_tied_weights_keys", {}) or {})
-        groups = set()
-        for src in set(keys.values()):
-            groups.add(tuple(sorted({template(k) for k, v in keys.items() if v == src} | {template(src)})))
-        return [list(g) for g in sorted(groups)]
+        groups = tie_group_templates(dict(getattr(m, "all_tied_weights_keys", {}) or {}), m)
+        return [list(g) for g in sorted({tuple(sorted(set(g))) for g in groups})]
 
     entry = {"class": arch, "model_type": model.config.model_type or "", "base_model_prefix": prefix,
              "checkpoint_roots": checkpoint_roots, "model_roots": model_roots, "base_roots": base_roots,
@@ -362,8 +466,8 @@ def main():
             "transformers": transformers.__version__,
             "torch": torch.__version__.split("+")[0],
             "rule": "a checkpoint name takes the rule whose checkpoint side is its longest matching dotted prefix "
-                    "({i} = one all-digit part); the model side takes the numbered values in order; one the model "
-                    "side lacks is fused",
+                    "({i} = one all-digit part, linear_{i} = a part of linear_ and digits); the model side takes "
+                    "the numbered values in order ({i+1}: the value plus one); one the model side lacks is fused",
             "classes": ok,
             "not_built": {e["class"]: e["error"] for e in entries if "error" in e},
         }

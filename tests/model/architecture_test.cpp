@@ -2,6 +2,7 @@
 // SPDX-FileCopyrightText: accel contributors
 #include <accel/model/architecture.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <string>
@@ -349,6 +350,92 @@ TEST_CASE("DeepSeek-V3: dense and MoE layers share a path and differ in children
   // Older configs have no head_dim; the rotary part is qk_rope_head_dim.
   CHECK(accel::non_persistent_buffers(a, config(R"({"qk_rope_head_dim": 64, "hidden_size": 7168})"), DType::BF16)[0].shape ==
         std::vector<std::int64_t>{32});
+}
+
+TEST_CASE("EncoderDecoder: a config without tie_word_embeddings ties what its decoder ties", "[architecture][encoder-decoder]") {
+  const auto& a = arch("EncoderDecoderModel");
+  CHECK(accel::tied_groups(a, config("{}")) ==
+        std::vector<Strings>{{"decoder.bert.embeddings.word_embeddings.weight", "decoder.cls.predictions.decoder.weight"},
+                             {"decoder.cls.predictions.bias", "decoder.cls.predictions.decoder.bias"}});
+}
+
+TEST_CASE("classes a checkpoint cannot tell apart, all no-split, are planned as the first", "[architecture][tree]") {
+  // GraniteSpeech5: subsampling and plain conformer blocks hold the same children.
+  const auto& a = arch("GraniteSpeech5Encoder");
+  accel::ModuleTree tree;
+  for (const char* l : {"0", "5"}) tree.add_parameter(std::string("layers.") + l + ".norm_out.weight", DType::F32, {8});
+  std::set<std::string, std::less<>> stood_in;
+  (void)accel::annotate_module_classes(tree, accel::TemplateIndex(a), &stood_in);
+  CHECK(tree.modules()[*tree.find_module("layers.5")].class_name == "GraniteSpeech5EncoderSubsamplingBlock");
+  CHECK(stood_in == std::set<std::string, std::less<>>{"GraniteSpeech5EncoderBlock"});
+  CHECK(accel::no_split_modules(tree, a.no_split_modules, false)[*tree.find_module("layers.5")]);
+  // T5's sub-layers of different kinds stay undecided without children.
+  CHECK_FALSE(accel::module_class(arch("T5ForConditionalGeneration"), "encoder.block.0.layer.1"));
+}
+
+TEST_CASE("a container inside numbered blocks holds the blocks the checkpoint holds there", "[architecture][buffers]") {
+  const auto& a = arch("SwinModel");  // stages of depths[i] blocks: the catalog counts the first stage's 2 for all
+  const auto c = config("{}");
+  const accel::BlockCount held = [](std::string_view container) -> std::optional<std::uint64_t> {
+    if (container == "encoder.layers.2.blocks") return 18;
+    return std::nullopt;
+  };
+  const auto names = accel::expand_template(a, "encoder.layers.{i}.blocks.{j}", c, &held);
+  CHECK(names.size() == 2 + 2 + 18 + 2);
+  CHECK(names[4 + 17] == "encoder.layers.2.blocks.17");
+  CHECK(accel::expand_template(a, "encoder.layers.{i}.blocks.{j}", c).size() == 8);
+}
+
+TEST_CASE("tie groups with placeholders are one group per value; written-out numbers tie those blocks only", "[architecture][tied]") {
+  accel::Architecture a;
+  a.name = "Toy";
+  a.repeats = {{"heads", "n - 1"}, {"embeds", "n"}, {"layers", "2"}, {"layers.{i}.experts", "2"}};
+  a.tied_if_tied = {{"embeds.{i}.weight", "heads.{i-1}.weight"},
+                    {"layers.{i}.experts.{j}.a", "layers.{i}.experts.{j}.b"},
+                    {"layers.0.experts.0.c", "shared.c"},
+                    {"layers.{i}.shared.w", "layers.{i}.shared.w"}};  // one module several blocks share
+  const auto c = config(R"({"n": 4})");
+  CHECK(accel::tied_groups(a, c) == std::vector<Strings>{{"embeds.1.weight", "heads.0.weight"},
+                                                         {"embeds.2.weight", "heads.1.weight"},
+                                                         {"embeds.3.weight", "heads.2.weight"},
+                                                         {"layers.0.experts.0.a", "layers.0.experts.0.b"},
+                                                         {"layers.0.experts.1.a", "layers.0.experts.1.b"},
+                                                         {"layers.1.experts.0.a", "layers.1.experts.0.b"},
+                                                         {"layers.1.experts.1.a", "layers.1.experts.1.b"},
+                                                         {"layers.0.experts.0.c", "shared.c"},
+                                                         {"layers.0.shared.w", "layers.1.shared.w"}});
+  a.tied_if_tied = {{"nowhere.{i}.x", "shared.x"}};
+  CHECK_THROWS_WITH(accel::tied_groups(a, c), accel_test::contains("model config gives no block count for the placeholder {i}"));
+  // Bark ties each fine-acoustics head to the next codebook's embedding (its config has no
+  // tie_word_embeddings); Udop ties the relative attention bias of its first block only.
+  const auto bark = accel::tied_groups(arch("BarkModel"), config("{}"));
+  REQUIRE(bark.size() == 7);
+  CHECK(bark[0] == Strings{"fine_acoustics.input_embeds_layers.1.weight", "fine_acoustics.lm_heads.0.weight"});
+  CHECK(bark[6] == Strings{"fine_acoustics.input_embeds_layers.7.weight", "fine_acoustics.lm_heads.6.weight"});
+  const auto udop = accel::tied_groups(arch("UdopForConditionalGeneration"), config("{}"));
+  CHECK(std::find(udop.begin(), udop.end(),
+                  Strings{"decoder.relative_bias.biases.0.relative_attention_bias.weight",
+                          "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                          "encoder.relative_bias.biases.0.relative_attention_bias.weight"}) != udop.end());
+}
+
+TEST_CASE("several classes on one path: the children decide, the fewest children among those that fit", "[architecture]") {
+  const accel::TemplateIndex t5(arch("T5ForConditionalGeneration"));
+  // T5's feed-forward sub-layer builds DenseReluDense before its layer_norm: the template keeps its children in that order.
+  const auto* ff = accel::module_template_by_children(t5, "encoder.block.0.layer.1", Strings{"layer_norm", "DenseReluDense"});
+  REQUIRE(ff != nullptr);
+  CHECK(ff->class_name == "T5LayerFF");
+  CHECK(ff->children == Strings{"DenseReluDense", "layer_norm", "dropout"});
+  CHECK(accel::module_template_by_children(t5, "encoder.block.0", Strings{"layer"}) == nullptr);  // one template
+  // Inkling2-Loop's full layer and full loop layer both have a full layer's children; the loop
+  // layer's message gates would be there too.
+  const auto& loop = arch("Inkling2LoopTextModel");
+  const Strings full{"attention_input", "mlp_input", "self_attn", "mlp", "q_input_layernorm", "k_input_layernorm",
+                     "v_input_layernorm", "post_attention_layernorm", "post_attention_convolution", "post_mlp_convolution"};
+  CHECK(accel::module_class(loop, "layers.5", full) == "Inkling2LoopFullDecoderLayer");
+  Strings gated = full;
+  gated.push_back("q_message_gate");
+  CHECK(accel::module_class(loop, "layers.5", gated) == "Inkling2LoopFullLoopDecoderLayer");
 }
 
 TEST_CASE("catalog expressions: floor division, ?? fallbacks, missing values, syntax errors", "[architecture][expression]") {

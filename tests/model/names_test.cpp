@@ -90,6 +90,39 @@ TEST_CASE("the rule with the longest matching prefix wins; written-out numbers b
   CHECK(m.to_model("a.x4.x.w").model == "a.x4.x.w");
 }
 
+TEST_CASE("numbers inside a part, numbers plus a constant and written-out model numbers", "[names]") {
+  accel::ClassNames n;
+  n.class_name = "Toy";
+  n.renames = {{"m.res.queries.{i}", "m.layers.{i+1}.input.query"},
+               {"m.visual.layers.linear_{i}", "m.tower.encoder_layers.{i}.projection"},
+               {"m.audio.conv2d{i}", "m.audio.convs.{i-1}"},
+               {"m.layers.{i}.fc1", "m.layers.{i}.mlp.layers.0"}};
+  const accel::NameMapper m(n);
+  CHECK(m.to_model("m.res.queries.0").model == "m.layers.1.input.query");
+  CHECK(m.to_model("m.res.queries.41").model == "m.layers.42.input.query");
+  CHECK(m.to_model("m.visual.layers.linear_17.weight").model == "m.tower.encoder_layers.17.projection.weight");
+  CHECK(m.to_model("m.audio.conv2d3.bias").model == "m.audio.convs.2.bias");
+  CHECK(m.to_model("m.layers.5.fc1.weight").model == "m.layers.5.mlp.layers.0.weight");
+  CHECK_FALSE(m.to_model("m.layers.5.fc1.weight").fused);
+  // Only the text around the number and digits match.
+  CHECK(m.to_model("m.visual.layers.linear_.weight").model == "m.visual.layers.linear_.weight");
+  CHECK(m.to_model("m.visual.layers.linear_x1.weight").model == "m.visual.layers.linear_x1.weight");
+  CHECK(m.to_model("m.audio.conv2d.bias").model == "m.audio.conv2d.bias");
+  const std::vector<std::string_view> names{"m.res.queries.0", "m.res.queries.7", "m.visual.layers.linear_0.weight",
+                                            "m.visual.layers.linear_23.weight", "m.audio.conv2d1.bias", "m.audio.conv2d2.bias"};
+  const auto table = accel::name_table(&n, names);
+  for (std::size_t i = 0; i < names.size(); ++i) CHECK(table.model[i] == m.to_model(names[i]).model);
+  // The classes transformers renames that way.
+  CHECK(model_name("Inkling2ForCausalLM", "model.llm.attn_res.attn_queries.3") == "model.layers.4.attention_input.query");
+  CHECK(model_name("Inkling2ForCausalLM", "model.llm.attn_res.mlp_queries.3") == "model.layers.3.mlp_input.query");
+  CHECK(model_name("InklingForConditionalGeneration", "model.visual.layers.linear_11.weight") ==
+        "model.vision_tower.encoder_layers.11.projection.weight");
+  CHECK(model_name("Dots3NoteModel", "audio_encoder.dots_encoder.speech_encoder.conv2d2.weight") == "audio_tower.conv_stem.convs.1.weight");
+  CHECK(model_name("HunYuanVLForConditionalGeneration", "vit.layers.3.mlp.dense_h_to_4h.weight") ==
+        "model.vision_tower.layers.3.mlp.fc1.weight");
+  CHECK(names_of("Inkling2ForCausalLM").exact);
+}
+
 TEST_CASE("a table of names maps each name as to_model does, though it decides once per name shape", "[names]") {
   // map_all decides once per shape (numbers set aside): numbers a rule or a root spells, a part
   // spelled "#", a base-model prefix added or dropped must not share a decision they should not.

@@ -15,10 +15,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -120,7 +123,7 @@ struct ModuleTemplate {
   std::string class_name;               ///< `LlamaMLP`
   std::vector<std::string> parameters;  ///< local names of its direct parameters, registration order
   std::vector<std::string> buffers;     ///< local names of its direct buffers
-  std::vector<std::string> children;    ///< child names, registration order; given only where a path has several classes
+  std::vector<std::string> children;    ///< child names in construction order; given only where a path has several classes
   /// Parameters the module creates in a dtype of their own, whatever the load dtype (Reformer's
   /// axial position weights in float32): local name -> torch dtype name.
   std::map<std::string, std::string, std::less<>> dtypes{};
@@ -622,22 +625,54 @@ class TemplateIndex {
   std::vector<std::size_t> literal_;  ///< templates with a literal number part, tried one by one
 };
 
+/// @brief The templates (indices into the entry's modules) the module at `path` may be: every one
+///        matching it, and when a path has several classes (dense and MoE layers, T5's sub-layers)
+///        only those whose child names include all of `child_names`, fewest children first (a
+///        template with more children has some such a module would hold: Inkling2-Loop's full
+///        decoder layer lacks its full loop layer's message gates), construction order among equals.
+template <class Name = std::string>
+[[nodiscard]] inline std::vector<std::size_t> module_templates(const TemplateIndex& index, std::string_view path,
+                                                               const std::vector<Name>& child_names = {}) {
+  std::vector<std::size_t> found;
+  index.for_each_match(path, [&](std::size_t i) { found.push_back(i); });
+  if (found.size() > 1 && !child_names.empty()) {
+    const auto& modules = index.architecture().modules;
+    std::erase_if(found, [&](std::size_t i) {
+      const auto& kids = modules[i].children;
+      return !std::all_of(child_names.begin(), child_names.end(), [&](const Name& c) {
+        return std::any_of(kids.begin(), kids.end(), [&](const std::string& t) { return detail::template_part_matches(t, c); });
+      });
+    });
+    std::stable_sort(found.begin(), found.end(),
+                     [&](std::size_t a, std::size_t b) { return modules[a].children.size() < modules[b].children.size(); });
+  }
+  return found;
+}
+
+/// @brief Where a path has several templates, the one its child names decide (module_templates'
+///        first, when no other has as few children); nullptr when one template or none matches
+///        the path, or several alike remain.
+template <class Name>
+[[nodiscard]] inline const ModuleTemplate* module_template_by_children(const TemplateIndex& index, std::string_view path,
+                                                                       const std::vector<Name>& child_names) {
+  std::size_t candidates = 0;
+  index.for_each_match(path, [&](std::size_t) { ++candidates; });
+  if (candidates < 2 || child_names.empty()) return nullptr;
+  const auto found = module_templates(index, path, child_names);
+  const auto& modules = index.architecture().modules;
+  if (found.empty() || (found.size() > 1 && modules[found[1]].children.size() == modules[found[0]].children.size())) return nullptr;
+  return &modules[found.front()];
+}
+
 /// @brief The class of the module at `path`. When a path has several classes (dense and MoE
-///        layers, T5's sub-layers) the one whose child names include all of `child_names` wins.
+///        layers, T5's sub-layers) its child names decide (module_template_by_children).
 /// @return the class, or nullopt when no template matches or the children do not decide
 [[nodiscard]] inline std::optional<std::string> module_class(const TemplateIndex& index, std::string_view path,
                                                              const std::vector<std::string>& child_names = {}) {
-  std::vector<const ModuleTemplate*> found;
-  index.for_each_match(path, [&](std::size_t i) { found.push_back(&index.architecture().modules[i]); });
-  if (found.size() > 1 && !child_names.empty()) {
-    std::erase_if(found, [&](const ModuleTemplate* m) {
-      return !std::all_of(child_names.begin(), child_names.end(), [&](const std::string& c) {
-        return std::find(m->children.begin(), m->children.end(), c) != m->children.end();
-      });
-    });
-  }
-  if (found.size() != 1) return std::nullopt;
-  return found.front()->class_name;
+  const auto found = module_templates(index, path, std::vector<std::string>{});
+  if (found.size() == 1) return index.architecture().modules[found.front()].class_name;
+  if (const auto* m = module_template_by_children(index, path, child_names)) return m->class_name;
+  return std::nullopt;
 }
 /// @brief module_class for one path.
 [[nodiscard]] inline std::optional<std::string> module_class(const Architecture& arch, std::string_view path,
@@ -672,10 +707,17 @@ class TemplateIndex {
   return std::nullopt;
 }
 
+/// @brief How many blocks a concrete numbered container holds by another account than the
+///        config's (the checkpoint's tensors), or nullopt when it does not know.
+using BlockCount = std::function<std::optional<std::uint64_t>(std::string_view container)>;
+
 /// @brief Every concrete path of a template, numbered parts expanded with repeat_count.
+/// @param held when given, the count of a container inside numbered blocks (Swin's
+///        `layers.{i}.blocks`, whose count is a per-stage list the catalog records as the first
+///        stage's) where it knows one
 /// @throws accel::checkpoint_error when the config lacks a count the template needs
 [[nodiscard]] inline std::vector<std::string> expand_template(const Architecture& arch, std::string_view templ,
-                                                              const ModelConfig& config) {
+                                                              const ModelConfig& config, const BlockCount* held = nullptr) {
   std::vector<std::string> out{std::string()};
   std::string so_far;  // the template up to here: the container of the next placeholder
   auto join = [](const std::string& a, std::string_view b) { return a.empty() ? std::string(b) : a + "." + std::string(b); };
@@ -684,12 +726,17 @@ class TemplateIndex {
     const auto part = templ.substr(0, dot);
     if (part.size() >= 3 && part.front() == '{' && part.back() == '}') {
       const auto count = repeat_count(arch, so_far, config);
-      if (!count)
-        detail::throw_error<checkpoint_error>("model config gives no block count for '", so_far, "' of ", arch.name,
-                                              "; the catalog reads it from config.json");
+      const bool nested = held && so_far.find('{') != std::string::npos;
       std::vector<std::string> next;
-      for (const auto& prefix : out)
-        for (std::uint64_t i = 0; i < *count; ++i) next.push_back(join(prefix, std::to_string(i)));
+      for (const auto& prefix : out) {
+        auto n = count;
+        if (nested)
+          if (auto h = (*held)(prefix)) n = h;
+        if (!n)
+          detail::throw_error<checkpoint_error>("model config gives no block count for '", so_far, "' of ", arch.name,
+                                                "; the catalog reads it from config.json");
+        for (std::uint64_t i = 0; i < *n; ++i) next.push_back(join(prefix, std::to_string(i)));
+      }
       out = std::move(next);
     } else {
       for (auto& prefix : out) prefix = join(prefix, part);
@@ -714,23 +761,129 @@ class TemplateIndex {
   return out;
 }
 
-/// @brief Tied parameter groups as transformers builds them for this config (each sorted, each name
-///        once): the config's tie_word_embeddings, else the config class default, else true. A
-///        template stands for every block it expands to; a group of one template repeated (Zamba's
-///        transformer block, shared by some of its layers) ties every block's copy that the model
-///        builds, which model_from_checkpoint tells from the checkpoint's modules.
+namespace detail {
+// A tie template's placeholder: its letter and the constant added (`{i}` 0, `{i+1}` 1, `{i-1}` -1).
+inline std::optional<std::pair<std::string_view, std::int64_t>> tie_placeholder(std::string_view part) {
+  if (!is_placeholder(part)) return std::nullopt;
+  const auto inner = part.substr(1, part.size() - 2);
+  const auto sign = inner.find_first_of("+-");
+  if (sign == std::string_view::npos) return std::pair{inner, std::int64_t{0}};
+  const auto digits = inner.substr(sign + 1);
+  const auto v = text::parse_integer<std::int64_t>(digits);
+  if (!v || !is_block_number(digits)) return std::nullopt;
+  return std::pair{inner.substr(0, sign), inner[sign] == '-' ? -*v : *v};
+}
+
+// How many blocks the numbered container `container` holds, its numbered parts (placeholders of
+// any letter, or written-out numbers) matched against the catalog's repeats by position.
+inline std::optional<std::uint64_t> container_count(const Architecture& arch, std::string_view container, const ModelConfig& config) {
+  const auto same_shape = [](std::string_view a, std::string_view b) {
+    for (;;) {
+      const auto da = a.find('.'), db = b.find('.');
+      const auto pa = a.substr(0, da), pb = b.substr(0, db);
+      const bool na = is_placeholder(pa) || is_block_number(pa), nb = is_placeholder(pb) || is_block_number(pb);
+      if (na != nb || (!na && pa != pb)) return false;
+      if ((da == std::string_view::npos) != (db == std::string_view::npos)) return false;
+      if (da == std::string_view::npos) return true;
+      a.remove_prefix(da + 1);
+      b.remove_prefix(db + 1);
+    }
+  };
+  for (const auto& [templ, expr] : arch.repeats)
+    if (same_shape(templ, container)) {
+      auto v = evaluate_config_expression(expr, arch, config);
+      if (!v || *v < 0) return std::nullopt;
+      return static_cast<std::uint64_t>(*v);
+    }
+  return std::nullopt;
+}
+}  // namespace detail
+
+/// @brief Tied parameter groups as transformers builds them for this config (each sorted): the
+///        config's tie_word_embeddings, else the config class default, else true. A group with
+///        placeholders is one group per value of them, shared across its names (`{i+1}`: that
+///        value plus one); each letter takes the values for which every container it numbers has
+///        that block (Bark's `lm_heads.{i-1}` with `input_embeds_layers.{i}`: i from 1 to 7). A
+///        group of one template (a module several blocks share) is every block it expands to.
+/// @throws accel::checkpoint_error when the config gives no block count for any container a
+///         placeholder numbers
 [[nodiscard]] inline std::vector<std::vector<std::string>> tied_groups(const Architecture& arch, const ModelConfig& config) {
   bool tie = true;
   if (config.tie_word_embeddings) tie = *config.tie_word_embeddings;
   else if (auto it = arch.defaults.find("tie_word_embeddings"); it != arch.defaults.end() && it->is_boolean()) tie = it->get<bool>();
   std::vector<std::vector<std::string>> out;
   for (const auto& g : tie ? arch.tied_if_tied : arch.tied_if_untied) {
-    std::vector<std::string> names;
-    for (const auto& t : g)
-      for (auto& p : expand_template(arch, t, config)) names.push_back(std::move(p));
-    std::sort(names.begin(), names.end());
-    names.erase(std::unique(names.begin(), names.end()), names.end());
-    out.push_back(std::move(names));
+    // One template, however often written (a module several blocks share): every block of it.
+    if (!g.empty() && g.front().find('{') != std::string::npos &&
+        std::all_of(g.begin(), g.end(), [&](const std::string& t) { return t == g.front(); })) {
+      auto names = expand_template(arch, g.front(), config);
+      std::sort(names.begin(), names.end());
+      if (names.size() > 1) out.push_back(std::move(names));
+      continue;
+    }
+    // Each letter's values: [low, high), narrowed by every container it numbers.
+    std::vector<std::string_view> letters;
+    std::vector<std::pair<std::int64_t, std::int64_t>> range;
+    std::vector<bool> counted;
+    for (const auto& t : g) {
+      const std::string_view name = t;
+      for (std::size_t start = 0; start <= name.size();) {
+        const auto end = std::min(name.find('.', start), name.size());
+        if (const auto ph = detail::tie_placeholder(name.substr(start, end - start))) {
+          auto at = std::find(letters.begin(), letters.end(), ph->first);
+          if (at == letters.end()) {
+            letters.push_back(ph->first);
+            range.emplace_back(std::numeric_limits<std::int64_t>::min(), std::numeric_limits<std::int64_t>::max());
+            counted.push_back(false);
+            at = letters.end() - 1;
+          }
+          const auto k = static_cast<std::size_t>(at - letters.begin());
+          if (const auto n = start > 0 ? detail::container_count(arch, name.substr(0, start - 1), config) : std::nullopt) {
+            range[k].first = std::max(range[k].first, -ph->second);
+            range[k].second = std::min(range[k].second, static_cast<std::int64_t>(*n) - ph->second);
+            counted[k] = true;
+          }
+        }
+        start = end + 1;
+      }
+    }
+    for (std::size_t k = 0; k < letters.size(); ++k)
+      if (!counted[k])
+        detail::throw_error<checkpoint_error>("model config gives no block count for the placeholder {", letters[k], "} of the tie group of '",
+                                              g.empty() ? std::string() : g.front(), "' of ", arch.name, "; the catalog reads it from config.json");
+    if (std::any_of(range.begin(), range.end(), [](const auto& r) { return r.first >= r.second; })) continue;
+    std::vector<std::int64_t> value(letters.size());
+    for (std::size_t k = 0; k < letters.size(); ++k) value[k] = range[k].first;
+    for (;;) {
+      std::vector<std::string> names;
+      for (const auto& t : g) {
+        std::string name;
+        const std::string_view templ = t;
+        for (std::size_t start = 0; start <= templ.size();) {
+          const auto end = std::min(templ.find('.', start), templ.size());
+          const auto part = templ.substr(start, end - start);
+          if (start > 0) name += '.';
+          if (const auto ph = detail::tie_placeholder(part)) {
+            const auto k = static_cast<std::size_t>(std::find(letters.begin(), letters.end(), ph->first) - letters.begin());
+            name += std::to_string(value[k] + ph->second);
+          } else {
+            name += part;
+          }
+          start = end + 1;
+        }
+        names.push_back(std::move(name));
+      }
+      std::sort(names.begin(), names.end());
+      names.erase(std::unique(names.begin(), names.end()), names.end());
+      if (names.size() > 1) out.push_back(std::move(names));
+      // The next combination of the letters' values (the last letter fastest).
+      std::size_t k = letters.size();
+      while (k > 0 && ++value[k - 1] >= range[k - 1].second) {
+        value[k - 1] = range[k - 1].first;
+        --k;
+      }
+      if (k == 0) break;
+    }
   }
   return out;
 }
@@ -806,10 +959,11 @@ inline constexpr std::uint64_t buffer_max_bytes = std::uint64_t{1} << 60;
 
 /// @brief The buffers checkpoints do not hold (rotary `inv_freq`, `position_ids`, ...), with
 ///        shapes computed from the config; "model"-typed ones take `load_dtype`.
+/// @param held block counts of containers inside numbered blocks (see expand_template)
 /// @throws accel::checkpoint_error naming the buffer and the expression when the config lacks a
 ///         value its shape needs, or gives it more than buffer_max_bytes
 [[nodiscard]] inline std::vector<BufferSpec> non_persistent_buffers(const Architecture& arch, const ModelConfig& config,
-                                                                    DType load_dtype) {
+                                                                    DType load_dtype, const BlockCount* held = nullptr) {
   std::vector<BufferSpec> out;
   std::vector<std::string_view> own;  // blocks whose buffer differs from its template's (a name without placeholders)
   for (const auto& b : arch.buffers)
@@ -839,7 +993,7 @@ inline constexpr std::uint64_t buffer_max_bytes = std::uint64_t{1} << 60;
     }
     const bool templated = b.name.find('{') != std::string::npos;
     if (!templated && !detail::within_block_counts(arch, b.name, config)) continue;  // a block this config lacks
-    for (auto& name : expand_template(arch, b.name, config))
+    for (auto& name : expand_template(arch, b.name, config, held))
       if (!templated || std::find(own.begin(), own.end(), name) == own.end()) out.push_back({std::move(name), dtype, shape, false});
   }
   return out;
@@ -849,9 +1003,18 @@ inline constexpr std::uint64_t buffer_max_bytes = std::uint64_t{1} << 60;
 /// @name Applying an entry to a ModuleTree built from checkpoint headers
 ///@{
 /// @brief Gives every module of `tree` whose path the catalog knows its class (modules that
-///        already have one keep it).
+///        already have one keep it). Classes a checkpoint cannot tell apart (the same child
+///        names: GraniteSpeech5's subsampling and plain conformer blocks) that are all no-split,
+///        or all not, are planned alike: the first stands for them.
+/// @param stood_in when given, gets the classes such a first one stood in for
 /// @return how many modules got a class
-[[nodiscard]] inline std::size_t annotate_module_classes(ModuleTree& tree, const TemplateIndex& index) {
+[[nodiscard]] inline std::size_t annotate_module_classes(ModuleTree& tree, const TemplateIndex& index,
+                                                         std::set<std::string, std::less<>>* stood_in = nullptr) {
+  const auto& arch = index.architecture();
+  const auto no_split = [&](std::size_t i) {
+    const auto& ns = arch.no_split_modules;
+    return std::find(ns.begin(), ns.end(), arch.modules[i].class_name) != ns.end();
+  };
   std::size_t n = 0;
   for (std::size_t id = 0; id < tree.modules().size(); ++id) {
     const auto& m = tree.modules()[id];
@@ -861,11 +1024,18 @@ inline constexpr std::uint64_t buffer_max_bytes = std::uint64_t{1} << 60;
       const auto& cn = tree.modules()[c].name;
       kids.push_back(cn.substr(cn.rfind('.') + 1));
     }
-    if (auto cls = module_class(index, m.name, kids)) {
-      const std::string name = m.name;
-      tree.add_module(name, *cls);
-      ++n;
-    }
+    auto found = module_templates(index, m.name, kids);
+    if (found.empty()) continue;
+    // Fewest children first: the templates with more are not this module.
+    if (const auto fewest = arch.modules[found.front()].children.size(); !kids.empty())
+      std::erase_if(found, [&](std::size_t i) { return arch.modules[i].children.size() > fewest; });
+    const bool alike = std::all_of(found.begin(), found.end(), [&](std::size_t i) { return no_split(i) == no_split(found.front()); });
+    if (found.size() > 1 && !alike) continue;
+    if (stood_in)
+      for (std::size_t k = 1; k < found.size(); ++k) stood_in->insert(arch.modules[found[k]].class_name);
+    const std::string name = m.name;
+    tree.add_module(name, arch.modules[found.front()].class_name);
+    ++n;
   }
   return n;
 }

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -538,7 +539,23 @@ inline void check_load_dtype(const Checkpoint& ckpt, const StoredMarks* stored, 
       ties.push_back(std::move(group));
     }
     const DType model_dtype = opts.load_dtype.value_or(out.auto_dtype.value_or(DType::F32));
-    for (auto& b : non_persistent_buffers(*arch, *out.config, model_dtype)) {
+    // A container inside numbered blocks holds the blocks the checkpoint holds there (Swin's
+    // stages of depths[i] blocks: the catalog has the first stage's count for them all).
+    std::unordered_map<std::string, std::optional<std::uint64_t>> held_counts;
+    const BlockCount held = [&](std::string_view container) -> std::optional<std::uint64_t> {
+      std::string key(container);
+      key += '.';
+      if (auto it = held_counts.find(key); it != held_counts.end()) return it->second;
+      std::optional<std::uint64_t> n;
+      for (const auto& e : entries) {
+        if (!e.name.starts_with(key)) continue;
+        const auto rest = e.name.substr(key.size());
+        if (auto i = text::parse_integer<std::uint64_t>(rest.substr(0, rest.find('.'))); i && *i < entries.size())
+          n = std::max(n.value_or(0), *i + 1);  // (a number past every tensor's count is no block of the model)
+      }
+      return held_counts.emplace(std::move(key), n).first->second;
+    };
+    for (auto& b : non_persistent_buffers(*arch, *out.config, model_dtype, &held)) {
       if (present.count(b.name) || !detail::built_in_checkpoint(*index, modules, b.name)) continue;
       entries.push_back({made_names.emplace_back(std::move(b.name)), b.dtype, std::move(b.shape), SIZE_MAX, true, false, {}, 0, {}, false});
       ++out.buffers_added;
@@ -676,31 +693,26 @@ inline void check_load_dtype(const Checkpoint& ckpt, const StoredMarks* stored, 
       if (e.quantized) tree.mark_quantized(added);
       if (e.tied_copy) tree.mark_tied_copy(added);
     }
-    // Siblings: the catalog's construction order when it knows them, then the heuristics.
+    // Siblings: the catalog's construction order when it knows them, then the heuristics. Under
+    // a path of several classes the children of the class they make are in its own order (T5's
+    // feed-forward sub-layer: DenseReluDense before the layer_norm its attention sub-layer has
+    // after SelfAttention).
     kids.clear();
-    // A path of several classes whose children name one (Reformer's LSH attention, `query_key`
-    // then `value`, beside its local attention, `query`, `key`, `value`): that class's order.
-    const ModuleTemplate* decided = nullptr;
-    if (arch && id != 0 && !node.children.empty()) {
-      std::vector<const ModuleTemplate*> found;
-      index->for_each_match(prefix, [&](std::size_t t) { found.push_back(&arch->modules[t]); });
-      if (found.size() > 1 && std::all_of(found.begin(), found.end(), [&](auto m) { return m->path == found.front()->path; })) {
-        std::erase_if(found, [&](const ModuleTemplate* m) {
-          return !std::all_of(node.children.begin(), node.children.end(), [&](std::size_t c) {
-            return std::any_of(m->children.begin(), m->children.end(), [&](const std::string& t) { return detail::template_part_matches(t, nodes[c].local); });
-          });
-        });
-        if (found.size() == 1) decided = found.front();
-      }
+    const ModuleTemplate* parent = nullptr;
+    if (arch && id != 0 && node.children.size() > 1) {
+      std::vector<std::string_view> locals;
+      for (auto c : node.children) locals.push_back(nodes[c].local);
+      parent = module_template_by_children(*index, prefix, locals);
     }
     for (auto c : node.children) {
       std::size_t rank = SIZE_MAX;
-      if (decided)
-        rank = static_cast<std::size_t>(std::find_if(decided->children.begin(), decided->children.end(), [&](const std::string& t) {
+      if (parent) {
+        rank = static_cast<std::size_t>(std::find_if(parent->children.begin(), parent->children.end(), [&](const std::string& t) {
                                           return detail::template_part_matches(t, nodes[c].local);
-                                        }) - decided->children.begin());
-      else if (arch)
+                                        }) - parent->children.begin());
+      } else if (arch) {
         if (auto r = module_rank(*index, nodes[c].path)) rank = *r;
+      }
       kids.emplace_back(rank, c);
     }
     std::sort(kids.begin(), kids.end(), [&](const auto& ka, const auto& kb) {
@@ -716,12 +728,14 @@ inline void check_load_dtype(const Checkpoint& ckpt, const StoredMarks* stored, 
     for (auto c = kids.rbegin(); c != kids.rend(); ++c) stack.push_back(c->second);
   }
   if (arch) {
-    (void)annotate_module_classes(tree, *index);
+    std::set<std::string, std::less<>> stood_in;  // classes planned as another they look like
+    (void)annotate_module_classes(tree, *index, &stood_in);
     // A no-split class transformers builds but no module of this tree has: its blocks would be
     // split, so say so.
     for (const auto& cls : arch->no_split_modules) {
       const bool built = std::any_of(arch->modules.begin(), arch->modules.end(), [&](const ModuleTemplate& m) { return m.class_name == cls; });
-      const bool found = std::any_of(tree.modules().begin(), tree.modules().end(), [&](const Module& m) { return m.class_name == cls; });
+      const bool found = stood_in.count(cls) > 0 ||
+                         std::any_of(tree.modules().begin(), tree.modules().end(), [&](const Module& m) { return m.class_name == cls; });
       if (built && !found)
         out.warnings.push_back(detail::concat("no-split class ", cls, " of the catalog names no module of this checkpoint (",
                                               out.names.identity() ? "its names are not the model's" : "even in the model's names",

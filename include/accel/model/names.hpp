@@ -9,7 +9,8 @@
 /// (include/accel/model/data/names.json, embedded in detail/names_data.hpp) and checked there
 /// against transformers' own renaming of every key of every class. A checkpoint name takes the
 /// rule whose checkpoint side is its longest matching dotted prefix (`{i}` matches one all-digit
-/// part); the numbered values fill the model side in order and the rest of the name follows.
+/// part, `linear_{i}` a part that is `linear_` and digits); the numbered values fill the model
+/// side in order (`{i+1}`: the value plus one) and the rest of the name follows.
 /// A numbered part the model side lacks is fused: many checkpoint tensors (one per expert) make
 /// one model tensor (`experts.gate_up_proj`). Before the rules, transformers' base-model prefix
 /// rule: a base-model checkpoint loaded into a head class gets the prefix, and the other way round.
@@ -17,6 +18,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -40,6 +42,7 @@
 #include <accel/model/safetensors.hpp>
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/error.hpp>
+#include <accel/runtime/text.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 
@@ -154,6 +157,43 @@ inline ClassNames parse_class_names(const nlohmann::json& e) {
 
 class NameArena;
 
+namespace detail {
+// One dotted part of a rename rule: written out, or a number between two texts (`{i}`,
+// `linear_{i}`), on the model side with a constant added (`{i+1}`, `{i-1}`).
+struct NamePart {
+  std::string text;           // the part as written
+  std::string before, after;  // around the number
+  std::int64_t offset = 0;
+  bool number = false;
+
+  explicit NamePart(std::string_view written) : text(written) {
+    const auto open = written.find('{'), close = written.find('}');
+    if (open == std::string_view::npos || close == std::string_view::npos || close < open + 2 ||
+        written.find('{', open + 1) != std::string_view::npos || written.find('}', close + 1) != std::string_view::npos)
+      return;
+    const auto inner = written.substr(open + 1, close - open - 1);
+    if (const auto sign = inner.find_first_of("+-"); sign != std::string_view::npos) {
+      const auto digits = inner.substr(sign + 1);
+      const auto v = text::parse_integer<std::int64_t>(digits);
+      if (sign == 0 || !v || !is_block_number(digits)) return;
+      offset = inner[sign] == '-' ? -*v : *v;
+    }
+    number = true;
+    before = written.substr(0, open);
+    after = written.substr(close + 1);
+  }
+
+  // The number this part takes from a name's part (the part's digits), or nullopt when it does
+  // not match; a written-out part matches itself and gives an empty view.
+  [[nodiscard]] std::optional<std::string_view> value_in(std::string_view p) const {
+    if (!number) return text == p ? std::optional<std::string_view>(std::string_view{}) : std::nullopt;
+    if (p.size() <= before.size() + after.size() || !p.starts_with(before) || !p.ends_with(after)) return std::nullopt;
+    const auto digits = p.substr(before.size(), p.size() - before.size() - after.size());
+    return is_block_number(digits) ? std::optional<std::string_view>(digits) : std::nullopt;
+  }
+};
+}  // namespace detail
+
 /// @brief Checkpoint name -> model name for one class (see the file comment for the rule).
 class NameMapper {
  public:
@@ -171,10 +211,11 @@ class NameMapper {
       r.model = split(names.renames[i].model);
       std::size_t m = 0;
       for (std::size_t p = 0; p < r.checkpoint.size(); ++p)
-        if (detail::is_placeholder(r.checkpoint[p])) r.values.push_back(p);
-      for (const auto& p : r.model) m += detail::is_placeholder(p);
+        if (r.checkpoint[p].number) r.values.push_back(p);
+      for (const auto& p : r.model) m += p.number;
       r.fused = m < r.values.size();
-      by_head_[r.checkpoint.front()].push_back(rules_.size());
+      // Rules whose first part holds a number are found under one key.
+      by_head_[r.checkpoint.front().number ? std::string("{i}") : r.checkpoint.front().text].push_back(rules_.size());
       rules_.push_back(std::move(r));
     }
   }
@@ -221,7 +262,7 @@ class NameMapper {
 
  private:
   struct Rule {
-    std::vector<std::string> checkpoint, model;
+    std::vector<detail::NamePart> checkpoint, model;
     std::vector<std::size_t> values;  ///< positions of the checkpoint side's placeholders
     bool fused = false;
   };
@@ -271,7 +312,7 @@ class NameMapper {
         if (r.checkpoint.size() > parts.size() || (best >= 0 && r.checkpoint.size() <= rules_[static_cast<std::size_t>(best)].checkpoint.size()))
           continue;
         bool ok = true;
-        for (std::size_t p = 0; p < r.checkpoint.size() && ok; ++p) ok = detail::template_part_matches(r.checkpoint[p], parts[p]);
+        for (std::size_t p = 0; p < r.checkpoint.size() && ok; ++p) ok = r.checkpoint[p].value_in(parts[p]).has_value();
         if (ok) best = static_cast<int>(i);
       }
     };
@@ -291,7 +332,19 @@ class NameMapper {
     if (rule >= 0) {
       const auto& r = rules_[static_cast<std::size_t>(rule)];
       std::size_t v = 0;
-      for (const auto& p : r.model) append(detail::is_placeholder(p) && v < r.values.size() ? parts[r.values[v++]] : std::string_view(p));
+      for (const auto& p : r.model) {
+        if (!p.number || v >= r.values.size()) {
+          append(p.text);
+          continue;
+        }
+        const auto at = r.values[v++];
+        const auto value = r.checkpoint[at].value_in(parts[at]).value_or(std::string_view{});
+        append(p.before);
+        const auto n = p.offset != 0 ? text::parse_integer<std::int64_t>(value) : std::nullopt;
+        if (n) out += std::to_string(*n + p.offset);
+        else out += value;
+        out += p.after;
+      }
       from = r.checkpoint.size();
     }
     for (std::size_t p = from; p < parts.size(); ++p) append(parts[p]);
@@ -313,13 +366,11 @@ class NameMapper {
     }
     return {{}, name};
   }
-  static std::vector<std::string> split(std::string_view s) {
-    std::vector<std::string> out;
+  static std::vector<detail::NamePart> split(std::string_view s) {
+    std::vector<detail::NamePart> out;
     for (std::size_t start = 0;;) {
       const auto dot = s.find('.', start);
-      std::string part(s.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
-      if (detail::is_placeholder(part)) part = "{i}";  // one spelling, so by_head_ finds leading placeholders
-      out.push_back(std::move(part));
+      out.emplace_back(s.substr(start, dot == std::string_view::npos ? std::string_view::npos : dot - start));
       if (dot == std::string_view::npos) break;
       start = dot + 1;
     }
@@ -367,7 +418,8 @@ inline void NameMapper::map_all(std::span<const std::string_view> names, NameAre
     if (detail::is_block_number(part)) spelled.push_back(part);
   };
   for (const auto& r : rules_)
-    for (const auto& p : r.checkpoint) note(p);
+    for (const auto& p : r.checkpoint)
+      if (!p.number) note(p.text);
   for (const auto* roots : {&names_->checkpoint_roots, &names_->model_roots, &names_->base_roots})
     for (const auto& p : *roots) note(p);
   note(names_->base_model_prefix);
