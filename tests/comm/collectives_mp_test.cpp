@@ -211,21 +211,6 @@ TEST_CASE("the real accel launch runs a gathering job", "[collectives][mp]") {
   REQUIRE(p.out(0) == expected_gather_output(3));
 }
 
-TEST_CASE("accel launch: a 2 x 2 grid runs collectives in its stage groups and replica groups and the world interleaved",
-          "[collectives][mp][groups]") {
-  const std::string groups_child = std::string(ACCEL_TEST_CHILD_DIR) + "/groups_child";
-  Processes p;
-  p.start({ACCEL_TEST_CLI, "launch", "--cpu", "--num_processes", "4", "--timeout", "60", groups_child, "grid"}, {});
-  const auto codes = p.wait();
-  INFO("stderr: " << p.err(0));
-  REQUIRE(codes[0] == 0);
-  REQUIRE(p.out(0) ==
-          "rank 0 replica 0 stage 0: stage group members=0,1 sum=3, replica group members=0,2 sum=4, world members=0,1,2,3 sum=10\n"
-          "rank 1 replica 0 stage 1: stage group members=0,1 sum=3, replica group members=1,3 sum=6, world members=0,1,2,3 sum=10\n"
-          "rank 2 replica 1 stage 0: stage group members=2,3 sum=7, replica group members=0,2 sum=4, world members=0,1,2,3 sum=10\n"
-          "rank 3 replica 1 stage 1: stage group members=2,3 sum=7, replica group members=1,3 sum=6, world members=0,1,2,3 sum=10\n");
-}
-
 TEST_CASE("a rank that dies while its group waits is named by group rank and job rank and the other group is unaffected",
           "[collectives][mp][groups]") {
   const std::string groups_child = std::string(ACCEL_TEST_CHILD_DIR) + "/groups_child";

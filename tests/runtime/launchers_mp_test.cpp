@@ -6,7 +6,6 @@
 // the others; a rank that exits with a code fails the job with that code. A launcher that cannot
 // run here is reported with WARN("test skipped: ...") and its case checks nothing (ctest: skipped).
 #include <fstream>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -14,6 +13,7 @@
 #include "support/files.hpp"
 #include "support/launchers.hpp"
 
+using accel_test::without_torchrun_prefixes;
 using namespace std::chrono_literals;
 
 namespace {
@@ -27,12 +27,6 @@ std::string expected_lines(const std::string& launcher, int world) {
     s += "process=" + std::to_string(r) + "/" + std::to_string(world) + " local=" + std::to_string(r) + "/" +
          std::to_string(world) + " device=cpu launcher=" + launcher + " job=yes\n";
   return s;
-}
-
-// `out` without the "[default0]:" that torchrun -t 1 puts before each line of a rank's output.
-std::string without_torchrun_prefixes(const std::string& out) {
-  static const std::regex prefix(R"((^|\n)\[default[0-9]+\]:)");
-  return std::regex_replace(out, prefix, "$1");
 }
 
 // Every check for one launcher: 3 ranks describe themselves correctly, then a job whose rank 1

@@ -16,9 +16,12 @@
 #include <initializer_list>
 #include <filesystem>
 #include <optional>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <dirent.h>
 
 #include "files.hpp"
 #include "processes.hpp"
@@ -175,6 +178,52 @@ inline JobResult run_job(std::vector<std::string> argv, const ScratchDir& dir, s
   r.out = read_file(dir / "job.out");
   r.err = read_file(dir / "job.err");
   return r;
+}
+
+/// @brief `out` without the "[default0]:" that torchrun -t 1 puts before each line of a rank's output.
+inline std::string without_torchrun_prefixes(const std::string& out) {
+  static const std::regex prefix(R"((^|\n)\[default[0-9]+\]:)");
+  return std::regex_replace(out, prefix, "$1");
+}
+
+/// @brief The processes of this machine (other than this one) that have `tag` as one of their
+///        arguments: a job's ranks, when the test passed its scratch folder to each as a tag.
+inline std::vector<pid_t> processes_with_argument(const std::string& tag) {
+  std::vector<pid_t> out;
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto pid = static_cast<pid_t>(std::stol(name));
+    if (pid == ::getpid()) continue;
+    const std::string cmdline = read_file("/proc/" + name + "/cmdline");  // empty for a zombie: it runs nothing
+    for (std::size_t pos = 0; pos < cmdline.size();) {
+      const auto end = std::min(cmdline.find('\0', pos), cmdline.size());
+      if (cmdline.compare(pos, end - pos, tag) == 0) {
+        out.push_back(pid);
+        break;
+      }
+      pos = end + 1;
+    }
+  }
+  ::closedir(d);
+  return out;
+}
+
+/// @brief Fails the test if processes with `tag` among their arguments outlive their launcher by
+///        more than `grace` (a launcher that returned while ranks still run); kills those first.
+inline void require_nothing_left(const std::string& tag, std::chrono::seconds grace = std::chrono::seconds(10)) {
+  const auto until = std::chrono::steady_clock::now() + grace;
+  auto left = processes_with_argument(tag);
+  while (!left.empty() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    left = processes_with_argument(tag);
+  }
+  std::string pids;
+  for (const pid_t pid : left) pids.append(pids.empty() ? "" : ", ").append(std::to_string(pid)), ::kill(pid, SIGKILL);
+  INFO("processes still running " << grace.count() << " s after their launcher ended: " << pids);
+  REQUIRE(left.empty());
 }
 
 }  // namespace accel_test

@@ -2,11 +2,17 @@
 // SPDX-FileCopyrightText: accel contributors
 // Child program of tests/comm/collectives_mp_test.cpp: one rank of a 4-process job split into a
 // 2 x 2 grid (grid_groups). argv[1] picks the scenario; errors go to stderr as "rank R: <message>".
+// Any further argument is ignored: tests pass a tag there to find the job's processes afterwards.
 //   grid   three times over: all_gather, all_reduce and gather_object in the stage group, then the
 //          replica group, then the world (a large all_reduce in each group, through shared memory);
 //          every rank checks its results and the main process prints one line per rank
 //   die    job rank 3 dies (std::_Exit(9)) while rank 2, its stage group's other member, waits in
 //          gather_object; ranks 0 and 1 finish a stage-group gather and exit normally first
+//   mismatch the ranks disagree twice: job rank 3 asks grid_groups for 1 x 4 while the others ask
+//          for 2 x 2, then job rank 1 passes split the color -5; every rank reports each error
+//          ("rank R: <message>"), the world meets once more after each (the disagreement leaves it
+//          in step), and every rank exits with 2, so a launcher that ends the job at the first
+//          non-zero exit cannot stop a rank before it has reported
 #include <accel/comm/collectives.hpp>
 
 #include <chrono>
@@ -43,6 +49,32 @@ std::string exercise(accel::Communicator& group, int job_rank, const std::vector
   expect(values.front() == want && values.back() == want, "all_reduce");
   return "members=" + join(members) + " sum=" + std::to_string(static_cast<int>(want));
 }
+// Reports an error every rank must see, then meets the others once more.
+void report(accel::DistributedState& state, int rank, const accel::error& e) {
+  std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
+  std::fflush(stderr);
+  accel::wait_for_everyone(state);
+}
+
+// The "mismatch" scenario: 2 when both disagreements were errors on this rank, 3 when one was not.
+int disagree(accel::DistributedState& state, int rank) {
+  int errors = 0;
+  try {
+    accel::grid_groups(state, rank == 3 ? 1 : 2, rank == 3 ? 4 : 2);
+  } catch (const accel::error& e) {
+    report(state, rank, e);
+    ++errors;
+  }
+  try {
+    accel::split(state, rank == 1 ? -5 : rank % 2, rank);
+  } catch (const accel::error& e) {
+    report(state, rank, e);
+    ++errors;
+  }
+  if (errors == 2) return 2;
+  std::fprintf(stderr, "rank %d: a disagreement was not an error here\n", rank);
+  return 3;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -52,6 +84,7 @@ int main(int argc, char** argv) {
     accel::DistributedState state;
     rank = state.process_index();
     accel::Communicator& world = accel::communicator(state);
+    if (mode == "mismatch") return disagree(state, rank);
     const auto grid = accel::grid_groups(state, 2, 2);
     const std::vector<int> stage_members = {grid.replica * 2, grid.replica * 2 + 1};
     const std::vector<int> replica_members = {grid.stage, 2 + grid.stage};
