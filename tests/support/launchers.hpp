@@ -6,6 +6,7 @@
 ///        cannot be used here when it cannot.
 #pragma once
 
+#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,8 +21,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <dirent.h>
 
 #include "files.hpp"
 #include "processes.hpp"
