@@ -59,7 +59,8 @@ struct CpuCommOptions {
   std::size_t buffer_chunk_bytes = 1 << 20;   ///< buffer collectives: bytes per pipelined step (same on every rank; each
                                               ///< rank holds a segment of twice this)
   /// Rounds whose payloads all fit this go through per-rank shared-memory slots instead of the store
-  /// (0: never). Each rank holds two slots; their pages are touched only as far as payloads reach.
+  /// (0: never). Each rank holds two slots, reserved and mapped in full when the communicator is made
+  /// (a full /dev/shm is an error then, not in the middle of a round).
   /// Up to here a slot round (a copy in, one copy out per peer) beats a store round trip plus
   /// segment views (measured: a 64 KiB gather between 2 processes 18-20 us through slots, 62-75 us
   /// through the store; at 1 MiB the two are level). Jobs of more than 2 ranks use at most
