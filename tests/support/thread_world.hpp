@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,6 +59,50 @@ class ThreadHub {
     return hub;
   }
 
+  /// @brief Point-to-point, sending side: leaves message `n` from `src` to `dst` (descriptor and
+  /// a copy of the payload) and waits for the receiver's descriptor.
+  std::vector<std::byte> post_message(int src, int dst, std::uint64_t n, std::vector<std::byte> descriptor, std::vector<std::byte> payload,
+                                      const std::string& label, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(world_->m);
+    Mail& mail = mail_[{src, dst}][n];
+    mail.descriptor = std::move(descriptor), mail.payload = std::move(payload), mail.posted = true;
+    world_->cv.notify_all();
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      Mail& m = mail_[{src, dst}][n];
+      if (m.answer) {
+        auto answer = std::move(*m.answer);
+        mail_[{src, dst}].erase(n);
+        return answer;
+      }
+      if (const auto& gone = world_->gone[static_cast<std::size_t>(job_rank(dst))])
+        accel::detail::throw_error<accel::comm_error>(name(dst), " ", *gone, " before receiving ", label);
+      if (world_->cv.wait_until(lock, deadline) == std::cv_status::timeout && !mail_[{src, dst}][n].answer)
+        accel::detail::throw_error<accel::timeout_error>("timed out in ", label, ": ", name(dst), " did not receive it");
+    }
+  }
+
+  /// @brief Point-to-point, receiving side: waits for message `n` from `src` to `dst`, hands its
+  /// descriptor and payload to `take` (under the world's lock), then answers with `descriptor`.
+  template <class Take>
+  void take_message(int src, int dst, std::uint64_t n, const std::vector<std::byte>& descriptor, const std::string& label,
+                    std::chrono::milliseconds timeout, Take&& take) {
+    std::unique_lock lock(world_->m);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      Mail& m = mail_[{src, dst}][n];
+      if (m.posted) break;
+      if (const auto& gone = world_->gone[static_cast<std::size_t>(job_rank(src))])
+        accel::detail::throw_error<accel::comm_error>(name(src), " ", *gone, " before sending ", label);
+      if (world_->cv.wait_until(lock, deadline) == std::cv_status::timeout && !mail_[{src, dst}][n].posted)
+        accel::detail::throw_error<accel::timeout_error>("timed out in ", label, ": ", name(src), " did not send it");
+    }
+    Mail& m = mail_[{src, dst}][n];
+    take(std::span<const std::byte>(m.descriptor), std::span<const std::byte>(m.payload));
+    m.answer = descriptor;
+    world_->cv.notify_all();
+  }
+
   accel::Blobs deposit_and_wait(int rank, std::uint64_t seq, std::vector<std::byte> entry, const std::string& label,
                                 std::chrono::milliseconds timeout) {
     std::unique_lock lock(world_->m);
@@ -88,6 +133,11 @@ class ThreadHub {
   }
 
  private:
+  struct Mail {
+    bool posted = false;
+    std::vector<std::byte> descriptor, payload;
+    std::optional<std::vector<std::byte>> answer;  ///< the receiver's descriptor, once it took the message
+  };
   struct Slot {
     std::vector<std::optional<std::vector<std::byte>>> entries;
     int arrived = 0;
@@ -101,6 +151,7 @@ class ThreadHub {
   int n_;
   std::vector<int> members_;  ///< a group's: the job rank of each of its ranks (empty: the world's)
   std::map<std::uint64_t, Slot> slots_;  ///< guarded by world_->m
+  std::map<std::pair<int, int>, std::map<std::uint64_t, Mail>> mail_;  ///< (sender, receiver) -> message number; guarded by world_->m
 };
 
 /// @brief One rank's communicator in a thread world.
@@ -109,8 +160,22 @@ class ThreadCommunicator final : public accel::Communicator {
   ThreadCommunicator(std::shared_ptr<ThreadHub> hub, int rank, int size, std::chrono::milliseconds timeout)
       : Communicator(rank, size, timeout), hub_(std::move(hub)) {}
   [[nodiscard]] std::string backend() const override { return "threads"; }
+  ~ThreadCommunicator() override { stop_p2p(); }
 
  protected:
+  void p2p_send(const P2pSend& m) override {
+    const auto answer = hub_->post_message(rank(), m.peer, m.number, {m.descriptor.begin(), m.descriptor.end()}, m.data.joined(), m.label,
+                                           timeout());
+    m.accepts(answer);
+  }
+  void p2p_recv(const P2pRecv& m) override {
+    hub_->take_message(m.peer, rank(), m.number, {m.descriptor.begin(), m.descriptor.end()}, m.label, timeout(),
+                       [&](std::span<const std::byte> descriptor, std::span<const std::byte> payload) {
+                         if (std::byte* at = m.place(descriptor, payload.size()); at && !payload.empty())
+                           std::memcpy(at, payload.data(), payload.size());
+                       });
+  }
+
   std::shared_ptr<accel::Communicator> make_group(const accel::GroupSpec& spec) override {
     if (spec.color == accel::no_group) return nullptr;
     return std::make_shared<ThreadCommunicator>(hub_->group(spec.split_seq, spec.color, spec.job_ranks), spec.rank,

@@ -17,7 +17,10 @@
 #include <cstdint>
 #include <cstring>
 #include <algorithm>
+#include <atomic>
 #include <exception>
+#include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -30,6 +33,7 @@
 #include <accel/runtime/error.hpp>
 #include <accel/comm/blobs.hpp>
 #include <accel/comm/reduce.hpp>
+#include <accel/comm/detail/p2p.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 
@@ -146,7 +150,7 @@ struct Payload {
 /// it, in the same order, with the same operation name (and root).
 class Communicator {
  public:
-  virtual ~Communicator() = default;
+  virtual ~Communicator() { stop_p2p(); }
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
@@ -227,6 +231,56 @@ class Communicator {
     return buffer_data(call, label);
   }
 
+  /// @name Point-to-point
+  /// The seam under accel::send / recv / send_object / recv_object (p2p.hpp): one message from
+  /// this rank to another, matched by order between the pair (the n-th message this rank sends to
+  /// rank d is the n-th that rank d receives from it). Not collective: only the two ends call.
+  ///
+  /// Sends are synchronous: send_message returns once the receiver took the message (it has
+  /// checked the descriptors; the payload is on its way or delivered), so two ranks that both send
+  /// to each other first wait for each other until the timeout; use send_message_async on one side
+  /// (or order the calls). The *_async forms run on a queue per peer and direction, in the order
+  /// they were called; a plain call after them waits for them first.
+  ///@{
+
+  /// @brief Sends `data` (described by `d`) to rank `dst`.
+  /// @throws usage_error when dst is this rank or not a rank (nothing is sent); on both ends when
+  ///         the receiver expects another kind, element type, length or object type (naming both
+  ///         ranks and what each passed)
+  /// @throws comm_error naming dst when it died, exited or closed its communicator first;
+  ///         timeout_error when it did not receive within timeout()
+  void send_message(int dst, const detail::P2pDescriptor& d, Payload data) {
+    check_peer("send", dst);
+    const std::uint64_t n = ++p2p_sent_[dst];
+    run_in_order(p2p_queue(false, dst), [&] { do_send(dst, n, d, data); });
+  }
+  /// @brief send_message, returning at once; `data` must stay valid until the handle's wait(),
+  /// which rethrows what the send threw.
+  /// @throws usage_error at once when dst is this rank or not a rank
+  CollectiveHandle send_message_async(int dst, detail::P2pDescriptor d, Payload data) {
+    check_peer("send", dst);
+    const std::uint64_t n = ++p2p_sent_[dst];
+    auto outcome = p2p_queue(false, dst).push([this, dst, n, d = std::move(d), data] { do_send(dst, n, d, data); });
+    return CollectiveHandle([outcome] { outcome->wait(); });
+  }
+  /// @brief Receives the next message from rank `src`, which must match `d` (for an object,
+  /// its type; its size is the sender's): `place(bytes)` gives where its payload goes.
+  /// @throws as send_message, with src for dst
+  void recv_message(int src, const detail::P2pDescriptor& d, const std::function<std::byte*(std::uint64_t)>& place) {
+    check_peer("recv", src);
+    const std::uint64_t n = ++p2p_received_[src];
+    run_in_order(p2p_queue(true, src), [&] { do_recv(src, n, d, place); });
+  }
+  /// @brief recv_message, returning at once; `place` and what it returns must stay valid until the
+  /// handle's wait(), which rethrows what the receive threw.
+  CollectiveHandle recv_message_async(int src, detail::P2pDescriptor d, std::function<std::byte*(std::uint64_t)> place) {
+    check_peer("recv", src);
+    const std::uint64_t n = ++p2p_received_[src];
+    auto outcome = p2p_queue(true, src).push([this, src, n, d = std::move(d), place = std::move(place)] { do_recv(src, n, d, place); });
+    return CollectiveHandle([outcome] { outcome->wait(); });
+  }
+  ///@}
+
   /// @brief True when the buffer collectives take device memory (NCCL), false for host memory.
   [[nodiscard]] virtual bool device_buffers() const noexcept { return false; }
 
@@ -281,6 +335,48 @@ class Communicator {
   }
 
  protected:
+  /// @brief A message as the sending backend gets it (p2p_send()).
+  struct P2pSend {
+    int peer = -1;                                   ///< the receiver
+    std::uint64_t number = 0;                        ///< 1, 2, … among this rank's messages to `peer`
+    std::string label;                               ///< "message #2 from rank 0 to rank 1", for errors
+    std::span<const std::byte> descriptor;           ///< this end's, encoded (at most p2p_descriptor_max_bytes)
+    Payload data;                                    ///< the payload (its size follows from the descriptor)
+    /// Called once with the receiver's descriptor: false when the two do not match (the backend then
+    /// returns without sending the rest; the receiver reaches the same verdict and stops too).
+    std::function<bool(std::span<const std::byte>)> accepts;
+  };
+  /// @brief A message as the receiving backend gets it (p2p_recv()).
+  struct P2pRecv {
+    int peer = -1;                                   ///< the sender
+    std::uint64_t number = 0;                        ///< 1, 2, … among this rank's messages from `peer`
+    std::string label;
+    std::span<const std::byte> descriptor;           ///< this end's, encoded; the backend hands it to the sender
+    /// Called once with the sender's descriptor and payload size: where the payload goes, or null
+    /// when the two do not match (the backend then answers the sender and returns).
+    std::function<std::byte*(std::span<const std::byte>, std::uint64_t)> place;
+  };
+  /// @brief The backend's send: hands `m.descriptor` to the receiver, gets its descriptor back,
+  /// asks m.accepts() and, if it agrees, delivers the payload. Returns once the receiver has the
+  /// descriptors (the payload may still be on its way, but `m.data` is no longer read).
+  /// @throws comm_error naming the peer when it left; timeout_error after timeout()
+  virtual void p2p_send(const P2pSend& m) {
+    detail::throw_error<unavailable_error>("the ", backend(), " backend has no point-to-point messages (", m.label, ")");
+  }
+  /// @brief The backend's receive: gets the sender's descriptor, asks m.place(), answers with
+  /// m.descriptor, and if place() gave memory, writes the payload there before returning.
+  virtual void p2p_recv(const P2pRecv& m) {
+    detail::throw_error<unavailable_error>("the ", backend(), " backend has no point-to-point messages (", m.label, ")");
+  }
+  /// @brief Ends the async point-to-point queues (the running call finishes, queued ones fail):
+  /// a backend's destructor calls it first, before its own members go.
+  void stop_p2p() noexcept {
+    p2p_closing_ = true;
+    for (auto& [key, q] : p2p_queues_) q->stop();
+  }
+  /// @brief True once the communicator is being destroyed (backends' waits may end early).
+  [[nodiscard]] bool p2p_closing() const noexcept { return p2p_closing_; }
+
   /// @brief Makes the communicator of this rank's group in a split (called on every rank of this
   /// communicator, in step, right after the split's round). Returns null for a no_group rank (a
   /// backend whose split is collective over the parent, as NCCL's, takes part first); otherwise a
@@ -348,6 +444,59 @@ class Communicator {
   }
 
  private:
+  void check_peer(const char* op, int peer) const {
+    if (peer == rank_)
+      detail::throw_error<usage_error>(op, ": ", rank_name(rank_), " cannot ", std::string_view(op) == "send" ? "send to" : "receive from",
+                                       " itself; pass another rank of this ", size_, "-rank communicator");
+    if (peer < 0 || peer >= size_)
+      detail::throw_error<usage_error>(op, ": ", peer, " is not a rank of this ", size_, "-rank communicator (ranks 0 to ", size_ - 1, ")");
+  }
+  detail::P2pQueue& p2p_queue(bool receive, int peer) {
+    auto& q = p2p_queues_[{receive, peer}];
+    if (!q) q = std::make_unique<detail::P2pQueue>();
+    return *q;
+  }
+  // A plain call runs here unless async calls of its queue are pending: then after them, in order.
+  template <class Fn>
+  static void run_in_order(detail::P2pQueue& q, Fn&& fn) {
+    if (q.idle()) return fn();
+    q.push(std::function<void()>(std::forward<Fn>(fn)))->wait();
+  }
+  std::string p2p_label(int from, int to, std::uint64_t n) const {
+    return detail::concat("message #", n, " from ", rank_name(from), " to ", rank_name(to));
+  }
+  void do_send(int dst, std::uint64_t n, const detail::P2pDescriptor& d, const Payload& data) {
+    const auto mine = detail::encode_p2p_descriptor(d);
+    std::string mismatch;
+    P2pSend m;
+    m.peer = dst, m.number = n, m.label = p2p_label(rank_, dst, n), m.descriptor = mine, m.data = data;
+    m.accepts = [&](std::span<const std::byte> theirs) {
+      mismatch = detail::p2p_mismatch(d, detail::decode_p2p_descriptor(theirs, rank_name(dst)), rank_name(rank_), rank_name(dst), m.label);
+      return mismatch.empty();
+    };
+    p2p_send(m);
+    if (!mismatch.empty()) throw usage_error(mismatch);
+  }
+  void do_recv(int src, std::uint64_t n, const detail::P2pDescriptor& d, const std::function<std::byte*(std::uint64_t)>& place) {
+    const auto mine = detail::encode_p2p_descriptor(d);
+    std::string mismatch;
+    P2pRecv m;
+    m.peer = src, m.number = n, m.label = p2p_label(src, rank_, n), m.descriptor = mine;
+    m.place = [&](std::span<const std::byte> theirs, std::uint64_t bytes) -> std::byte* {
+      const auto sent = detail::decode_p2p_descriptor(theirs, rank_name(src));
+      mismatch = detail::p2p_mismatch(sent, d, rank_name(src), rank_name(rank_), m.label);
+      if (!mismatch.empty()) return nullptr;
+      if (bytes != detail::p2p_payload_bytes(sent))
+        detail::throw_error<comm_error>(rank_name(src), " announced ", bytes, " payload bytes for ", m.label, " but its descriptor says ",
+                                        detail::p2p_payload_bytes(sent));
+      static std::byte nothing{};  // an empty payload's place (null would mean "refused")
+      std::byte* at = place(bytes);
+      return at ? at : &nothing;
+    };
+    p2p_recv(m);
+    if (!mismatch.empty()) throw usage_error(mismatch);
+  }
+
   void expect_bytes(std::size_t got, std::size_t want, int from, const std::string& label) const {
     if (got != want)
       detail::throw_error<comm_error>(backend(), " backend delivered ", got, " bytes from rank ", from, " for ", label, ", ", want,
@@ -408,6 +557,10 @@ class Communicator {
   std::uint64_t seq_ = 0;
   std::vector<std::byte> send_buffer_;
   std::vector<int> job_ranks_;  ///< a group's: the job rank of each member (empty on the job's communicator)
+  std::map<int, std::uint64_t> p2p_sent_;      ///< messages sent to each peer so far
+  std::map<int, std::uint64_t> p2p_received_;  ///< messages received from each peer so far
+  std::map<std::pair<bool, int>, std::unique_ptr<detail::P2pQueue>> p2p_queues_;  ///< (receive?, peer): the async calls' queues
+  std::atomic<bool> p2p_closing_{false};
 };
 
 /// @brief The communicator of a one-process job: every collective returns this process's own data.

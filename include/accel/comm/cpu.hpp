@@ -24,11 +24,14 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <memory>
 #include <new>
 #include <optional>
@@ -41,6 +44,7 @@
 #include <accel/runtime/config.hpp>
 #include <accel/comm/detail/shm.hpp>
 #include <accel/comm/detail/shm_collectives.hpp>
+#include <accel/comm/detail/shm_p2p.hpp>
 #include <accel/comm/detail/shm_slots.hpp>
 #include <accel/comm/detail/store_chunks.hpp>
 #include <accel/comm/wire.hpp>
@@ -114,12 +118,14 @@ class CpuCommunicator final : public Communicator {
       if (!slots_->create()) slots_.reset();  // no shared memory here: the store carries every round
     }
     w.str(slots_ ? slots_->segment() : std::string());
+    w.str(shm_prefix + ".p");  // point-to-point channels to this rank are named <this>.<sender>
     const Blobs all = store_exchange(base_key() + "setup", w.take(), "communicator setup (" + options_.name + ")");
     same_machine_ = true;
     std::vector<detail::ShmBufferEngine::Peer> peers;
     std::vector<std::uint64_t> chunks, round_bytes;
     std::vector<std::string> slot_segments;
     std::vector<std::uint64_t> namespaces;
+    std::vector<std::string> p2p_prefixes;
     for (std::size_t i = 0; i < all.size(); ++i) {
       detail::WireReader rd(all[i]);
       same_machine_ = same_machine_ && rd.str() == me;
@@ -132,8 +138,14 @@ class CpuCommunicator final : public Communicator {
       chunks.push_back(rd.u64());
       round_bytes.push_back(rd.u64());
       slot_segments.push_back(rd.str());
+      p2p_prefixes.push_back(rd.str());
       namespaces.push_back(p.pid_namespace);
+      peer_pids_.push_back(static_cast<pid_t>(p.pid));
     }
+    // Point-to-point through shared-memory channels under the slots' conditions (one machine, one
+    // PID namespace, so a dead peer is noticed through its pid); otherwise through the store.
+    if (size > 1 && detail::slots_usable(same_machine_, options_.use_shm, p2p_prefixes, namespaces, detail::pid_namespace_id()))
+      p2p_prefixes_ = std::move(p2p_prefixes);
     if (slots_ && detail::slots_usable(same_machine_, options_.use_shm, slot_segments, namespaces, detail::pid_namespace_id())) {
       std::vector<detail::ShmSlotExchange::Peer> slot_peers;
       for (std::size_t i = 0; i < peers.size(); ++i) slot_peers.push_back({slot_segments[i], peers[i].pid});
@@ -162,6 +174,16 @@ class CpuCommunicator final : public Communicator {
   /// @brief Says this rank is done; if its last round went through shared memory, first waits
   /// (bounded) until every rank is done too, so nobody is left reading a segment being unlinked.
   ~CpuCommunicator() override {
+    stop_p2p();
+    {
+      std::lock_guard lock(p2p_mutex_);
+      channels_.clear();  // tells peers waiting on a channel that this end closed
+      p2p_stores_.clear();
+      watch_store_.reset();
+    }
+    if (!p2p_prefixes_.empty())
+      for (int r = 0; r < size(); ++r)
+        if (r != rank()) ::shm_unlink(channel_name(r, rank()).c_str());  // the channels to this rank, if a sender made them
     try {
       store_->set(key("closed/" + std::to_string(rank())), std::string_view("1"));
       if (!segments_.empty() && last_shm_round_ != 0 && last_shm_round_ == collectives_entered()) {
@@ -178,6 +200,8 @@ class CpuCommunicator final : public Communicator {
   [[nodiscard]] bool uses_shared_memory() const noexcept { return !segments_.empty(); }
   /// @brief Whether rounds with small payloads go through shared-memory slots instead of the store.
   [[nodiscard]] bool uses_shared_memory_slots() const noexcept { return slots_ != nullptr; }
+  /// @brief Whether point-to-point messages go through shared-memory channels (else through the store).
+  [[nodiscard]] bool uses_shared_memory_p2p() const noexcept { return !p2p_prefixes_.empty(); }
   /// @brief The store this communicator runs on.
   [[nodiscard]] StoreClient& store() const noexcept { return *store_; }
 
@@ -201,6 +225,91 @@ class CpuCommunicator final : public Communicator {
     last_shm_round_ = collectives_entered();  // peers may still open our segment after we return: the destructor waits
     buffers_->run(c, label);
     return {};
+  }
+
+  /// Point-to-point. Between processes of one machine (one PID namespace, shared memory allowed):
+  /// a shared-memory channel per ordered pair, made on first use (detail/shm_p2p.hpp). Otherwise
+  /// (across machines, ACCEL_CPU_SHM=0): through the store, one exchange between the two ranks per
+  /// message (the sender's descriptor and first piece, the receiver's descriptor), then one per
+  /// further piece of at most half of CpuCommOptions::store_round_bytes, so the store holds at most
+  /// one piece per message in flight. Each peer and direction uses a store connection of its own,
+  /// so a send waiting for its receiver never holds up another message of this process.
+  void p2p_send(const P2pSend& m) override {
+    if (!p2p_prefixes_.empty()) {
+      detail::ShmP2pChannel& ch = channel(true, m.peer);
+      try {
+        ch.send(m.number, m.label, m.descriptor, m.data.head, m.data.body, m.accepts);
+      } catch (const detail::shm_peer_left& e) {
+        peer_left(m.peer, m.label, e.what());
+      }
+      return;
+    }
+    StoreClient& st = p2p_store(true, m.peer);
+    const std::string k = key(detail::concat("p2p/", rank(), ">", m.peer, "/", m.number));
+    const std::uint64_t total = m.data.size();
+    const std::size_t piece = detail::store_piece_bytes(2, options_.store_round_bytes);
+    std::vector<std::byte> scratch;
+    detail::WireWriter w;
+    w.bytes(m.descriptor).u64(total).bytes(slice(m.data, 0, std::min<std::uint64_t>(total, piece), scratch));
+    const Blobs both = pair_exchange(st, k, m.peer, true, w.take(), m.label);
+    std::span<const std::byte> theirs;
+    try {
+      detail::WireReader rd(both[1]);
+      theirs = rd.bytes();
+      rd.expect_end();
+    } catch (const detail::wire_error& e) {
+      detail::throw_error<comm_error>(rank_name(m.peer), " sent a malformed answer for ", m.label, " (", e.what(), ")");
+    }
+    if (!m.accepts(theirs)) return;
+    const std::uint64_t pieces = (total + piece - 1) / piece;
+    for (std::uint64_t i = 1; i < pieces; ++i) {
+      const auto [from, length] = detail::piece_range(total, i, piece);
+      pair_exchange(st, detail::concat(k, ".", i), m.peer, true, slice(m.data, from, length, scratch),
+                    detail::concat(m.label, ", piece ", i + 1, " of ", pieces));
+    }
+  }
+
+  void p2p_recv(const P2pRecv& m) override {
+    if (!p2p_prefixes_.empty()) {
+      detail::ShmP2pChannel& ch = channel(false, m.peer);
+      try {
+        ch.recv(m.number, m.label, m.descriptor, m.place);
+      } catch (const detail::shm_peer_left& e) {
+        peer_left(m.peer, m.label, e.what());
+      }
+      return;
+    }
+    StoreClient& st = p2p_store(false, m.peer);
+    const std::string k = key(detail::concat("p2p/", m.peer, ">", rank(), "/", m.number));
+    detail::WireWriter w;
+    w.bytes(m.descriptor);
+    const Blobs both = pair_exchange(st, k, m.peer, false, w.take(), m.label);
+    std::span<const std::byte> descriptor, first;
+    std::uint64_t total = 0;
+    const std::size_t piece = detail::store_piece_bytes(2, options_.store_round_bytes);
+    try {
+      detail::WireReader rd(both[0]);
+      descriptor = rd.bytes();
+      total = rd.u64();
+      first = rd.bytes();
+      rd.expect_end();
+      if (first.size() != std::min<std::uint64_t>(total, piece))
+        throw detail::wire_error(detail::concat("a first piece of ", first.size(), " bytes for ", total));
+    } catch (const detail::wire_error& e) {
+      detail::throw_error<comm_error>(rank_name(m.peer), " sent a malformed message for ", m.label, " (", e.what(), ")");
+    }
+    std::byte* out = m.place(descriptor, total);
+    if (!out) return;
+    if (!first.empty()) std::memcpy(out, first.data(), first.size());
+    const std::uint64_t pieces = (total + piece - 1) / piece;
+    for (std::uint64_t i = 1; i < pieces; ++i) {
+      const auto [from, length] = detail::piece_range(total, i, piece);
+      const std::string what = detail::concat(m.label, ", piece ", i + 1, " of ", pieces);
+      const Blobs got = pair_exchange(st, detail::concat(k, ".", i), m.peer, false, {}, what);
+      if (got[0].size() != length)
+        detail::throw_error<comm_error>(rank_name(m.peer), " sent ", got[0].size(), " bytes for ", what, ", ", length, " expected");
+      std::memcpy(out + from, got[0].data(), got[0].size());
+    }
   }
 
   Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header, const Payload& payload) override {
@@ -383,6 +492,86 @@ class CpuCommunicator final : public Communicator {
     return buffer;
   }
 
+  // Point-to-point: the channel name of messages from `from` to `to` (made in `to`'s name).
+  std::string channel_name(int from, int to) const { return detail::concat(p2p_prefixes_[static_cast<std::size_t>(to)], ".", from); }
+
+  // This end of the channel to (sending) or from `peer`, opened on first use.
+  detail::ShmP2pChannel& channel(bool sending, int peer) {
+    std::lock_guard lock(p2p_mutex_);
+    auto& ch = channels_[{sending, peer}];
+    if (!ch) {
+      const pid_t pid = peer_pids_[static_cast<std::size_t>(peer)];
+      auto made = std::make_unique<detail::ShmP2pChannel>(sending ? channel_name(rank(), peer) : channel_name(peer, rank()), sending,
+                                                          detail::ShmP2pChannel::Peer{peer, rank_name(peer), pid}, timeout(),
+                                                          [this] { return p2p_closing(); }, [this, peer] { return closed(peer); });
+      made->open();
+      ch = std::move(made);
+    }
+    return *ch;
+  }
+
+  // The store connection of messages to (sending) or from `peer`, opened on first use.
+  StoreClient& p2p_store(bool sending, int peer) {
+    std::lock_guard lock(p2p_mutex_);
+    auto& st = p2p_stores_[{sending, peer}];
+    if (!st) st = store_->connect_again();
+    return *st;
+  }
+
+  // The connection for questions about peers while messages wait on channels (not the main
+  // one: a collective may hold it while it waits for a peer that waits for this message).
+  StoreClient& watch_store() {
+    std::lock_guard lock(p2p_mutex_);
+    if (!watch_store_) watch_store_ = store_->connect_again();
+    return *watch_store_;
+  }
+
+  // Whether `peer`'s communicator has ended (its destructor sets the key); false when unsure.
+  bool closed(int peer) {
+    try {
+      watch_store().wait({key("closed/" + std::to_string(peer))}, std::chrono::milliseconds(1));
+      return true;
+    } catch (const comm_error&) {  // not set (timeout_error), or the store cannot say now
+      return false;
+    }
+  }
+
+  // One store exchange between this rank and `peer` (the sender's entry first). The store names
+  // the two as group ranks 0 and 1 of the exchange; errors are reworded with their names here.
+  Blobs pair_exchange(StoreClient& st, const std::string& k, int peer, bool sending, std::span<const std::byte> value,
+                      const std::string& label) {
+    const int sender = sending ? rank() : peer, receiver = sending ? peer : rank();
+    const int members[2] = {job_rank(sender), job_rank(receiver)};
+    try {
+      return st.exchange(k, sending ? 0 : 1, 2, value, label, std::nullopt, members);
+    } catch (const timeout_error&) {
+      detail::throw_error<timeout_error>("timed out after ", text::format_ms(static_cast<std::uint64_t>(timeout().count())), " in ", label,
+                                         ": ", rank_name(peer), " did not ", sending ? "receive it" : "send it");
+    } catch (const comm_error& e) {
+      const std::string how = detail::how_peer_left(e.what());
+      if (how.empty()) throw;  // not about the peer (the store itself is gone, …)
+      detail::throw_error<comm_error>(rank_name(peer), " ", how, " during ", label);
+    }
+  }
+
+  // A peer's process ended while this rank waited for it on a channel: the store says how it left
+  // (a short inquiry: one exchange the peer never joins), else the channel's own words.
+  [[noreturn]] void peer_left(int peer, const std::string& label, const std::string& local) {
+    const int lo = std::min(rank(), peer), hi = std::max(rank(), peer);
+    const int members[2] = {job_rank(lo), job_rank(hi)};
+    std::string how;
+    try {
+      watch_store().exchange(key(detail::concat("p2p/left/", lo, "-", hi, "/", rank(), ".", ++p2p_inquiries_)), rank() == lo ? 0 : 1, 2,
+                             {}, label, std::chrono::milliseconds(2000), members);
+    } catch (const timeout_error&) {
+    } catch (const comm_error& e) {
+      how = detail::how_peer_left(e.what());
+    }
+    if (how.empty()) throw comm_error(local);
+    const pid_t pid = peer_pids_[static_cast<std::size_t>(peer)];
+    detail::throw_error<comm_error>(rank_name(peer), " (pid ", pid, ") ", how, " during ", label);
+  }
+
   // One round among this communicator's ranks through the store (a group's names its job ranks).
   Blobs store_exchange(const std::string& k, std::span<const std::byte> value, std::string_view label) {
     return store_->exchange(k, rank(), size(), value, label, std::nullopt, members_);
@@ -401,6 +590,13 @@ class CpuCommunicator final : public Communicator {
   detail::ShmPeerMappings peer_maps_;
   std::unique_ptr<detail::ShmBufferEngine> buffers_;  ///< null: buffer collectives travel in store rounds
   std::unique_ptr<detail::ShmSlotExchange> slots_;       ///< null: every round travels through the store
+  std::vector<pid_t> peer_pids_;                          ///< every rank's process id
+  std::vector<std::string> p2p_prefixes_;                 ///< every rank's channel prefix; empty: messages go through the store
+  std::mutex p2p_mutex_;                                  ///< guards channels_ and p2p_stores_ (async calls run on queue threads)
+  std::map<std::pair<bool, int>, std::unique_ptr<detail::ShmP2pChannel>> channels_;  ///< (sending?, peer)
+  std::map<std::pair<bool, int>, std::shared_ptr<StoreClient>> p2p_stores_;          ///< (sending?, peer)
+  std::shared_ptr<StoreClient> watch_store_;  ///< see watch_store()
+  std::atomic<std::uint64_t> p2p_inquiries_{0};
 };
 
 ACCEL_NAMESPACE_END

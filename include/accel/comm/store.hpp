@@ -380,7 +380,7 @@ class StoreClient {
   StoreClient(std::string host, int port, std::string job_token, std::chrono::milliseconds timeout = std::chrono::seconds(300),
               int rank = -1, int world_size = 0, const std::string& job_id = {},
               std::optional<std::chrono::milliseconds> connect_timeout = std::nullopt)
-      : host_(std::move(host)), port_(port), timeout_(timeout), rank_(rank) {
+      : host_(std::move(host)), port_(port), timeout_(timeout), rank_(rank), job_token_(job_token), world_size_(world_size), job_id_(job_id) {
     const auto reach_by = Clock::now() + connect_timeout.value_or(timeout_);
     fd_ = detail::ForkGuardedFd(detail::connect_tcp(host_, port_, reach_by));
     const auto reply = round_trip(detail::encode_hello(job_token, rank, world_size, job_id), reach_by, "handshake");
@@ -394,7 +394,8 @@ class StoreClient {
   /// @throws comm_error when the job's own store refuses this process
   StoreClient(std::string host, const std::vector<int>& ports, std::string job_token, std::chrono::milliseconds timeout,
               int rank, int world_size, const std::string& job_id, std::chrono::milliseconds connect_timeout)
-      : host_(std::move(host)), port_(ports.at(0)), timeout_(timeout), rank_(rank) {
+      : host_(std::move(host)), port_(ports.at(0)), timeout_(timeout), rank_(rank), job_token_(job_token), world_size_(world_size),
+        job_id_(job_id) {
     const auto reach_by = Clock::now() + connect_timeout;
     const auto hello = detail::encode_hello(job_token, rank, world_size, job_id, /*probing=*/true);
     std::vector<std::string> seen(ports.size());  // what answered at each port, for the timeout message
@@ -541,6 +542,14 @@ class StoreClient {
     return out;
   }
 
+  /// @brief Another connection to the same store as the same rank. Requests on different
+  /// connections never wait for each other (a request holds its connection until answered); the
+  /// store counts a rank gone when its last connection closes.
+  /// @throws as the constructor
+  [[nodiscard]] std::shared_ptr<StoreClient> connect_again() const {
+    return std::make_shared<StoreClient>(host_, port_, job_token_, timeout_, rank_, world_size_, job_id_);
+  }
+
   /// @brief The default timeout.
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   /// @brief The rank registered in the handshake (-1 for none).
@@ -638,6 +647,9 @@ class StoreClient {
   int port_;
   std::chrono::milliseconds timeout_;
   int rank_;
+  std::string job_token_;  ///< for connect_again()
+  int world_size_ = 0;
+  std::string job_id_;
   std::mutex mutex_;
   detail::ForkGuardedFd fd_;  ///< closed in children forked without exec: it is the rank's membership
   pid_t pid_ = ::getpid();

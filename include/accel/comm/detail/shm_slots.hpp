@@ -79,6 +79,32 @@ inline int usable_cpus() noexcept {
   return n > 0 ? n : 1;
 }
 
+/// @brief Waits until `word` reached `step` following `plan`: spin, then yield, then
+/// sleep_until_reached() (saying so in `sleeping`), calling `check()` between sleeps; check()
+/// throws when a peer is gone or a deadline passed.
+template <class Check>
+void await_step(const std::atomic<std::uint32_t>& word, std::uint32_t step, const SpinPlan& plan, std::atomic<std::uint32_t>& sleeping,
+                Check&& check) {
+  if (reached(word.load(std::memory_order_acquire), step)) return;
+  if (plan.spin.count() > 0) {
+    const auto until = std::chrono::steady_clock::now() + plan.spin;
+    do {
+      for (int i = 0; i < 64; ++i) {
+        cpu_relax();
+        if (reached(word.load(std::memory_order_acquire), step)) return;
+      }
+    } while (std::chrono::steady_clock::now() < until);
+  }
+  if (plan.yield.count() > 0) {
+    const auto until = std::chrono::steady_clock::now() + plan.yield;
+    do {  // a yield that handed the CPU to other work may take a whole time slice: check the clock after each
+      ::sched_yield();
+      if (reached(word.load(std::memory_order_acquire), step)) return;
+    } while (std::chrono::steady_clock::now() < until);
+  }
+  sleep_until_reached(word, step, sleeping, std::forward<Check>(check));
+}
+
 /// @brief Whether the small-payload slots can serve a communicator (pure): every rank on this
 /// machine, shared memory allowed, more than one rank, every rank made a slot segment, and every
 /// rank's process can be watched (the same PID namespace as this one, known), since a dead peer is
@@ -306,26 +332,8 @@ class ShmSlotExchange {
 
   // Waits until rank r posted step s: spin, yield, then sleep in short futex waits, checking peers.
   void await(int r, std::uint32_t s, const std::string& label) {
-    const auto& word = control(r).posted.v;
-    if (reached(word.load(std::memory_order_acquire), s)) return;
-    if (plan_.spin.count() > 0) {
-      const auto until = std::chrono::steady_clock::now() + plan_.spin;
-      do {
-        for (int i = 0; i < 64; ++i) {
-          cpu_relax();
-          if (reached(word.load(std::memory_order_acquire), s)) return;
-        }
-      } while (std::chrono::steady_clock::now() < until);
-    }
-    if (plan_.yield.count() > 0) {
-      const auto until = std::chrono::steady_clock::now() + plan_.yield;
-      do {  // a yield that handed the CPU to other work may take a whole time slice: check the clock after each
-        ::sched_yield();
-        if (reached(word.load(std::memory_order_acquire), s)) return;
-      } while (std::chrono::steady_clock::now() < until);
-    }
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    sleep_until_reached(word, s, own_control().sleeping.v, [&] { check_peers(s, label, deadline); });
+    await_step(control(r).posted.v, s, plan_, own_control().sleeping.v, [&] { check_peers(s, label, deadline); });
   }
 
   // Only a peer that has not posted step s can hold this round up; a gone one is named first,

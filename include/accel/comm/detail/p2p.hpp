@@ -1,0 +1,219 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file p2p.hpp
+/// @brief What point-to-point messages are made of, backend-independent: the descriptor each end
+///        states (element type and count, or the object's type), the check both ends run on the
+///        same pair of descriptors, and the per-peer queues that run the *_async calls in order.
+///
+/// The check is a pure function of (sender's descriptor, receiver's descriptor, names, label), so
+/// the two ends reach the same verdict and throw the same message without another round trip.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/runtime/text.hpp>
+#include <accel/comm/reduce.hpp>
+#include <accel/comm/wire.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+namespace detail {
+
+/// @brief What a message carries: a typed buffer (send/recv over spans) or an encoded object
+/// (send_object/recv_object).
+enum class P2pKind : std::uint8_t { buffer = 1, object = 2 };
+
+/// @brief What one end of a message states about it.
+struct P2pDescriptor {
+  P2pKind kind = P2pKind::buffer;
+  ElementType type = ElementType::uint8;  ///< buffer: the element type
+  std::uint64_t count = 0;                ///< buffer: elements; object: encoded bytes on the sender (0 on the receiver)
+  std::string object_type;                ///< object: the value's type, as type_name<T>() spells it
+};
+
+/// @brief The longest descriptor a backend must carry (an object's type name is cut to fit).
+inline constexpr std::size_t p2p_descriptor_max_bytes = 2048;
+
+inline std::vector<std::byte> encode_p2p_descriptor(const P2pDescriptor& d) {
+  WireWriter w;
+  const std::string type = d.object_type.substr(0, p2p_descriptor_max_bytes - 64);
+  w.u8(static_cast<std::uint8_t>(d.kind)).u8(static_cast<std::uint8_t>(d.type)).u64(d.count).str(type);
+  return w.take();
+}
+
+/// @throws comm_error naming `who` when the bytes are not a descriptor
+inline P2pDescriptor decode_p2p_descriptor(std::span<const std::byte> b, const std::string& who) {
+  try {
+    WireReader r(b);
+    P2pDescriptor d;
+    const auto kind = r.u8(), type = r.u8();
+    d.count = r.u64();
+    d.object_type = r.str();
+    r.expect_end();
+    if (kind != static_cast<std::uint8_t>(P2pKind::buffer) && kind != static_cast<std::uint8_t>(P2pKind::object))
+      throw wire_error(concat("message kind ", static_cast<int>(kind)));
+    if (type > static_cast<std::uint8_t>(ElementType::float64)) throw wire_error(concat("element type ", static_cast<int>(type)));
+    d.kind = static_cast<P2pKind>(kind), d.type = static_cast<ElementType>(type);
+    return d;
+  } catch (const error& e) {
+    throw_error<comm_error>(who, " sent a malformed point-to-point descriptor (", e.what(), ")");
+  }
+}
+
+/// @brief Bytes of the payload a sender's descriptor announces (pure).
+[[nodiscard]] inline std::uint64_t p2p_payload_bytes(const P2pDescriptor& d) noexcept {
+  return d.kind == P2pKind::buffer ? d.count * element_size(d.type) : d.count;
+}
+
+/// @brief "4 float32 elements (send)", "a std::string of 12 encoded bytes (send_object)", … (pure).
+inline std::string describe_p2p(const P2pDescriptor& d, bool sender) {
+  if (d.kind == P2pKind::buffer)
+    return concat(d.count, " ", element_type_name(d.type), d.count == 1 ? " element" : " elements", sender ? " (send)" : " (recv)");
+  return sender ? concat("a ", d.object_type, " of ", d.count, " encoded bytes (send_object)") : concat("a ", d.object_type, " (recv_object)");
+}
+
+/// @brief Why a message described by `sent` cannot be received as `wanted` ("" when it can): the
+/// kinds, element types and counts (buffers) or the object types must agree. Pure, so both ends
+/// compute the same message.
+/// @param label "message #3 from rank 0 to rank 1"
+inline std::string p2p_mismatch(const P2pDescriptor& sent, const P2pDescriptor& wanted, const std::string& sender,
+                                const std::string& receiver, const std::string& label) {
+  bool same = sent.kind == wanted.kind;
+  if (same && sent.kind == P2pKind::buffer) same = sent.type == wanted.type && sent.count == wanted.count;
+  if (same && sent.kind == P2pKind::object) same = sent.object_type == wanted.object_type;
+  if (same) return {};
+  return concat("send/recv mismatch in ", label, ": ", sender, " sends ", describe_p2p(sent, true), ", ", receiver, " expects ",
+                describe_p2p(wanted, false),
+                "; both ends must pass the same element type and length (send/recv), or the same type (send_object/recv_object)");
+}
+
+/// @brief How a peer left, as the store's failure message says it, reworded as the rest of a
+/// sentence that starts with the peer's name (the store names the two ends of a point-to-point
+/// exchange by their places in it, not their ranks); "" when the message is not about a peer that
+/// left. Pure.
+inline std::string how_peer_left(std::string_view store_message) {
+  constexpr std::string_view crashed = "lost its connection to the store without saying goodbye";
+  if (const auto at = store_message.find(crashed); at != std::string_view::npos) {
+    const auto end = store_message.find(", so it cannot join", at);
+    return std::string(store_message.substr(at, end == std::string_view::npos ? std::string_view::npos : end - at));
+  }
+  if (store_message.find(" exited without joining ") != std::string_view::npos) return "exited";
+  if (store_message.find(" never joined the job") != std::string_view::npos) return "never joined the job";
+  return {};
+}
+
+/// @brief The outcome of one queued point-to-point call: wait() blocks until it ran and rethrows
+/// what it threw.
+class P2pOutcome {
+ public:
+  void finish(std::exception_ptr e) {
+    {
+      std::lock_guard lock(m_);
+      done_ = true;
+      error_ = std::move(e);
+    }
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock lock(m_);
+    cv_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+/// @brief The calls of one direction to one peer (sends to rank 3, or receives from rank 3), run
+/// one after another on a thread of their own, in the order they were queued. Sends and receives,
+/// and different peers, have queues of their own, so a send_async that waits for its receiver
+/// never holds up a receive queued after it.
+class P2pQueue {
+ public:
+  P2pQueue() = default;
+  P2pQueue(const P2pQueue&) = delete;
+  P2pQueue& operator=(const P2pQueue&) = delete;
+  ~P2pQueue() { stop(); }
+
+  /// @brief Queues `fn`; its outcome says when it ran.
+  std::shared_ptr<P2pOutcome> push(std::function<void()> fn) {
+    auto outcome = std::make_shared<P2pOutcome>();
+    {
+      std::lock_guard lock(m_);
+      tasks_.push_back({std::move(fn), outcome});
+      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    }
+    cv_.notify_all();
+    return outcome;
+  }
+  /// @brief True when nothing is queued or running.
+  [[nodiscard]] bool idle() {
+    std::lock_guard lock(m_);
+    return tasks_.empty() && !running_;
+  }
+  /// @brief Lets the running call finish (calls still queued fail), then ends the thread.
+  void stop() noexcept {
+    {
+      std::lock_guard lock(m_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct Task {
+    std::function<void()> fn;
+    std::shared_ptr<P2pOutcome> outcome;
+  };
+  void loop() {
+    std::unique_lock lock(m_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;
+      Task t = std::move(tasks_.front());
+      tasks_.pop_front();
+      if (stopping_) {
+        t.outcome->finish(std::make_exception_ptr(comm_error("the communicator was destroyed before this point-to-point call ran")));
+        continue;
+      }
+      running_ = true;
+      lock.unlock();
+      std::exception_ptr e;
+      try {
+        t.fn();
+      } catch (...) {
+        e = std::current_exception();
+      }
+      t.outcome->finish(std::move(e));
+      lock.lock();
+      running_ = false;
+    }
+  }
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<Task> tasks_;
+  bool running_ = false;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace detail
+ACCEL_NAMESPACE_END

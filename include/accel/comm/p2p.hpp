@@ -1,0 +1,172 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file p2p.hpp
+/// @brief Point-to-point messages between two ranks: send / recv over typed spans (and their
+///        *_async forms), send_object / recv_object for any value gather_object carries.
+///
+/// @code
+///   accel::DistributedState state;
+///   std::vector<float> activations(1024);
+///   if (state.process_index() == 0) accel::send(state, std::span(activations), 1);
+///   if (state.process_index() == 1) accel::recv(state, std::span(activations), 0);
+/// @endcode
+///
+/// Semantics, on every backend:
+/// - order: the n-th message rank a sends to rank b is the n-th that b receives from a;
+/// - matching: both ends state what the message is (element type and length, or the object's
+///   type); when they differ, both throw usage_error naming both ranks and what each passed, and
+///   no data is delivered;
+/// - synchronous sends: send returns once the receiver took the message, so two ranks that both
+///   send to each other first wait for each other (until the timeout): use send_async on one side,
+///   or let one side receive first;
+/// - the *_async calls return a CollectiveHandle at once and run in call order on a queue per
+///   peer and direction; the spans must stay valid until wait(), which rethrows their error; a
+///   plain call to the same peer in the same direction waits for them first;
+/// - a peer that exits, dies or closes its communicator while this rank waits for it is a
+///   comm_error naming it (by group rank and job rank in a group) within seconds; one that is
+///   merely absent is a timeout_error after the communicator's timeout;
+/// - in a group (accel::split, grid_groups) ranks are group ranks;
+/// - sending to oneself or to a rank outside the communicator is a usage_error, and nothing moves.
+///
+/// How each backend moves the bytes is described at its p2p_send (cpu.hpp: shared memory between
+/// processes of one machine, the store across machines; nccl.hpp: ncclSend/ncclRecv).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/comm/communicator.hpp>
+#include <accel/comm/collectives.hpp>
+#include <accel/comm/reduce.hpp>
+#include <accel/comm/serialize.hpp>
+#include <accel/runtime/distributed_state.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+
+namespace detail {
+template <class T>
+P2pDescriptor buffer_descriptor(std::size_t count) {
+  P2pDescriptor d;
+  d.kind = P2pKind::buffer;
+  d.type = element_type_of<std::remove_const_t<T>>();
+  d.count = count;
+  return d;
+}
+template <class T>
+P2pDescriptor object_descriptor(std::uint64_t bytes) {
+  static const std::string name = type_name<T>();
+  P2pDescriptor d;
+  d.kind = P2pKind::object;
+  d.count = bytes;
+  d.object_type = name;
+  return d;
+}
+}  // namespace detail
+
+/// @name Point-to-point
+/// Element types of the span forms: those of the buffer collectives (int8/uint8/int32/uint32/
+/// int64/uint64, float, double, accel::half, accel::bfloat16); host memory on the CPU backend,
+/// device memory under NCCL. Pass spans: `accel::send(comm, std::span(v), 1)`.
+///@{
+
+/// @brief Sends `data` to rank `dst`, which receives it with recv() into a span of the same
+/// element type and length.
+///
+/// In: rank 0 sends {1, 2, 3} to rank 1.   Out: rank 1's recv span holds {1, 2, 3}.
+/// @throws usage_error when dst is this rank or not a rank (nothing is sent), or on both ends when
+///         the receiver's span has another element type or length (naming both ranks)
+/// @throws comm_error naming dst when it exits, dies or closes its communicator first;
+///         timeout_error when it does not receive within the communicator's timeout
+/// @note point-to-point: only this rank and dst call
+template <class T>
+void send(Communicator& comm, std::span<T> data, int dst) {
+  comm.send_message(dst, detail::buffer_descriptor<T>(data.size()), Payload(std::as_bytes(data)));
+}
+/// @brief send, returning at once; `data` must stay valid until wait(), which rethrows its error.
+/// @throws usage_error at once when dst is this rank or not a rank
+template <class T>
+CollectiveHandle send_async(Communicator& comm, std::span<T> data, int dst) {
+  return comm.send_message_async(dst, detail::buffer_descriptor<T>(data.size()), Payload(std::as_bytes(data)));
+}
+/// @brief Receives the next message from rank `src` into `data` (sent with send() from a span of
+/// the same element type and length).
+/// @throws as send(), with src for dst
+template <class T>
+void recv(Communicator& comm, std::span<T> data, int src) {
+  static_assert(!std::is_const_v<T>, "accel::recv writes into its span: pass a span of non-const elements");
+  comm.recv_message(src, detail::buffer_descriptor<T>(data.size()), [&](std::uint64_t) { return reinterpret_cast<std::byte*>(data.data()); });
+}
+/// @brief recv, returning at once; `data` must stay valid until wait(), which rethrows its error.
+/// @throws usage_error at once when src is this rank or not a rank
+template <class T>
+CollectiveHandle recv_async(Communicator& comm, std::span<T> data, int src) {
+  static_assert(!std::is_const_v<T>, "accel::recv_async writes into its span: pass a span of non-const elements");
+  return comm.recv_message_async(src, detail::buffer_descriptor<T>(data.size()),
+                                 [data](std::uint64_t) { return reinterpret_cast<std::byte*>(data.data()); });
+}
+
+/// @brief Sends `value` (anything gather_object carries) to rank `dst`, which receives it with
+/// recv_object<T>() of the same T.
+/// @throws serialization_error when the value does not encode (nothing is sent; the receiver
+///         keeps waiting); otherwise as send()
+template <class T>
+void send_object(Communicator& comm, const T& value, int dst) {
+  std::vector<std::byte> head;
+  const auto body = encode_payload(head, value, comm.rank());
+  const Payload data(head, body);
+  comm.send_message(dst, detail::object_descriptor<T>(data.size()), data);
+}
+/// @brief The next value rank `src` sent with send_object() of the same T.
+/// @throws serialization_error naming src when its bytes do not decode as T; otherwise as send()
+template <class T>
+T recv_object(Communicator& comm, int src) {
+  std::vector<std::byte> bytes;
+  comm.recv_message(src, detail::object_descriptor<T>(0), [&](std::uint64_t n) {
+    detail::out_of_memory_as_error(comm, static_cast<std::size_t>(n), src, [&] { bytes.resize(static_cast<std::size_t>(n)); });
+    return bytes.data();
+  });
+  std::optional<T> out;
+  detail::out_of_memory_as_error(comm, bytes.size(), src, [&] { out.emplace(from_bytes<T>(bytes, src)); });
+  return std::move(*out);
+}
+
+/// @copydoc send(Communicator&, std::span<T>, int)
+template <class T>
+void send(DistributedState& state, std::span<T> data, int dst) {
+  send(communicator(state), data, dst);
+}
+/// @copydoc send_async(Communicator&, std::span<T>, int)
+template <class T>
+CollectiveHandle send_async(DistributedState& state, std::span<T> data, int dst) {
+  return send_async(communicator(state), data, dst);
+}
+/// @copydoc recv(Communicator&, std::span<T>, int)
+template <class T>
+void recv(DistributedState& state, std::span<T> data, int src) {
+  recv(communicator(state), data, src);
+}
+/// @copydoc recv_async(Communicator&, std::span<T>, int)
+template <class T>
+CollectiveHandle recv_async(DistributedState& state, std::span<T> data, int src) {
+  return recv_async(communicator(state), data, src);
+}
+/// @copydoc send_object(Communicator&, const T&, int)
+template <class T>
+void send_object(DistributedState& state, const T& value, int dst) {
+  send_object(communicator(state), value, dst);
+}
+/// @copydoc recv_object(Communicator&, int)
+template <class T>
+T recv_object(DistributedState& state, int src) {
+  return recv_object<T>(communicator(state), src);
+}
+///@}
+
+ACCEL_NAMESPACE_END

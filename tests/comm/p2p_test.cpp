@@ -1,0 +1,350 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// Point-to-point messages (p2p.hpp) on the in-process thread backend and on the CPU backend with
+// ranks as threads (shared-memory channels, and the store path as across machines); the solo
+// backend; the descriptor check as a pure function.
+#include <accel/comm/p2p.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+#include "support/store_log.hpp"
+#include "support/thread_world.hpp"
+
+using namespace std::chrono_literals;
+using accel_test::contains;
+
+namespace {
+
+enum class Backend { threads, cpu_shm, cpu_store };
+
+const char* name_of(Backend b) {
+  switch (b) {
+    case Backend::threads: return "threads";
+    case Backend::cpu_shm: return "cpu, shared memory";
+    case Backend::cpu_store: return "cpu, store";
+  }
+  return "?";
+}
+
+// Runs fn on `n` ranks of backend `b`; each rank's exception message ("" for none).
+std::vector<std::string> run(Backend b, int n, const std::function<void(accel::Communicator&)>& fn,
+                             std::chrono::milliseconds timeout = 20s) {
+  if (b == Backend::threads) {
+    std::vector<std::string> out;
+    for (const auto& e : accel_test::run_world(n, fn, timeout)) out.push_back(accel_test::message(e));
+    return out;
+  }
+  accel_test::LocalStore job;
+  accel::CpuCommOptions o;
+  o.use_shm = b == Backend::cpu_shm;
+  o.store_round_bytes = 256 * 1024;  // messages over 128 KiB go through the store in pieces
+  return job.run_cpu(n, o, [&](accel::CpuCommunicator& comm) {
+    ACCEL_TEST_ENSURE(comm.uses_shared_memory_p2p() == (b == Backend::cpu_shm && n > 1));
+    fn(comm);
+  }, timeout);
+}
+
+const Backend all_backends[] = {Backend::threads, Backend::cpu_shm, Backend::cpu_store};
+
+template <class T>
+std::vector<T> pattern(std::size_t n, int seed) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto x = static_cast<int>((i * 7 + static_cast<std::size_t>(seed) * 13) % 101);
+    if constexpr (std::is_integral_v<T>) v[i] = static_cast<T>(x);
+    else v[i] = T(static_cast<float>(x));
+  }
+  return v;
+}
+
+// Rank r sends to r + 1 and receives from r - 1 (send_async, so every rank can send first).
+template <class T>
+void ring(accel::Communicator& comm, std::size_t count) {
+  const int n = comm.size(), r = comm.rank();
+  const auto mine = pattern<T>(count, r);
+  std::vector<T> got(count);
+  auto h = accel::send_async(comm, std::span(mine), (r + 1) % n);
+  accel::recv(comm, std::span(got), (r + n - 1) % n);
+  h.wait();
+  ACCEL_TEST_ENSURE(got == pattern<T>(count, (r + n - 1) % n));
+}
+
+struct Item {
+  int id = 0;
+  std::string text;
+  std::vector<double> values;
+  bool operator==(const Item&) const = default;
+};
+ACCEL_DEFINE_FIELDS(Item, id, text, values)
+
+}  // namespace
+
+TEST_CASE("p2p: the two ends' descriptors match or name both ranks and what each passed", "[p2p]") {
+  using accel::detail::P2pDescriptor;
+  using accel::detail::P2pKind;
+  const P2pDescriptor f4{P2pKind::buffer, accel::ElementType::float32, 4, {}};
+  const P2pDescriptor f5{P2pKind::buffer, accel::ElementType::float32, 5, {}};
+  const P2pDescriptor i4{P2pKind::buffer, accel::ElementType::int32, 4, {}};
+  const P2pDescriptor s_sent{P2pKind::object, accel::ElementType::uint8, 12, "std::string"};
+  const P2pDescriptor s_wanted{P2pKind::object, accel::ElementType::uint8, 0, "std::string"};
+  const P2pDescriptor v_wanted{P2pKind::object, accel::ElementType::uint8, 0, "std::vector<int>"};
+  const std::string label = "message #3 from rank 0 to rank 1";
+  REQUIRE(accel::detail::p2p_mismatch(f4, f4, "rank 0", "rank 1", label).empty());
+  REQUIRE(accel::detail::p2p_mismatch(s_sent, s_wanted, "rank 0", "rank 1", label).empty());
+  REQUIRE(accel::detail::p2p_mismatch(f4, f5, "rank 0", "rank 1", label) ==
+          "send/recv mismatch in message #3 from rank 0 to rank 1: rank 0 sends 4 float32 elements (send), rank 1 expects 5 float32 "
+          "elements (recv); both ends must pass the same element type and length (send/recv), or the same type (send_object/recv_object)");
+  REQUIRE_THAT(accel::detail::p2p_mismatch(f4, i4, "rank 0", "rank 1", label), contains("rank 1 expects 4 int32 elements (recv)"));
+  REQUIRE_THAT(accel::detail::p2p_mismatch(s_sent, v_wanted, "rank 0", "rank 1", label),
+               contains("rank 0 sends a std::string of 12 encoded bytes (send_object), rank 1 expects a std::vector<int> (recv_object)"));
+  REQUIRE_THAT(accel::detail::p2p_mismatch(s_sent, f4, "rank 0", "rank 1", label), contains("rank 1 expects 4 float32 elements (recv)"));
+  for (const auto& d : {f4, s_sent, v_wanted}) {
+    const auto back = accel::detail::decode_p2p_descriptor(accel::detail::encode_p2p_descriptor(d), "rank 0");
+    REQUIRE(accel::detail::p2p_mismatch(d, back, "a", "b", label).empty());
+    REQUIRE(back.count == d.count);
+  }
+  REQUIRE_THROWS_AS(accel::detail::decode_p2p_descriptor(std::vector<std::byte>(3), "rank 2"), accel::comm_error);
+}
+
+TEST_CASE("p2p: the store's word on a peer that left is reworded for the peer's name", "[p2p]") {
+  REQUIRE(accel::detail::how_peer_left("group rank 1 (job rank 3) lost its connection to the store without saying goodbye (the process "
+                                       "crashed), so it cannot join message #1") ==
+          "lost its connection to the store without saying goodbye (the process crashed)");
+  REQUIRE(accel::detail::how_peer_left("group rank 0 (job rank 0) exited without joining message #2 (was the collective …)") == "exited");
+  REQUIRE(accel::detail::how_peer_left("lost the connection to the store at 1.2.3.4:5 during x (closed); rank 0, which hosts it, exited or crashed")
+              .empty());
+}
+
+TEST_CASE("p2p: a ring of sends delivers spans of every element type, empty and large ones included", "[p2p]") {
+  for (Backend b : all_backends)
+    for (int n : {2, 3}) {
+      INFO(name_of(b) << ", " << n << " ranks");
+      const auto errors = run(b, n, [](accel::Communicator& comm) {
+        for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{1000}}) {
+          ring<std::int8_t>(comm, count);
+          ring<std::uint8_t>(comm, count);
+          ring<std::int32_t>(comm, count);
+          ring<std::uint32_t>(comm, count);
+          ring<std::int64_t>(comm, count);
+          ring<std::uint64_t>(comm, count);
+          ring<float>(comm, count);
+          ring<double>(comm, count);
+          ring<accel::half>(comm, count);
+          ring<accel::bfloat16>(comm, count);
+        }
+        ring<float>(comm, 700'001);  // 2.7 MB: many ring chunks, many store pieces, an odd tail
+      });
+      for (const auto& e : errors) REQUIRE(e == std::string());
+    }
+}
+
+TEST_CASE("p2p: objects travel both ways between two ranks (ping-pong)", "[p2p]") {
+  for (Backend b : all_backends) {
+    INFO(name_of(b));
+    const auto errors = run(b, 2, [](accel::Communicator& comm) {
+      const int peer = 1 - comm.rank();
+      const std::string text(100'000, 'x');
+      const std::vector<std::string> words = {"a", "", "longer word"};
+      const std::map<std::string, int> table = {{"one", 1}, {"two", 2}};
+      const Item item{7, "seven", {1.5, 2.5}};
+      for (int round = 0; round < 3; ++round) {
+        if (comm.rank() == 0) {
+          accel::send_object(comm, round, peer);
+          accel::send_object(comm, text, peer);
+          accel::send_object(comm, words, peer);
+          ACCEL_TEST_ENSURE(accel::recv_object<std::map<std::string, int>>(comm, peer) == table);
+          ACCEL_TEST_ENSURE(accel::recv_object<Item>(comm, peer) == item);
+          ACCEL_TEST_ENSURE(accel::recv_object<std::string>(comm, peer).empty());
+        } else {
+          ACCEL_TEST_ENSURE(accel::recv_object<int>(comm, peer) == round);
+          ACCEL_TEST_ENSURE(accel::recv_object<std::string>(comm, peer) == text);
+          ACCEL_TEST_ENSURE(accel::recv_object<std::vector<std::string>>(comm, peer) == words);
+          accel::send_object(comm, table, peer);
+          accel::send_object(comm, item, peer);
+          accel::send_object(comm, std::string(), peer);
+        }
+      }
+    });
+    for (const auto& e : errors) REQUIRE(e == std::string());
+  }
+}
+
+TEST_CASE("p2p: messages between a pair arrive in the order they were sent, sync and async mixed", "[p2p]") {
+  for (Backend b : all_backends) {
+    INFO(name_of(b));
+    const auto errors = run(b, 2, [](accel::Communicator& comm) {
+      const int peer = 1 - comm.rank();
+      constexpr int count = 60;
+      // Both ranks send `count` numbers to each other at once (sends queued), and receive them.
+      std::vector<std::vector<std::int64_t>> out(count), in(count, std::vector<std::int64_t>(3));
+      std::vector<accel::CollectiveHandle> sends;
+      for (int i = 0; i < count; ++i) {
+        out[static_cast<std::size_t>(i)] = {i, comm.rank(), -i};
+        sends.push_back(accel::send_async(comm, std::span(out[static_cast<std::size_t>(i)]), peer));
+      }
+      std::vector<accel::CollectiveHandle> recvs;
+      for (int i = 0; i < count; ++i) {
+        if (i % 3 == 0) recvs.push_back(accel::recv_async(comm, std::span(in[static_cast<std::size_t>(i)]), peer));
+        else accel::recv(comm, std::span(in[static_cast<std::size_t>(i)]), peer);  // after the queued ones before it
+      }
+      for (auto& h : recvs) h.wait();
+      for (auto& h : sends) h.wait();
+      for (int i = 0; i < count; ++i) ACCEL_TEST_ENSURE((in[static_cast<std::size_t>(i)] == std::vector<std::int64_t>{i, peer, -i}));
+    });
+    for (const auto& e : errors) REQUIRE(e == std::string());
+  }
+}
+
+TEST_CASE("p2p: a size, element type or object type mismatch fails both ends naming both ranks, and the pair goes on", "[p2p]") {
+  for (Backend b : all_backends) {
+    INFO(name_of(b));
+    const auto errors = run(b, 2, [](accel::Communicator& comm) {
+      const bool sender = comm.rank() == 0;
+      auto expect_mismatch = [&](const std::function<void()>& call, const std::string& needle) {
+        try {
+          call();
+        } catch (const accel::usage_error& e) {
+          const std::string what = e.what();
+          ACCEL_TEST_ENSURE(what.find("send/recv mismatch in message #") != std::string::npos);
+          ACCEL_TEST_ENSURE(what.find("rank 0 sends") != std::string::npos);
+          ACCEL_TEST_ENSURE(what.find("rank 1 expects") != std::string::npos);
+          if (what.find(needle) == std::string::npos) throw std::runtime_error("no '" + needle + "' in: " + what);
+          return;
+        }
+        throw std::runtime_error("no usage_error for " + needle);
+      };
+      std::vector<float> four(4, 1.0F), five(5);
+      std::vector<std::int32_t> ints(4);
+      expect_mismatch([&] { sender ? accel::send(comm, std::span(four), 1) : accel::recv(comm, std::span(five), 0); },
+                      "rank 0 sends 4 float32 elements (send), rank 1 expects 5 float32 elements (recv)");
+      expect_mismatch([&] { sender ? accel::send(comm, std::span(four), 1) : accel::recv(comm, std::span(ints), 0); },
+                      "rank 1 expects 4 int32 elements (recv)");
+      expect_mismatch([&] { sender ? accel::send_object(comm, std::string("hi"), 1) : (void)accel::recv_object<int>(comm, 0); },
+                      "rank 1 expects a int (recv_object)");
+      expect_mismatch([&] { sender ? accel::send_object(comm, 5, 1) : accel::recv(comm, std::span(four), 0); },
+                      "(send_object), rank 1 expects 4 float32 elements (recv)");
+      // Large: the refusal comes before the bulk of the data moves.
+      std::vector<double> big(1'000'000, 2.0), other(999'999);
+      expect_mismatch([&] { sender ? accel::send(comm, std::span(big), 1) : accel::recv(comm, std::span(other), 0); },
+                      "rank 0 sends 1000000 float64 elements");
+      expect_mismatch([&] {
+        if (sender) return accel::send_async(comm, std::span(four), 1).wait();
+        accel::recv_async(comm, std::span(five), 0).wait();
+      }, "message #6 from rank 0 to rank 1");
+      // The pair is still in step: the next message goes through.
+      std::vector<double> got(big.size());
+      if (sender) {
+        accel::send(comm, std::span(big), 1);
+      } else {
+        accel::recv(comm, std::span(got), 0);
+        ACCEL_TEST_ENSURE(got == big);
+      }
+    });
+    REQUIRE(errors == std::vector<std::string>{"", ""});
+  }
+}
+
+TEST_CASE("p2p: sending to oneself or to a rank outside the communicator is a usage error and nothing moves", "[p2p]") {
+  for (Backend b : all_backends) {
+    INFO(name_of(b));
+    const auto errors = run(b, 2, [](accel::Communicator& comm) {
+      std::vector<int> v(3, comm.rank());
+      auto refused = [&](const std::function<void()>& call, const std::string& needle) {
+        try {
+          call();
+        } catch (const accel::usage_error& e) {
+          if (std::string(e.what()).find(needle) == std::string::npos) throw std::runtime_error(e.what());
+          return;
+        }
+        throw std::runtime_error("no usage_error: " + needle);
+      };
+      const int me = comm.rank();
+      refused([&] { accel::send(comm, std::span(v), me); }, "send: rank " + std::to_string(me) + " cannot send to itself");
+      refused([&] { accel::recv(comm, std::span(v), me); }, "cannot receive from itself");
+      refused([&] { accel::send(comm, std::span(v), 2); }, "send: 2 is not a rank of this 2-rank communicator (ranks 0 to 1)");
+      refused([&] { accel::recv(comm, std::span(v), -1); }, "recv: -1 is not a rank");
+      refused([&] { (void)accel::send_async(comm, std::span(v), 5); }, "5 is not a rank");
+      refused([&] { (void)accel::recv_object<int>(comm, me); }, "itself");
+      // Nothing moved: the first real message is message #1 and carries the right data.
+      std::vector<int> got(3);
+      if (me == 0) {
+        accel::send(comm, std::span(v), 1);
+      } else {
+        accel::recv(comm, std::span(got), 0);
+        ACCEL_TEST_ENSURE(got == std::vector<int>(3, 0));
+      }
+    });
+    REQUIRE(errors == std::vector<std::string>{"", ""});
+  }
+  accel::SoloCommunicator solo;
+  std::vector<float> v(2);
+  REQUIRE_THROWS_WITH(accel::send(solo, std::span(v), 0), contains("send: rank 0 cannot send to itself"));
+  REQUIRE_THROWS_WITH(accel::recv(solo, std::span(v), 1), contains("recv: 1 is not a rank of this 1-rank communicator"));
+}
+
+TEST_CASE("p2p: a peer that leaves while this rank waits for it is named within seconds, not waited for", "[p2p]") {
+  for (Backend b : all_backends) {
+    INFO(name_of(b));
+    for (bool wait_in_recv : {false, true}) {
+      const auto start = std::chrono::steady_clock::now();
+      // A 60 s timeout: only noticing the departure ends this quickly.
+      const auto errors = run(b, 2, [&](accel::Communicator& comm) {
+        std::vector<int> v(10);
+        if (comm.rank() == 1) return;  // leaves without a word
+        if (wait_in_recv) accel::recv(comm, std::span(v), 1);
+        else accel::send(comm, std::span(v), 1);
+      }, 60s);
+      INFO("rank 0: " << errors[0]);
+      REQUIRE(std::chrono::steady_clock::now() - start < 15s);
+      REQUIRE(errors[1].empty());
+      REQUIRE_THAT(errors[0], contains("rank 1 "));
+      REQUIRE_THAT(errors[0], contains(wait_in_recv ? "message #1 from rank 1 to rank 0" : "message #1 from rank 0 to rank 1"));
+    }
+  }
+}
+
+TEST_CASE("p2p: in the groups of a 2 x 2 grid ranks are group ranks, and errors name group and job ranks", "[p2p]") {
+  for (Backend b : all_backends) {
+    INFO(name_of(b));
+    const auto errors = run(b, 4, [](accel::Communicator& world) {
+      const auto grid = accel::grid_groups(world, 2, 2);
+      // Stage group (the replica's two stages): stage 0 sends its job rank to stage 1 and back.
+      accel::Communicator& stages = *grid.stage_group;
+      accel::Communicator& replicas = *grid.replica_group;
+      const int peer = 1 - stages.rank();
+      if (stages.rank() == 0) {
+        accel::send_object(stages, world.rank(), peer);
+        ACCEL_TEST_ENSURE(accel::recv_object<int>(stages, peer) == world.rank() + 1);
+      } else {
+        ACCEL_TEST_ENSURE(accel::recv_object<int>(stages, peer) == world.rank() - 1);
+        accel::send_object(stages, world.rank(), peer);
+      }
+      // Replica group: a mismatch names group ranks and job ranks.
+      std::vector<float> a(3), bigger(4);
+      try {
+        if (replicas.rank() == 0) accel::send(replicas, std::span(a), 1);
+        else accel::recv(replicas, std::span(bigger), 0);
+        throw std::runtime_error("no mismatch reported");
+      } catch (const accel::usage_error& e) {
+        const std::string s = e.what(), stage = std::to_string(grid.stage);
+        const std::string want = "group rank 0 (job rank " + stage + ") sends 3 float32 elements (send), group rank 1 (job rank " +
+                                 std::to_string(2 + grid.stage) + ") expects 4 float32 elements";
+        if (s.find(want) == std::string::npos) throw std::runtime_error(s);
+      }
+      // The world communicator's own messages are separate from the groups'.
+      std::vector<int> mine(2, world.rank()), got(2);
+      auto h = accel::send_async(world, std::span(mine), (world.rank() + 1) % 4);
+      accel::recv(world, std::span(got), (world.rank() + 3) % 4);
+      h.wait();
+      ACCEL_TEST_ENSURE(got == std::vector<int>(2, (world.rank() + 3) % 4));
+    });
+    REQUIRE(errors == std::vector<std::string>(4, ""));
+  }
+}
