@@ -103,7 +103,8 @@ TEST_CASE("p2p: the two ends' descriptors match or name both ranks and what each
           "elements (recv); both ends must pass the same element type and length (send/recv), or the same type (send_object/recv_object)");
   REQUIRE_THAT(accel::detail::p2p_mismatch(f4, i4, "rank 0", "rank 1", label), contains("rank 1 expects 4 int32 elements (recv)"));
   REQUIRE_THAT(accel::detail::p2p_mismatch(s_sent, v_wanted, "rank 0", "rank 1", label),
-               contains("rank 0 sends a std::string of 12 encoded bytes (send_object), rank 1 expects a std::vector<int> (recv_object)"));
+               contains("rank 0 sends an object of type std::string (12 encoded bytes, send_object), rank 1 expects an object of type "
+                        "std::vector<int> (recv_object)"));
   REQUIRE_THAT(accel::detail::p2p_mismatch(s_sent, f4, "rank 0", "rank 1", label), contains("rank 1 expects 4 float32 elements (recv)"));
   for (const auto& d : {f4, s_sent, v_wanted}) {
     const auto back = accel::detail::decode_p2p_descriptor(accel::detail::encode_p2p_descriptor(d), "rank 0");
@@ -227,9 +228,9 @@ TEST_CASE("p2p: a size, element type or object type mismatch fails both ends nam
       expect_mismatch([&] { sender ? accel::send(comm, std::span(four), 1) : accel::recv(comm, std::span(ints), 0); },
                       "rank 1 expects 4 int32 elements (recv)");
       expect_mismatch([&] { sender ? accel::send_object(comm, std::string("hi"), 1) : (void)accel::recv_object<int>(comm, 0); },
-                      "rank 1 expects a int (recv_object)");
+                      "rank 1 expects an object of type int (recv_object)");
       expect_mismatch([&] { sender ? accel::send_object(comm, 5, 1) : accel::recv(comm, std::span(four), 0); },
-                      "(send_object), rank 1 expects 4 float32 elements (recv)");
+                      "send_object), rank 1 expects 4 float32 elements (recv)");
       // Large: the refusal comes before the bulk of the data moves.
       std::vector<double> big(1'000'000, 2.0), other(999'999);
       expect_mismatch([&] { sender ? accel::send(comm, std::span(big), 1) : accel::recv(comm, std::span(other), 0); },

@@ -79,11 +79,12 @@ inline P2pDescriptor decode_p2p_descriptor(std::span<const std::byte> b, const s
   return d.kind == P2pKind::buffer ? d.count * element_size(d.type) : d.count;
 }
 
-/// @brief "4 float32 elements (send)", "a std::string of 12 encoded bytes (send_object)", … (pure).
+/// @brief "4 float32 elements (send)", "an object of type std::string (12 encoded bytes, send_object)", … (pure).
 inline std::string describe_p2p(const P2pDescriptor& d, bool sender) {
   if (d.kind == P2pKind::buffer)
     return concat(d.count, " ", element_type_name(d.type), d.count == 1 ? " element" : " elements", sender ? " (send)" : " (recv)");
-  return sender ? concat("a ", d.object_type, " of ", d.count, " encoded bytes (send_object)") : concat("a ", d.object_type, " (recv_object)");
+  return sender ? concat("an object of type ", d.object_type, " (", d.count, " encoded bytes, send_object)")
+                : concat("an object of type ", d.object_type, " (recv_object)");
 }
 
 /// @brief Why a message described by `sent` cannot be received as `wanted` ("" when it can): the
