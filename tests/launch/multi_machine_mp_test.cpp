@@ -20,6 +20,7 @@ using namespace std::chrono_literals;
 namespace {
 
 const std::string whoami = std::string(ACCEL_TEST_CHILD_DIR) + "/whoami";
+const std::string p2p_child = std::string(ACCEL_TEST_CHILD_DIR) + "/p2p_child";
 
 // Two network namespaces "<p>a" and "<p>b" with addresses 10.233.X.1 and .2 on a veth pair, X
 // from this process's id so concurrent runs do not meet. Removed (with the pair) at the end.
@@ -79,8 +80,9 @@ struct TwoMachines {
 
 // Runs machine 0 and machine 1 of one job at once; each one's exit code and output.
 std::vector<accel_test::JobResult> run_two_machines(const TwoMachines& m, const std::vector<std::string>& program,
-                                            const accel_test::ScratchDir& dir) {
+                                            const accel_test::ScratchDir& dir, const std::vector<std::string>& more_env = {}) {
   auto env = accel_test::launcher_environment();
+  env.insert(env.end(), more_env.begin(), more_env.end());
   env.emplace_back("ACCEL_JOB_TOKEN=");  // the same on every machine (appended: GCC 12 -Warray-bounds)
   env.back().append("0123456789abcdef0123456789abcdef");
   std::vector<pid_t> pids;
@@ -110,14 +112,15 @@ std::string expected_lines() {
 }
 
 // Runs `program` as one job on the two machines, or says why it cannot (then the case is skipped).
-std::optional<std::vector<accel_test::JobResult>> run_on_two_machines(const std::vector<std::string>& program) {
+std::optional<std::vector<accel_test::JobResult>> run_on_two_machines(const std::vector<std::string>& program,
+                                                                       const std::vector<std::string>& more_env = {}) {
   TwoMachines machines;
   if (!machines.failure.empty()) {
     WARN("test skipped: " << machines.failure);
     return std::nullopt;
   }
   accel_test::ScratchDir dir("multi_machine");
-  return run_two_machines(machines, program, dir);
+  return run_two_machines(machines, program, dir, more_env);
 }
 
 }  // namespace
@@ -140,4 +143,26 @@ TEST_CASE("on two machines, a rank of machine 1 that exits with 7 fails machine 
   CHECK((*r)[1].code == 7);
   CHECK((*r)[0].out == expected_lines());
   CHECK((*r)[1].err.find("rank 3") != std::string::npos);
+}
+
+TEST_CASE("on two machines, point-to-point messages cross between them (shared memory per machine, and the store)",
+          "[launch][mp][multinode][p2p]") {
+  // The namespaces share /dev/shm and the machine identity, so by default ranks on both talk through
+  // shared memory; with ACCEL_CPU_SHM=0 every message crosses the veth pair through the store.
+  for (const char* shm : {"ACCEL_CPU_SHM=1", "ACCEL_CPU_SHM=0"}) {
+    INFO(shm);
+    const auto r = run_on_two_machines({p2p_child, "ring"}, {shm});
+    if (!r) return;
+    INFO("machine 0 stderr:\n" << (*r)[0].err << "\nmachine 1 stderr:\n" << (*r)[1].err);
+    CHECK((*r)[0].code == 0);
+    CHECK((*r)[1].code == 0);
+    CHECK((*r)[0].out == "rank 0 got 'hello from rank 3'\nrank 1 got 'hello from rank 0'\nrank 2 got 'hello from rank 1'\n"
+                         "rank 3 got 'hello from rank 2'\n");
+    const auto g = run_on_two_machines({p2p_child, "grid"}, {shm});
+    REQUIRE(g);
+    INFO("grid: machine 0 stderr:\n" << (*g)[0].err << "\nmachine 1 stderr:\n" << (*g)[1].err);
+    CHECK((*g)[0].code == 0);
+    CHECK((*g)[1].code == 0);
+    CHECK((*g)[0].out.find("rank 3 replica 1 stage 1: usage_error") != std::string::npos);
+  }
 }
