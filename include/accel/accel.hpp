@@ -7,6 +7,7 @@
 
 #include <accel/state.hpp>
 #include <accel/comm/collectives.hpp>
+#include <accel/comm/p2p.hpp>
 #include <accel/model/checkpoint_tree.hpp>
 #include <accel/model/module_tree.hpp>
 #include <accel/model/skeleton.hpp>
