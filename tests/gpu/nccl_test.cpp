@@ -3,9 +3,11 @@
 // NCCL on a real GPU (world size 1: NCCL refuses two ranks on one GPU before 2.30). Hidden tag
 // [.gpu]; tests/gpu/run.sh runs it on the GPU machine.
 #include <accel/comm/collectives.hpp>
+#include <accel/comm/p2p.hpp>
 
 #include <cuda_runtime_api.h>
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -66,4 +68,18 @@ TEST_CASE("gpu: a failing local step still completes the NCCL round and rethrows
   REQUIRE_THROWS_WITH(comm.all_gather("gather_object", {}, failure), accel_test::contains("cannot encode"));
   // The communicator stays usable afterwards.
   REQUIRE(accel::gather_object(comm, 7) == std::vector<int>{7});
+}
+
+// Two NCCL ranks cannot share this machine's one GPU before NCCL 2.30, so the transfer itself is
+// not run here: the checks that come before it (self, out of range) must hold on the device path.
+TEST_CASE("gpu: point-to-point on a one-rank NCCL communicator refuses itself and absent ranks, moving nothing", "[.gpu][gpu][nccl][p2p]") {
+  accel::NcclCommunicator comm(nullptr, 0, 1, 0, std::chrono::seconds(60));
+  void* raw = nullptr;
+  REQUIRE(cudaMalloc(&raw, 4 * sizeof(float)) == cudaSuccess);
+  const std::span<float> device(static_cast<float*>(raw), 4);
+  REQUIRE_THROWS_AS(accel::send(comm, device, 0), accel::usage_error);
+  REQUIRE_THROWS_AS(accel::recv(comm, device, 1), accel::usage_error);
+  REQUIRE_THROWS_AS(accel::send_object(comm, std::string("x"), 2), accel::usage_error);
+  REQUIRE(cudaFree(raw) == cudaSuccess);
+  REQUIRE(accel::gather_object(comm, 1) == std::vector<int>{1});  // the communicator is unharmed
 }

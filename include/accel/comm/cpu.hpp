@@ -44,6 +44,7 @@
 #include <accel/runtime/config.hpp>
 #include <accel/comm/detail/shm.hpp>
 #include <accel/comm/detail/shm_collectives.hpp>
+#include <accel/comm/detail/p2p_store.hpp>
 #include <accel/comm/detail/shm_p2p.hpp>
 #include <accel/comm/detail/shm_slots.hpp>
 #include <accel/comm/detail/store_chunks.hpp>
@@ -178,7 +179,7 @@ class CpuCommunicator final : public Communicator {
     {
       std::lock_guard lock(p2p_mutex_);
       channels_.clear();  // tells peers waiting on a channel that this end closed
-      p2p_stores_.clear();
+      store_p2p_.reset();
       watch_store_.reset();
     }
     if (!p2p_prefixes_.empty())
@@ -244,29 +245,7 @@ class CpuCommunicator final : public Communicator {
       }
       return;
     }
-    StoreClient& st = p2p_store(true, m.peer);
-    const std::string k = key(detail::concat("p2p/", rank(), ">", m.peer, "/", m.number));
-    const std::uint64_t total = m.data.size();
-    const std::size_t piece = detail::store_piece_bytes(2, options_.store_round_bytes);
-    std::vector<std::byte> scratch;
-    detail::WireWriter w;
-    w.bytes(m.descriptor).u64(total).bytes(slice(m.data, 0, std::min<std::uint64_t>(total, piece), scratch));
-    const Blobs both = pair_exchange(st, k, m.peer, true, w.take(), m.label);
-    std::span<const std::byte> theirs;
-    try {
-      detail::WireReader rd(both[1]);
-      theirs = rd.bytes();
-      rd.expect_end();
-    } catch (const detail::wire_error& e) {
-      detail::throw_error<comm_error>(rank_name(m.peer), " sent a malformed answer for ", m.label, " (", e.what(), ")");
-    }
-    if (!m.accepts(theirs)) return;
-    const std::uint64_t pieces = (total + piece - 1) / piece;
-    for (std::uint64_t i = 1; i < pieces; ++i) {
-      const auto [from, length] = detail::piece_range(total, i, piece);
-      pair_exchange(st, detail::concat(k, ".", i), m.peer, true, slice(m.data, from, length, scratch),
-                    detail::concat(m.label, ", piece ", i + 1, " of ", pieces));
-    }
+    store_p2p().send(m.peer, m.number, m.label, m.descriptor, m.data.head, m.data.body, m.accepts);
   }
 
   void p2p_recv(const P2pRecv& m) override {
@@ -279,37 +258,7 @@ class CpuCommunicator final : public Communicator {
       }
       return;
     }
-    StoreClient& st = p2p_store(false, m.peer);
-    const std::string k = key(detail::concat("p2p/", m.peer, ">", rank(), "/", m.number));
-    detail::WireWriter w;
-    w.bytes(m.descriptor);
-    const Blobs both = pair_exchange(st, k, m.peer, false, w.take(), m.label);
-    std::span<const std::byte> descriptor, first;
-    std::uint64_t total = 0;
-    const std::size_t piece = detail::store_piece_bytes(2, options_.store_round_bytes);
-    try {
-      detail::WireReader rd(both[0]);
-      descriptor = rd.bytes();
-      total = rd.u64();
-      first = rd.bytes();
-      rd.expect_end();
-      if (first.size() != std::min<std::uint64_t>(total, piece))
-        throw detail::wire_error(detail::concat("a first piece of ", first.size(), " bytes for ", total));
-    } catch (const detail::wire_error& e) {
-      detail::throw_error<comm_error>(rank_name(m.peer), " sent a malformed message for ", m.label, " (", e.what(), ")");
-    }
-    std::byte* out = m.place(descriptor, total);
-    if (!out) return;
-    if (!first.empty()) std::memcpy(out, first.data(), first.size());
-    const std::uint64_t pieces = (total + piece - 1) / piece;
-    for (std::uint64_t i = 1; i < pieces; ++i) {
-      const auto [from, length] = detail::piece_range(total, i, piece);
-      const std::string what = detail::concat(m.label, ", piece ", i + 1, " of ", pieces);
-      const Blobs got = pair_exchange(st, detail::concat(k, ".", i), m.peer, false, {}, what);
-      if (got[0].size() != length)
-        detail::throw_error<comm_error>(rank_name(m.peer), " sent ", got[0].size(), " bytes for ", what, ", ", length, " expected");
-      std::memcpy(out + from, got[0].data(), got[0].size());
-    }
+    store_p2p().recv(m.peer, m.number, m.label, m.descriptor, m.place);
   }
 
   Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header, const Payload& payload) override {
@@ -510,12 +459,14 @@ class CpuCommunicator final : public Communicator {
     return *ch;
   }
 
-  // The store connection of messages to (sending) or from `peer`, opened on first use.
-  StoreClient& p2p_store(bool sending, int peer) {
+  // The store path of point-to-point messages, made on first use.
+  detail::StoreP2p& store_p2p() {
     std::lock_guard lock(p2p_mutex_);
-    auto& st = p2p_stores_[{sending, peer}];
-    if (!st) st = store_->connect_again();
-    return *st;
+    if (!store_p2p_)
+      store_p2p_ = std::make_unique<detail::StoreP2p>(
+          store_, key(""), options_.store_round_bytes, rank(), timeout(),
+          detail::StoreP2p::Names{[this](int r) { return rank_name(r); }, [this](int r) { return job_rank(r); }});
+    return *store_p2p_;
   }
 
   // The connection for questions about peers while messages wait on channels (not the main
@@ -533,24 +484,6 @@ class CpuCommunicator final : public Communicator {
       return true;
     } catch (const comm_error&) {  // not set (timeout_error), or the store cannot say now
       return false;
-    }
-  }
-
-  // One store exchange between this rank and `peer` (the sender's entry first). The store names
-  // the two as group ranks 0 and 1 of the exchange; errors are reworded with their names here.
-  Blobs pair_exchange(StoreClient& st, const std::string& k, int peer, bool sending, std::span<const std::byte> value,
-                      const std::string& label) {
-    const int sender = sending ? rank() : peer, receiver = sending ? peer : rank();
-    const int members[2] = {job_rank(sender), job_rank(receiver)};
-    try {
-      return st.exchange(k, sending ? 0 : 1, 2, value, label, std::nullopt, members);
-    } catch (const timeout_error&) {
-      detail::throw_error<timeout_error>("timed out after ", text::format_ms(static_cast<std::uint64_t>(timeout().count())), " in ", label,
-                                         ": ", rank_name(peer), " did not ", sending ? "receive it" : "send it");
-    } catch (const comm_error& e) {
-      const std::string how = detail::how_peer_left(e.what());
-      if (how.empty()) throw;  // not about the peer (the store itself is gone, …)
-      detail::throw_error<comm_error>(rank_name(peer), " ", how, " during ", label);
     }
   }
 
@@ -592,9 +525,9 @@ class CpuCommunicator final : public Communicator {
   std::unique_ptr<detail::ShmSlotExchange> slots_;       ///< null: every round travels through the store
   std::vector<pid_t> peer_pids_;                          ///< every rank's process id
   std::vector<std::string> p2p_prefixes_;                 ///< every rank's channel prefix; empty: messages go through the store
-  std::mutex p2p_mutex_;                                  ///< guards channels_ and p2p_stores_ (async calls run on queue threads)
+  std::mutex p2p_mutex_;                                  ///< guards channels_, store_p2p_, watch_store_ (async calls run on queue threads)
   std::map<std::pair<bool, int>, std::unique_ptr<detail::ShmP2pChannel>> channels_;  ///< (sending?, peer)
-  std::map<std::pair<bool, int>, std::shared_ptr<StoreClient>> p2p_stores_;          ///< (sending?, peer)
+  std::unique_ptr<detail::StoreP2p> store_p2p_;                                       ///< see store_p2p()
   std::shared_ptr<StoreClient> watch_store_;  ///< see watch_store()
   std::atomic<std::uint64_t> p2p_inquiries_{0};
 };

@@ -37,6 +37,8 @@
 #include <accel/runtime/config.hpp>
 #include <accel/runtime/error.hpp>
 #include <accel/comm/communicator.hpp>
+#include <accel/comm/detail/p2p.hpp>
+#include <accel/comm/detail/p2p_store.hpp>
 #include <accel/comm/store.hpp>
 #include <accel/runtime/text.hpp>
 
@@ -88,6 +90,8 @@ struct NcclApi {
   ncclResult_t (*broadcast)(const void*, void*, std::size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = &ncclBroadcast;
   ncclResult_t (*reduce_scatter)(const void*, void*, std::size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t) =
       &ncclReduceScatter;
+  ncclResult_t (*send)(const void*, std::size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = &ncclSend;
+  ncclResult_t (*recv)(void*, std::size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t) = &ncclRecv;
 };
 #endif
 
@@ -222,6 +226,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
+    stop_p2p();
 #if ACCEL_HAS_NCCL()
     release();
 #endif
@@ -234,6 +239,35 @@ class NcclCommunicator final : public Communicator {
   [[nodiscard]] bool device_buffers() const noexcept override { return true; }
 
  protected:
+  /// Point-to-point: the two descriptors are checked through the store (detail/p2p_store.hpp,
+  /// which also carries objects: they live in host memory); a span's data (device memory of this
+  /// rank's GPU) then moves with ncclSend / ncclRecv on the communicator's stream, waited for. One
+  /// such transfer runs at a time per process: a send and a receive between the same two ranks
+  /// at once (send_async beside recv) wait for each other on the GPU until the timeout, so under
+  /// NCCL let one side send while the other receives.
+  void p2p_send(const P2pSend& m) override {
+#if ACCEL_HAS_NCCL()
+    const auto mine = detail::decode_p2p_descriptor(m.descriptor, rank_name(rank()));
+    const bool device = mine.kind == detail::P2pKind::buffer;
+    if (!store_p2p().send(m.peer, m.number, m.label, m.descriptor, m.data.head, m.data.body, m.accepts, !device) || !device) return;
+    if (mine.count > 0) transfer(true, m.peer, const_cast<std::byte*>(m.data.head.data()), mine, m.label);
+#else
+    (void)m;
+    detail::throw_error<unavailable_error>("NCCL is not compiled in");
+#endif
+  }
+  void p2p_recv(const P2pRecv& m) override {
+#if ACCEL_HAS_NCCL()
+    const auto mine = detail::decode_p2p_descriptor(m.descriptor, rank_name(rank()));
+    const bool device = mine.kind == detail::P2pKind::buffer;
+    std::byte* out = store_p2p().recv(m.peer, m.number, m.label, m.descriptor, m.place, !device);
+    if (out && device && mine.count > 0) transfer(false, m.peer, out, mine, m.label);
+#else
+    (void)m;
+    detail::throw_error<unavailable_error>("NCCL is not compiled in");
+#endif
+  }
+
   /// The group's NCCL communicator: ncclCommSplit (every rank of this one takes part, no_group
   /// ranks with NCCL_SPLIT_NOCOLOR), or where NCCL lacks it, ncclCommInitRank with a unique id
   /// that the group's rank 0 hands out in one round of this communicator. Its store keys are named
@@ -538,6 +572,29 @@ class NcclCommunicator final : public Communicator {
       std::this_thread::sleep_for(pause);
     }
   }
+  // The store path of point-to-point messages (descriptors, objects), made on first use.
+  detail::StoreP2p& store_p2p() {
+    std::lock_guard lock(p2p_mutex_);
+    if (!store_p2p_) {
+      ACCEL_EXPECTS(store_, "NcclCommunicator: point-to-point needs the job's store");
+      store_p2p_ = std::make_unique<detail::StoreP2p>(
+          store_, prefix_, std::size_t{16} << 20, rank(), timeout(),
+          detail::StoreP2p::Names{[this](int r) { return rank_name(r); }, [this](int r) { return job_rank(r); }});
+    }
+    return *store_p2p_;
+  }
+  // One ncclSend / ncclRecv of a matched message on our stream, waited for.
+  void transfer(bool sending, int peer, std::byte* data, const detail::P2pDescriptor& d, const std::string& label) {
+    std::lock_guard one_at_a_time(p2p_transfer_mutex_);
+    std::unique_lock lock(mutex_);
+    throw_if_aborted(label);
+    const NcclApi& api = *options_.api;
+    detail::CurrentDevice on(api, device_);
+    const auto count = static_cast<std::size_t>(d.count);
+    if (sending) enqueued(api.send(data, count, detail::nccl_data_type(d.type), peer, comm_, stream_), "ncclSend");
+    else enqueued(api.recv(data, count, detail::nccl_data_type(d.type), peer, comm_, stream_), "ncclRecv");
+    wait_until([&] { return api.stream_query(stream_); }, label, lock);
+  }
   // Polls `query` (a stream or event) until done; meanwhile the communicator's asynchronous error
   // (a dead peer) and the timeout end the wait with an error instead of a hang. `lock` holds
   // mutex_, released while sleeping so the watchdog can run.
@@ -607,6 +664,9 @@ class NcclCommunicator final : public Communicator {
   NcclCommOptions options_;
   int device_;
   std::vector<int> members_;  ///< a group's: the job rank of each rank (empty: the job's ranks)
+  std::mutex p2p_mutex_;           ///< guards store_p2p_
+  std::mutex p2p_transfer_mutex_;  ///< one point-to-point GPU transfer at a time
+  std::unique_ptr<detail::StoreP2p> store_p2p_;
 };
 
 ACCEL_NAMESPACE_END

@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+/// @file p2p_store.hpp
+/// @brief Point-to-point messages through the job's store: the CPU backend's path across machines
+///        (and with ACCEL_CPU_SHM=0), and the NCCL backend's descriptor check and objects.
+///
+/// Message n from s to d is one store exchange between the two (a group exchange of the two job
+/// ranks, so the store fails it at once, naming the peer, when the other end died or exited): the
+/// sender contributes its descriptor, the payload's size and its first piece, the receiver its
+/// descriptor; both then run the same check on the same two descriptors. Further pieces (at most
+/// half a store round's budget each) follow in one exchange each, so neither a store frame nor the
+/// store's memory grows with the message. Each peer and direction has a connection of its own: a
+/// request holds its connection until answered, and a send waiting for its receiver must not hold
+/// up a receive of the same process.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <accel/runtime/config.hpp>
+#include <accel/runtime/error.hpp>
+#include <accel/runtime/text.hpp>
+#include <accel/comm/blobs.hpp>
+#include <accel/comm/store.hpp>
+#include <accel/comm/wire.hpp>
+#include <accel/comm/detail/p2p.hpp>
+#include <accel/comm/detail/store_chunks.hpp>
+
+ACCEL_NAMESPACE_BEGIN
+namespace detail {
+
+/// @brief One rank's point-to-point messages through the store.
+class StoreP2p {
+ public:
+  /// @brief How the communicator names its ranks: "rank 1" / "group rank 1 (job rank 3)", and
+  /// each rank's job rank (the store watches job ranks).
+  struct Names {
+    std::function<std::string(int)> name;
+    std::function<int(int)> job_rank;
+  };
+
+  /// @param store the communicator's store (further connections are made from it)
+  /// @param prefix store keys of this communicator instance
+  /// @param round_bytes CpuCommOptions::store_round_bytes: each piece is at most half of it
+  StoreP2p(std::shared_ptr<StoreClient> store, std::string prefix, std::size_t round_bytes, int rank, std::chrono::milliseconds timeout,
+           Names names)
+      : store_(std::move(store)), prefix_(std::move(prefix)), piece_(store_piece_bytes(2, round_bytes)), rank_(rank), timeout_(timeout),
+        names_(std::move(names)) {}
+
+  /// @brief Sends message `number` to `peer`; with `with_payload` false only the descriptors travel
+  /// (the caller moves the data itself once accepts() agreed).
+  /// @return accepts()'s verdict
+  bool send(int peer, std::uint64_t number, const std::string& label, std::span<const std::byte> descriptor,
+            std::span<const std::byte> head, std::span<const std::byte> body, const std::function<bool(std::span<const std::byte>)>& accepts,
+            bool with_payload = true) {
+    StoreClient& st = connection(true, peer);
+    const std::string k = concat(prefix_, "p2p/", rank_, ">", peer, "/", number);
+    const std::uint64_t total = head.size() + body.size();
+    const auto first = with_payload ? static_cast<std::size_t>(std::min<std::uint64_t>(total, piece_)) : 0;
+    std::vector<std::byte> buffer(first);
+    if (first) copy_range(buffer.data(), head, body, 0, first);
+    WireWriter w;
+    w.bytes(descriptor).u64(total).bytes(buffer);
+    const Blobs both = exchange(st, k, peer, true, w.take(), label);
+    std::span<const std::byte> theirs;
+    try {
+      WireReader rd(both[1]);
+      theirs = rd.bytes();
+      rd.expect_end();
+    } catch (const wire_error& e) {
+      throw_error<comm_error>(names_.name(peer), " sent a malformed answer for ", label, " (", e.what(), ")");
+    }
+    if (!accepts(theirs)) return false;
+    if (!with_payload) return true;
+    const std::uint64_t pieces = (total + piece_ - 1) / piece_;
+    for (std::uint64_t i = 1; i < pieces; ++i) {
+      const auto [from, length] = piece_range(total, i, piece_);
+      buffer.resize(static_cast<std::size_t>(length));
+      copy_range(buffer.data(), head, body, static_cast<std::size_t>(from), buffer.size());
+      exchange(st, concat(k, ".", i), peer, true, buffer, concat(label, ", piece ", i + 1, " of ", pieces));
+    }
+    return true;
+  }
+
+  /// @brief Receives message `number` from `peer`: place(sender's descriptor, payload bytes) says
+  /// where the payload goes (null: the descriptors do not match); with `with_payload` false only the
+  /// descriptors travel.
+  /// @return what place() returned
+  std::byte* recv(int peer, std::uint64_t number, const std::string& label, std::span<const std::byte> descriptor,
+                  const std::function<std::byte*(std::span<const std::byte>, std::uint64_t)>& place, bool with_payload = true) {
+    StoreClient& st = connection(false, peer);
+    const std::string k = concat(prefix_, "p2p/", peer, ">", rank_, "/", number);
+    WireWriter w;
+    w.bytes(descriptor);
+    const Blobs both = exchange(st, k, peer, false, w.take(), label);
+    std::span<const std::byte> theirs, first;
+    std::uint64_t total = 0;
+    try {
+      WireReader rd(both[0]);
+      theirs = rd.bytes();
+      total = rd.u64();
+      first = rd.bytes();
+      rd.expect_end();
+      if (first.size() != (with_payload ? std::min<std::uint64_t>(total, piece_) : 0))
+        throw wire_error(concat("a first piece of ", first.size(), " bytes for ", total));
+    } catch (const wire_error& e) {
+      throw_error<comm_error>(names_.name(peer), " sent a malformed message for ", label, " (", e.what(), ")");
+    }
+    std::byte* out = place(theirs, total);
+    if (!out || !with_payload) return out;
+    if (!first.empty()) std::memcpy(out, first.data(), first.size());
+    const std::uint64_t pieces = (total + piece_ - 1) / piece_;
+    for (std::uint64_t i = 1; i < pieces; ++i) {
+      const auto [from, length] = piece_range(total, i, piece_);
+      const std::string what = concat(label, ", piece ", i + 1, " of ", pieces);
+      const Blobs got = exchange(st, concat(k, ".", i), peer, false, {}, what);
+      if (got[0].size() != length) throw_error<comm_error>(names_.name(peer), " sent ", got[0].size(), " bytes for ", what, ", ", length, " expected");
+      std::memcpy(out + from, got[0].data(), got[0].size());
+    }
+    return out;
+  }
+
+ private:
+  static void copy_range(std::byte* out, std::span<const std::byte> head, std::span<const std::byte> body, std::size_t at, std::size_t n) {
+    if (at < head.size()) {
+      const std::size_t k = std::min(n, head.size() - at);
+      std::memcpy(out, head.data() + at, k);
+      out += k, at += k, n -= k;
+    }
+    if (n) std::memcpy(out, body.data() + (at - head.size()), n);
+  }
+
+  StoreClient& connection(bool sending, int peer) {
+    std::lock_guard lock(mutex_);
+    auto& st = connections_[{sending, peer}];
+    if (!st) st = store_->connect_again();
+    return *st;
+  }
+
+  // One exchange between this rank and `peer`, the sender's entry first. The store names the two
+  // by their places in it ("group rank 1"): its errors are reworded with the peer's name here.
+  Blobs exchange(StoreClient& st, const std::string& k, int peer, bool sending, std::span<const std::byte> value, const std::string& label) {
+    const int sender = sending ? rank_ : peer, receiver = sending ? peer : rank_;
+    const int members[2] = {names_.job_rank(sender), names_.job_rank(receiver)};
+    try {
+      return st.exchange(k, sending ? 0 : 1, 2, value, label, std::nullopt, members);
+    } catch (const timeout_error&) {
+      throw_error<timeout_error>("timed out after ", text::format_ms(static_cast<std::uint64_t>(timeout_.count())), " in ", label, ": ",
+                                 names_.name(peer), " did not ", sending ? "receive it" : "send it");
+    } catch (const comm_error& e) {
+      const std::string how = how_peer_left(e.what());
+      if (how.empty()) throw;  // not about the peer (the store itself is gone, …)
+      throw_error<comm_error>(names_.name(peer), " ", how, " during ", label);
+    }
+  }
+
+  std::shared_ptr<StoreClient> store_;
+  std::string prefix_;
+  std::size_t piece_;
+  int rank_;
+  std::chrono::milliseconds timeout_;
+  Names names_;
+  std::mutex mutex_;
+  std::map<std::pair<bool, int>, std::shared_ptr<StoreClient>> connections_;  ///< (sending?, peer)
+};
+
+}  // namespace detail
+ACCEL_NAMESPACE_END
