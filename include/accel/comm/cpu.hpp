@@ -21,6 +21,10 @@
 /// Buffer collectives (all_reduce and friends over spans) check their descriptors in one store
 /// round, then move the data through a third segment per rank in pipelined chunks
 /// (detail/shm_collectives.hpp); across machines the data rides in store rounds instead.
+///
+/// Point-to-point messages (p2p.hpp) between processes of one machine go through a shared-memory
+/// channel per ordered pair, made on first use (detail/shm_p2p.hpp); across machines (or with
+/// ACCEL_CPU_SHM=0) through store exchanges between the two processes (detail/p2p_store.hpp).
 #pragma once
 
 #include <algorithm>
