@@ -81,6 +81,19 @@ ACCEL_NAMESPACE_BEGIN
   return out;
 }
 
+namespace detail {
+// Whether tensor `t` is the weight of an input embedding module (the structure and names
+// row_read_embeddings describes), whatever it is tied to.
+inline bool input_embedding_weight(const ModuleTree& tree, std::size_t t) {
+  const auto& tens = tree.tensors();
+  const auto& mod = tree.modules()[tens[t].module];
+  if (tens[t].module == 0 || !mod.children.empty() || !input_embedding_local_name(mod.name)) return false;
+  if (!mod.class_name.empty() && !names_an_embedding(mod.class_name)) return false;
+  return mod.parameters.size() == 1 && mod.parameters[0] == t && tens[t].shape.size() == 2 && !tens[t].buffer &&
+         tens[t].name.ends_with(".weight");
+}
+}  // namespace detail
+
 /// @brief Which tensors are input embeddings a forward pass reads by rows.
 ///
 /// A module without children whose local name is one transformers gives token embeddings
@@ -91,16 +104,9 @@ ACCEL_NAMESPACE_BEGIN
 /// is read whole by that module, so it is not row-read.
 /// @return one flag per tensor id (every name of a row-read tensor is flagged)
 [[nodiscard]] inline std::vector<bool> row_read_embeddings(const ModuleTree& tree) {
-  const auto& mods = tree.modules();
   const auto& tens = tree.tensors();
   std::vector<bool> out(tens.size(), false);
-  auto embedding_weight = [&](std::size_t t) {
-    const auto& mod = mods[tens[t].module];
-    if (tens[t].module == 0 || !mod.children.empty() || !detail::input_embedding_local_name(mod.name)) return false;
-    if (!mod.class_name.empty() && !detail::names_an_embedding(mod.class_name)) return false;
-    return mod.parameters.size() == 1 && mod.parameters[0] == t && tens[t].shape.size() == 2 && !tens[t].buffer &&
-           tens[t].name.ends_with(".weight");
-  };
+  auto embedding_weight = [&](std::size_t t) { return detail::input_embedding_weight(tree, t); };
   std::vector<bool> tied(tens.size(), false);
   const auto index = tree.index();
   for (const auto& group : index->tied_groups) {

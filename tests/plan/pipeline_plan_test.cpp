@@ -1,0 +1,285 @@
+// SPDX-License-Identifier: Apache-2.0
+// SPDX-FileCopyrightText: accel contributors
+// plan_pipeline: stages balanced for time against the parameter-count split, blocks whole, tied
+// weights in both end stages, spills priced, determinism and the errors; the contiguous-split
+// search on its own against brute force.
+#include <accel/plan/pipeline_plan.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/catch.hpp"
+
+using accel::DType;
+using accel_test::Approx;
+
+namespace {
+
+struct Shape {
+  int layers = 8;
+  bool tied = false;
+  std::int64_t vocab = 64;  // embedding and head: vocab x 8 float32 (64: 2 KiB, two layers' worth)
+  bool nested = false;      // each layer an attention and an MLP module under its Block
+};
+
+// A Llama-like tree in float32: embed_tokens, layers of 1 KiB (blocks), norm 32 B, lm_head.
+accel::ModuleTree llama(const Shape& s = {}) {
+  accel::ModuleTree t;
+  t.add_module("model", "Model");
+  t.add_module("model.embed_tokens", "Embedding");
+  t.add_parameter("model.embed_tokens.weight", DType::F32, {s.vocab, 8});
+  for (int i = 0; i < s.layers; ++i) {
+    const std::string l = "model.layers." + std::to_string(i);
+    t.add_module(l, "Block");
+    if (s.nested) {
+      t.add_module(l + ".attn", "Attention");
+      t.add_parameter(l + ".attn.q.weight", DType::F32, {8, 8});
+      t.add_parameter(l + ".attn.o.weight", DType::F32, {8, 8});
+      t.add_module(l + ".mlp", "MLP");
+      t.add_parameter(l + ".mlp.up.weight", DType::F32, {8, 16});
+    } else {
+      t.add_module(l + ".mlp", "MLP");
+      t.add_parameter(l + ".mlp.up.weight", DType::F32, {16, 8});
+      t.add_parameter(l + ".mlp.down.weight", DType::F32, {8, 16});
+    }
+  }
+  t.add_module("model.norm", "RMSNorm");
+  t.add_parameter("model.norm.weight", DType::F32, {8});
+  t.add_module("lm_head", "Linear");
+  if (s.tied) t.add_alias("lm_head.weight", "model.embed_tokens.weight");
+  else t.add_parameter("lm_head.weight", DType::F32, {s.vocab, 8});
+  return t;
+}
+
+accel::PlanOptions options(const char* budgets = "0=1MiB,cpu=1MiB") {
+  accel::PlanOptions o;
+  o.max_memory = accel::parse_max_memory(budgets);
+  o.no_split = {"Block"};
+  o.auto_no_split = false;
+  o.rules = accel::PlanRules::transformers;
+  return o;
+}
+
+// The stage whose map covers `tensor` (-1: none, -2: several).
+int stage_of(const accel::PipelinePlan& p, const std::string& tensor) {
+  int found = -1;
+  for (std::size_t s = 0; s < p.stages.size(); ++s)
+    if (p.stages[s].plan.device_map.covering(tensor)) found = found == -1 ? static_cast<int>(s) : -2;
+  return found;
+}
+
+std::vector<std::size_t> bounds_of(const accel::PipelinePlan& p) {
+  std::vector<std::size_t> b;
+  for (const auto& s : p.stages) b.push_back(s.first_unit);
+  b.push_back(p.stages.back().end_unit);
+  return b;
+}
+}  // namespace
+
+TEST_CASE("plan_pipeline: stages balanced for time beat the parameter-count split when the input embedding is free",
+          "[plan][pipeline]") {
+  const auto tree = llama();
+  const auto p = accel::plan_pipeline(tree, options(), {.stages = 2});
+  REQUIRE(p.stages.size() == 2);
+  // Units: embed_tokens, 8 layers, norm, lm_head. Parameters balance as embed + 4 layers | 4 layers + norm + head;
+  // by time the embedding (rows only) costs nothing, so stage 0 takes a fifth layer.
+  CHECK(p.units.size() == 11);
+  CHECK(p.by_parameters.bounds == std::vector<std::size_t>{0, 5, 11});
+  CHECK(bounds_of(p) == std::vector<std::size_t>{0, 6, 11});
+  CHECK_FALSE(p.parameter_split_kept);
+  CHECK(p.by_parameters.problem.empty());
+  // Everything fits the GPU: seconds are the bytes read at gpu_read (2 TB/s).
+  CHECK(p.stages[0].seconds == Approx(5 * 1024 / 2e12));
+  CHECK(p.stages[1].seconds == Approx((3 * 1024 + 32 + 2048) / 2e12));
+  CHECK(p.by_parameters.seconds[1] == Approx((4 * 1024 + 32 + 2048) / 2e12));
+  CHECK(p.imbalance == Approx(5152.0 / 5136.0));
+  CHECK(p.by_parameters.imbalance == Approx(6176.0 / 5136.0));
+  CHECK(p.imbalance < p.by_parameters.imbalance);
+  CHECK(p.stages[0].bytes == 2048 + 5 * 1024);
+  CHECK(p.stages[0].gpu_bytes == p.stages[0].bytes);
+  CHECK(p.total_bytes() == 2048 + 8 * 1024 + 32 + 2048);
+  // Each stage's map names its own modules only.
+  CHECK(stage_of(p, "model.embed_tokens.weight") == 0);
+  CHECK(stage_of(p, "model.layers.4.mlp.up.weight") == 0);
+  CHECK(stage_of(p, "model.layers.5.mlp.up.weight") == 1);
+  CHECK(stage_of(p, "lm_head.weight") == 1);
+  for (const auto& st : p.stages) CHECK(st.plan.device_map.find("") == nullptr);
+}
+
+TEST_CASE("plan_pipeline: never worse than the parameter-count split, for 1 to 8 stages and several shapes", "[plan][pipeline]") {
+  for (const bool tied : {false, true})
+    for (const std::int64_t vocab : {16, 64, 512})
+      for (int S = 1; S <= 8; ++S) {
+        const auto tree = llama({.layers = 12, .tied = tied, .vocab = vocab});
+        for (const char* budgets : {"0=1MiB,cpu=1MiB", "0=3KiB,cpu=1MiB"}) {
+          const auto p = accel::plan_pipeline(tree, options(budgets), {.stages = S});
+          INFO("tied " << tied << ", vocab " << vocab << ", S " << S << ", budgets " << budgets);
+          REQUIRE(p.stages.size() == static_cast<std::size_t>(S));
+          REQUIRE(p.by_parameters.problem.empty());
+          CHECK(p.slowest() <= *std::max_element(p.by_parameters.seconds.begin(), p.by_parameters.seconds.end()) * (1 + 1e-12));
+          // Every unit in exactly one stage, in order.
+          CHECK(p.stages.front().first_unit == 0);
+          CHECK(p.stages.back().end_unit == p.units.size());
+          for (std::size_t s = 1; s < p.stages.size(); ++s) CHECK(p.stages[s].first_unit == p.stages[s - 1].end_unit);
+          for (const auto& st : p.stages) CHECK(st.first_unit < st.end_unit);
+        }
+      }
+}
+
+TEST_CASE("plan_pipeline: a no-split block is never split, and a split module's parts are units", "[plan][pipeline]") {
+  const auto tree = llama({.layers = 5, .nested = true});
+  for (int S = 2; S <= 7; ++S) {
+    const auto p = accel::plan_pipeline(tree, options(), {.stages = S});
+    for (int i = 0; i < 5; ++i) {
+      const std::string l = "model.layers." + std::to_string(i);
+      const int a = stage_of(p, l + ".attn.q.weight");
+      CHECK(a >= 0);
+      CHECK(stage_of(p, l + ".attn.o.weight") == a);
+      CHECK(stage_of(p, l + ".mlp.up.weight") == a);
+    }
+  }
+  // Without blocks the attention and MLP modules of a layer are units of their own.
+  auto o = options();
+  o.no_split.clear();
+  const auto loose = accel::plan_pipeline(tree, o, {.stages = 2});
+  CHECK(loose.units.size() == 1 + 5 * 3 + 2);
+  CHECK(loose.units[1] == "model.layers.0.attn.q");
+}
+
+TEST_CASE("plan_pipeline: a tied embedding and head are held by both end stages, each its own copy", "[plan][pipeline]") {
+  const auto tree = llama({.tied = true});
+  const auto p = accel::plan_pipeline(tree, options(), {.stages = 3});
+  REQUIRE(p.stages.size() == 3);
+  CHECK(stage_of(p, "model.embed_tokens.weight") == 0);
+  CHECK(stage_of(p, "lm_head.weight") == 2);
+  REQUIRE(p.stages[0].tied_copies.size() == 1);
+  CHECK(p.stages[0].tied_copies[0] == "'model.embed_tokens.weight' (tied to 'lm_head.weight' in stage 2)");
+  CHECK(p.stages[2].tied_copies[0] == "'lm_head.weight' (tied to 'model.embed_tokens.weight' in stage 0)");
+  CHECK(p.stages[1].tied_copies.empty());
+  // Both hold the 2 KiB table: counted in each stage's bytes.
+  std::uint64_t layers0 = 0, layers2 = 0;
+  for (auto u = p.stages[0].first_unit; u < p.stages[0].end_unit; ++u) layers0 += p.units[u].starts_with("model.layers.") ? 1024 : 0;
+  for (auto u = p.stages[2].first_unit; u < p.stages[2].end_unit; ++u) layers2 += p.units[u].starts_with("model.layers.") ? 1024 : 0;
+  CHECK(p.stages[0].bytes == 2048 + layers0);
+  CHECK(p.stages[2].bytes == 2048 + layers2 + 32);
+  CHECK(p.total_bytes() == 2 * 2048 + 8 * 1024 + 32);
+  // Stage 0 only looks rows up in its copy (free); the last stage's head reads the table whole.
+  CHECK(p.stages[0].seconds == Approx(static_cast<double>(layers0) / 2e12));
+  CHECK(p.stages[2].seconds == Approx(static_cast<double>(layers2 + 32 + 2048) / 2e12));
+  // One stage: the tie stays one tensor.
+  const auto one = accel::plan_pipeline(tree, options(), {.stages = 1});
+  CHECK(one.stages[0].tied_copies.empty());
+  CHECK(one.stages[0].bytes == 2048 + 8 * 1024 + 32);
+}
+
+TEST_CASE("plan_pipeline: a stage past its GPUs streams, and the split moves units off it", "[plan][pipeline]") {
+  const auto tree = llama({.layers = 12});
+  accel::PlanOptions opts = options();
+  // Stage 0's process has a small GPU (3 KiB: three layers stay on it), stage 1's a large one.
+  std::vector<accel::MaxMemory> budgets = {accel::parse_max_memory("0=3KiB,cpu=1MiB"), accel::parse_max_memory("0=1MiB,cpu=1MiB")};
+  const auto p = accel::plan_pipeline(tree, opts, {.stages = 2, .stage_budgets = budgets});
+  REQUIRE(p.stages.size() == 2);
+  CHECK(p.stages[0].end_unit - p.stages[0].first_unit < p.stages[1].end_unit - p.stages[1].first_unit);
+  // The parameter split gives stage 0 the embedding and 6 layers: it streams, and is far slower.
+  REQUIRE(p.by_parameters.problem.empty());
+  CHECK(p.by_parameters.seconds[0] > 1e-8);  // streamed at 25 GB/s, not read at 2 TB/s
+  CHECK(p.slowest() < p.by_parameters.seconds[0]);
+  CHECK(p.imbalance < p.by_parameters.imbalance);
+  // What streams is what the stage's map leaves on cpu.
+  CHECK(p.stages[0].streamed.from_cpu == p.stages[0].cpu_bytes);
+  CHECK(p.stages[1].streamed.streamed() == 0);
+  CHECK(p.stages[0].plan.budgets.gpus.at(0) <= 3 * 1024);
+}
+
+TEST_CASE("plan_pipeline: the same inputs give the same plan", "[plan][pipeline]") {
+  const auto tree = llama({.layers = 20, .tied = true, .vocab = 200});
+  const auto opts = options("0=6KiB,1=4KiB,cpu=8KiB");
+  const auto a = accel::plan_pipeline(tree, opts, {.stages = 4});
+  const auto copy = tree;  // a copy of the tree (its own index) on "another rank"
+  const auto b = accel::plan_pipeline(copy, opts, {.stages = 4});
+  REQUIRE(a.stages.size() == b.stages.size());
+  CHECK(a.units == b.units);
+  CHECK(a.imbalance == b.imbalance);
+  for (std::size_t s = 0; s < a.stages.size(); ++s) {
+    CHECK(a.stages[s].first_unit == b.stages[s].first_unit);
+    CHECK(a.stages[s].plan.device_map.to_json_string() == b.stages[s].plan.device_map.to_json_string());
+    CHECK(a.stages[s].seconds == b.stages[s].seconds);
+  }
+}
+
+TEST_CASE("plan_pipeline: errors name what is wrong", "[plan][pipeline]") {
+  const auto tree = llama({.layers = 3});  // 6 units
+  CHECK_THROWS_WITH(accel::plan_pipeline(tree, options(), {.stages = 0}),
+                    "[accel.usage] plan_pipeline: 0 stages; ask for 1 or more");
+  CHECK_THROWS_WITH(accel::plan_pipeline(tree, options(), {.stages = 7}),
+                    "[accel.usage] plan_pipeline: 7 stages, but the model has only 6 units a stage boundary may fall between "
+                    "(no-split blocks, modules without children, tensors of split modules); ask for 6 stages or fewer");
+  CHECK_THROWS_WITH(accel::plan_pipeline(tree, options(), {.stages = 2, .stage_budgets = {accel::MaxMemory{}}}),
+                    "[accel.usage] plan_pipeline: 1 stage budgets for 2 stages; give one per stage, or none to use "
+                    "max_memory for every stage");
+  // 2 KiB GPU, 1 KiB cpu, no disk per process: the model (8.03 KiB) fits no split into 2.
+  CHECK_THROWS_WITH(accel::plan_pipeline(tree, options("0=2KiB,cpu=1KiB,disk=0"), {.stages = 2}),
+                    Catch::Matchers::StartsWith("[accel.planning] no split into 2 stages fits the budgets: split by parameter "
+                                                "count, stage 0 (model.embed_tokens .. model.layers.1, 3 units) needs 4.00 KiB "
+                                                "but its process holds 2.00 KiB on GPUs, 1.00 KiB on cpu and 0 B on disk"));
+  // The estimate lets a stage through that the planner cannot place (a block larger than any device).
+  accel::ModuleTree big;
+  big.add_module("a", "Block");
+  big.add_parameter("a.w", DType::F32, {256});
+  big.add_module("b", "Block");
+  big.add_parameter("b.w", DType::F32, {256});
+  auto o = options("0=600,1=600,cpu=10,disk=0");
+  CHECK_THROWS_WITH(accel::plan_pipeline(big, o, {.stages = 2}),
+                    Catch::Matchers::StartsWith("[accel.planning] stage 0 (a, 1 unit, 1.00 KiB) does not fit its process's "
+                                                "budgets (0=600 B, 1=600 B, cpu=10 B, disk=0 B): "));
+}
+
+TEST_CASE("split_stages: the slowest stage is the brute-force optimum, on both search paths", "[plan][pipeline]") {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::size_t n = 1 + rng() % 9, S = 1 + rng() % n;
+    std::vector<double> w(n);
+    for (auto& x : w) x = static_cast<double>(rng() % 100);
+    std::vector<double> factor(S);
+    for (auto& f : factor) f = 1 + static_cast<double>(rng() % 3);  // stages differ
+    const auto cost = [&](std::size_t k, std::size_t i, std::size_t j) {
+      double s = 0;
+      for (auto u = i; u < j; ++u) s += w[u];
+      return s * factor[k];
+    };
+    // Brute force over every placement of the S - 1 inner boundaries.
+    double best = std::numeric_limits<double>::infinity();
+    std::vector<std::size_t> b(S + 1, 0);
+    b[S] = n;
+    const auto search = [&](auto&& self, std::size_t k) -> void {
+      if (k == S) {
+        double worst = 0;
+        for (std::size_t s = 0; s < S; ++s) worst = std::max(worst, cost(s, b[s], b[s + 1]));
+        best = std::min(best, worst);
+        return;
+      }
+      for (std::size_t at = b[k - 1] + 1; at + (S - k) <= n; ++at) {
+        b[k] = at;
+        self(self, k + 1);
+      }
+    };
+    search(search, 1);
+    for (const std::size_t limit : {std::size_t{0}, accel::detail::stage_split_exact_limit}) {
+      const auto got = accel::detail::split_stages(n, S, cost, limit);
+      INFO("exact limit " << limit << ", n " << n << ", S " << S);
+      REQUIRE(got.size() == S + 1);
+      double worst = 0;
+      for (std::size_t s = 0; s < S; ++s) {
+        CHECK(got[s] < got[s + 1]);
+        worst = std::max(worst, cost(s, got[s], got[s + 1]));
+      }
+      CHECK(worst == best);
+    }
+  }
+  CHECK(accel::detail::split_stages(3, 4, [](auto, auto, auto) { return 1.0; }).empty());
+  CHECK(accel::detail::split_stages(3, 2, [](auto, auto, auto) { return std::numeric_limits<double>::infinity(); }).empty());
+}
