@@ -32,6 +32,7 @@
 #include "bandwidth.hpp"
 #include "gpu_group.hpp"
 #include "model_args.hpp"
+#include "plan_stages.hpp"
 #include "plan_svg.hpp"
 
 namespace accel_cli {
@@ -76,6 +77,8 @@ inline constexpr OptionSpec plan_options[] = {
     process_option,
     {"simulate-gpus", OptionKind::text, "SIZES", "plan on host-simulated GPUs of these sizes ('80GiB,80GiB') instead of "
                                                  "this machine's: measured budgets and --process's group come from them"},
+    stages_option,
+    replicas_option,
 };
 
 inline constexpr const char* plan_usage = R"(usage: accel plan (--checkpoint PATH | --skeleton FILE) [options]
@@ -90,6 +93,12 @@ With --gpus_per_process K [--process R] it plans as local process R of a job wit
 process (accel launch --gpus_per_process K) would: on its group only, the visible GPUs R*K to
 R*K+K-1, whose budgets are measured (or given with --max-memory, GPU key 0 being the group's first),
 and the map's GPU keys 0 to K-1 index the group; the report names the group's physical GPUs.
+
+With --stages S [--replicas R] it cuts the model into S pipeline stages, one per process of a
+replica (rank = replica*S + stage), balanced for the slowest stage's estimated time, and places
+each on its process's GPUs (K per process, default 1), CPU and disk share; --max-memory then gives
+one process's budgets. The report gives per stage its units, bytes, estimated time and ranks, and
+the imbalance beside the split balanced by parameter count; --json prints it as JSON.
 Exit status: 0; 2 bad arguments; 3 bad budgets/skeleton; 5 infeasible; 6 bad checkpoint.)";
 
 inline constexpr OptionSpec estimate_options[] = {
@@ -270,14 +279,46 @@ inline int run_plan(std::span<char*> argv) {
   const bool defaulted = !a.has("max-memory");
   // The GPUs: measured for the budgets, or counted for --gpus_per_process's group (checked before
   // any file is read).
-  auto gpus = defaulted || a.has("gpus-per-process") ? plan_gpus(a, defaulted) : std::vector<accel::DeviceBudgetInfo>{};
+  const bool staged = a.has("stages");
+  if (a.has("replicas") && !staged)
+    throw accel::usage_error("plan: " + a.spelling("replicas") + " gives the replicas of a pipeline; give its stages too "
+                             "(--stages S), or drop " + a.spelling("replicas"));
+  if (staged && a.has("json-report"))
+    throw accel::usage_error("plan: --json-report describes one device map; with --stages use --json (every stage's map, "
+                             "bytes and time)");
+  auto gpus = defaulted || a.has("gpus-per-process") || (staged && a.has("simulate-gpus")) ? plan_gpus(a, defaulted)
+                                                                                         : std::vector<accel::DeviceBudgetInfo>{};
   const auto group = gpu_group(a, "plan", static_cast<int>(gpus.size()),
                                accel::parse_visible_devices(accel::process_env()("CUDA_VISIBLE_DEVICES")),
                                "run it where the job's GPUs are, or give them with --simulate-gpus SIZES");
-  if (group) gpus = group_gpus(gpus, *group);
+  StageLayout layout;
+  if (staged) {
+    layout.stages = *a.integer("stages");
+    layout.replicas = a.integer("replicas").value_or(1);
+    layout.gpus_per_process = group ? group->gpus_per_process : 1;
+    layout.local_processes = gpus.empty() ? layout.ranks() : static_cast<int>(gpus.size()) / layout.gpus_per_process;
+    if (group && group->process >= layout.ranks())
+      throw accel::usage_error("plan: " + a.spelling("process") + " " + std::to_string(group->process) + " holds no rank: " +
+                               std::to_string(layout.stages) + " stages x " + accel::text::plural(layout.replicas, "replica") +
+                               " make " + accel::text::plural(layout.ranks(), "rank") + ", held by local processes 0" +
+                               (layout.ranks() > 1 ? " to " + std::to_string(layout.ranks() - 1) : std::string()) +
+                               "; give one of those");
+  } else if (group) {
+    gpus = group_gpus(gpus, *group);
+  }
   auto model = load_model(a, "plan", explicit_dtype(a));
   accel::PlanOptions opts;
-  opts.max_memory = defaulted ? measured_budgets(gpus) : accel::parse_max_memory(*a.value("max-memory"));
+  std::vector<accel::MaxMemory> stage_budgets;
+  if (staged && defaulted) {
+    const auto ram = accel::read_available_ram();
+    if (!ram && gpus.empty())
+      throw accel::unavailable_error("cannot measure available RAM and no GPU is visible; pass --max-memory");
+    stage_budgets = measured_stage_budgets(gpus, layout, ram.value_or(0));
+    opts.max_memory = stage_budgets.front();
+  } else {
+    opts.max_memory = defaulted ? measured_budgets(gpus) : accel::parse_max_memory(*a.value("max-memory"));
+    if (staged) stage_budgets.assign(static_cast<std::size_t>(layout.stages), opts.max_memory);
+  }
   if (group) accel::require_group_budgets(opts.max_memory, group->devices.size(), group->gpus());
   const auto mode = accel::parse_device_map_mode(a.value("device-map").value_or("auto"));
   // The dtype: the same decision `accel load` converts with (model_args.hpp).
@@ -306,6 +347,20 @@ inline int run_plan(std::span<char*> argv) {
   opts.objective = accel::parse_plan_objective(a.value("objective").value_or("fit"));
   const auto [bw, rates_note] = choose_bandwidths(a);
   opts.bandwidths = bw;
+  if (staged) {
+    std::string header = "accel plan: " + model.label + ", " + std::to_string(model.tree.tensors().size()) + " tensors, mode " +
+                         std::string(a.value("device-map").value_or("auto")) + ", " +
+                         accel::text::plural(layout.stages, "stage") + " x " + accel::text::plural(layout.replicas, "replica") +
+                         " (" + accel::text::plural(layout.ranks(), "rank") + ", rank = replica*" + std::to_string(layout.stages) +
+                         " + stage)\n";
+    if (model.checkpoint) header += "architecture: " + model.checkpoint->architecture_note + "\n";
+    header += "blocks: " + blocks_note + "; rules: " + like + "; dtype: " + dtype.note + "\n";
+    if (group)
+      header += accel::detail::concat("processes: ", accel::text::plural(layout.gpus_per_process, "GPU"), " each, ", layout.local_processes,
+                                      " on this machine; --process ", group->process, " is ", group->describe(), "\n");
+    return run_plan_stages(a, model, opts, mode, defaulted, stage_budgets, layout, header, rates_note, names,
+                           group ? std::optional<int>(group->process) : std::nullopt);
+  }
 
   // Computed once: the balancing, the placement and the drawing all use them.
   const auto sizes = accel::compute_module_sizes(model.tree, accel::size_options(opts));
