@@ -17,7 +17,10 @@ runs
 and reports the imbalance (estimated slowest stage / mean stage) of accel's split and of the
 split balanced by parameter count (accelerate's split_points="auto"), both placed and timed by
 the same cost model, and how much slower the parameter split's slowest stage is (median, p90,
-max). It checks that accel's slowest stage is never slower than the parameter split's.
+max), and in how many cases accel's imbalance is the higher one (the slowest stage is what bounds a
+pipeline's throughput; a split that streams on more stages raises its mean, which lowers its
+imbalance without making it faster). It checks that accel's slowest stage is never slower than
+the parameter split's.
 An architecture with fewer units than S (blocks, modules without children) is skipped for that S.
 
 Usage: stage_imbalance.py ACCEL_BINARY [ARCHITECTURE...]      (python3 only, no torch)
@@ -102,9 +105,11 @@ def main():
                     results.setdefault((scenario, S), []).append((arch, j["imbalance"], base_split["imbalance"], slower))
                     print(f"{arch:42} {scenario:>6} {S:>2} {len(j['units']):>5} {j['imbalance']:>7.3f} "
                           f"{base_split['imbalance']:>7.3f} {slower:>6.3f}x")
-    print("\nimbalance = estimated slowest stage / mean stage; 'slower' = the parameter split's slowest stage / accel's")
+    print("\nimbalance = estimated slowest stage / mean stage; 'slower' = the parameter split's slowest stage / accel's;")
+    print("'imb. higher': rows where accel's imbalance is the higher one although its slowest stage is not slower (the")
+    print("parameter split's mean is raised by stages that stream weights accel's split keeps on the GPU)")
     print(f"{'budget':>6} {'S':>2} {'archs':>5} {'accel median':>12} {'accel max':>9} {'params median':>13} {'params max':>10} "
-          f"{'slower median':>13} {'p90':>6} {'max':>6} {'better in':>9}")
+          f"{'slower median':>13} {'p90':>6} {'max':>6} {'faster in':>9} {'imb. higher':>11}")
     for (scenario, S), rows in sorted(results.items()):
         ours = [r[1] for r in rows]
         theirs = [r[2] for r in rows]
@@ -112,7 +117,7 @@ def main():
         worst = max(rows, key=lambda r: r[3])
         print(f"{scenario:>6} {S:>2} {len(rows):>5} {quantile(ours, 0.5):>12.3f} {max(ours):>9.3f} {quantile(theirs, 0.5):>13.3f} "
               f"{max(theirs):>10.3f} {quantile(slower, 0.5):>12.3f}x {quantile(slower, 0.9):>5.3f}x {max(slower):>5.3f}x "
-              f"{sum(s > 1 + 1e-9 for s in slower):>4}/{len(rows)}  (max: {worst[0]})")
+              f"{sum(s > 1 + 1e-9 for s in slower):>4}/{len(rows)} {sum(r[1] > r[2] + 1e-9 for r in rows):>11}  (max: {worst[0]})")
     if skipped:
         print(f"skipped (fewer units than stages): {', '.join(skipped)}")
     for f in failures:

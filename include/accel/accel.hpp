@@ -14,6 +14,7 @@
 #include <accel/plan/max_memory.hpp>
 #include <accel/plan/plan_report.hpp>
 #include <accel/plan/planner.hpp>
+#include <accel/plan/pipeline_plan.hpp>
 #include <accel/load/auto_dispatch.hpp>
 #include <accel/load/dispatch.hpp>
 #include <accel/load/offload.hpp>
