@@ -162,6 +162,7 @@ class StageUnits {
       r.largest = std::max(sparse_[w][i], sparse_[w][j - (std::size_t{1} << w)]);
     }
     for (const auto& g : tied_) {
+      if (j <= g.units.front() || i > g.units.back()) continue;  // (units are sorted)
       bool inside = false, read_whole = false;
       for (std::size_t k = 0; k < g.units.size(); ++k)
         if (g.units[k] >= i && g.units[k] < j) {
