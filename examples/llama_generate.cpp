@@ -13,15 +13,28 @@
 //
 // Before computing anything it checks what it is given: every config.json field it uses (type,
 // range, overflow), every tensor it reads against the shape config.json implies
-// (check_config_against_checkpoint), the prompt against the embedding table and the positions, and
-// the --expect file's shapes. A kernel indexes weights with these numbers, so one wrong field would
-// otherwise read past a weight's end or produce garbage tokens; an engine should do the same.
+// (check_config_against_checkpoint), every prompt against the embedding table and the positions,
+// and the --expect file's shapes. A kernel indexes weights with these numbers, so one wrong field
+// would otherwise read past a weight's end or produce garbage tokens; an engine should do the same.
+//
+// Several prompts (--prompts FILE, or every prompt of the --expect file) run one after the other,
+// each with its own KV cache. Under a launcher (accel launch --num_processes P, mpirun, torchrun...)
+// the processes are replicas: each plans and loads its own copy of the model on its own devices,
+// takes its contiguous share of the prompts, and the results are gathered to every process in
+// prompt order; the main process prints them. Every process checks the same inputs the same way,
+// so a bad prompt is refused by all of them alike, before any loads anything.
+//
+// The arithmetic of one step of one sequence is split in three (Decoder::embed, run_layers over a
+// range of layers, head), so that a pipeline driver can give each stage its own range of layers.
 //
 //   llama_generate --checkpoint DIR --prompt 1,17,254 --new-tokens 8
 //   llama_generate --checkpoint tests/compat/fixtures/forward/llama --simulate-gpus 1MiB,1MiB
 //       --max-memory 0=300KiB,1=300KiB,cpu=400KiB --expect tests/compat/fixtures/forward/llama/golden.json
+//   accel launch --cpu --num_processes 2 llama_generate --checkpoint DIR --prompts prompts.txt --no-gpu
+#include <accel/comm/collectives.hpp>
 #include <accel/load/auto_dispatch.hpp>
 #include <accel/model/json.hpp>
+#include <accel/state.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -39,6 +52,7 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -52,8 +66,13 @@ constexpr const char* usage = R"(usage: llama_generate --checkpoint DIR [options
 Greedy decoding with a Llama-architecture model (config.json + safetensors) placed and loaded by accel.
 
   --checkpoint DIR        the model folder (config.json, *.safetensors, index)
-  --prompt IDS            prompt token ids, comma-separated (default: the --expect file's prompt)
-  --new-tokens N          tokens to generate, N >= 1 (default: the --expect file's count, else 8)
+  --prompt IDS            one prompt's token ids, comma-separated (default: the --expect file's prompts)
+  --prompts FILE          several prompts, one per line as comma-separated token ids ('1, 17, 254');
+                          blank lines and lines starting with '#' are skipped
+  --new-tokens N          tokens to generate per prompt, N >= 1 (default: the --expect file's count, else 8)
+  --stages S              pipeline stages per replica: under a launcher of P processes, P / S replicas
+                          share the prompts (default 1: every process is a replica; S > 1 is not
+                          implemented yet)
   --max-memory SPEC       budgets as accel plan takes them ('0=2GiB,1=2GiB,cpu=8GiB'); default: measured
   --simulate-gpus SIZES   host-simulated GPUs of these sizes ('1MiB,1MiB') instead of CUDA
   --no-gpu                no GPU at all, even where CUDA has some: CPU and disk only
@@ -63,18 +82,24 @@ Greedy decoding with a Llama-architecture model (config.json + safetensors) plac
   --dtype DTYPE           load dtype of floating tensors: float32, bfloat16, float16 (default: config.json's)
   --offload-folder DIR    where converted disk tensors go (needed when --dtype changes a disk tensor)
   --copy-back             read every device tensor through a copy to the host, as with a real GPU
-  --expect FILE           golden.json from tests/compat/gen_forward.py: exit 1 unless the tokens are
-                          identical and every step's logits are within --tolerance (relative to the
-                          step's largest logit)
+  --expect FILE           golden.json from tests/compat/gen_forward.py: exit 1 unless every prompt's
+                          tokens are identical and every step's logits are within --tolerance (relative
+                          to the step's largest logit); without --prompt/--prompts, all its prompts run
   --tolerance X           a finite number >= 0 (default 1e-3)
   --quiet                 print only the tokens and the check
   --help                  this text
 
+Under a launcher (accel launch --num_processes P [--cpu | --gpus_per_process K], mpirun, torchrun,
+srun), each process loads its own copy on its own GPUs (with --simulate-gpus, its own simulated
+ones) and generates for its share of the prompts; the main process prints every prompt's line in
+prompt order.
+
 Exit status (docs/exit-codes.md): 0 done (and matched --expect); 1 differs from --expect; 2 bad
-command line (an option's value, a prompt outside the vocabulary or the positions); 3 a bad --expect
-file, or bad budgets; 4 what this example does not implement (another architecture, a quantized
-weight, rope scaling); 5 no placement fits the budgets; 6 a bad config.json or checkpoint, one that
-contradicts the other, or weights whose logits are not finite; 70 a bug.
+command line (an option's value, a --prompts file, a prompt outside the vocabulary or the positions,
+--stages that does not divide the processes); 3 a bad --expect file, or bad budgets; 4 what this
+example does not implement (another architecture, a quantized weight, rope scaling, --stages > 1);
+5 no placement fits the budgets; 6 a bad config.json or checkpoint, one that contradicts the other,
+or weights whose logits are not finite; 7 a collective failed (another process died); 70 a bug.
 )";
 
 // ---------------------------------------------------------------------------------------------
@@ -128,7 +153,9 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
 struct Args {
   std::string checkpoint;
   std::vector<std::int64_t> prompt;
+  std::optional<std::string> prompts_file;
   std::optional<std::size_t> new_tokens;
+  std::size_t stages = 1;
   std::optional<std::string> max_memory, simulate_gpus, dtype, offload_folder, expect;
   std::string device_map = "auto";
   accel::PlanObjective objective = accel::PlanObjective::fit;
@@ -184,7 +211,12 @@ Args parse_args(int argc, char** argv) {
     const std::string value = argv[++i];
     if (opt == "--checkpoint") a.checkpoint = value;
     else if (opt == "--prompt") a.prompt = parse_token_ids(value);
-    else if (opt == "--new-tokens") {
+    else if (opt == "--prompts") a.prompts_file = value;
+    else if (opt == "--stages") {
+      const auto n = whole_number(value, 1, std::numeric_limits<std::int32_t>::max());
+      if (!n) bad_usage("--stages takes how many pipeline stages each replica has, a whole number >= 1; got '", value, "'");
+      a.stages = static_cast<std::size_t>(*n);
+    } else if (opt == "--new-tokens") {
       const auto n = whole_number(value, 1, std::numeric_limits<std::int32_t>::max());
       if (!n) bad_usage("--new-tokens takes how many tokens to generate, a whole number >= 1; got '", value, "'");
       a.new_tokens = static_cast<std::size_t>(*n);
@@ -206,6 +238,7 @@ Args parse_args(int argc, char** argv) {
     } else bad_usage("unknown option '", opt, "' (see --help)");
   }
   if (a.checkpoint.empty()) bad_usage("--checkpoint DIR is required (see --help)");
+  if (!a.prompt.empty() && a.prompts_file) bad_usage("give --prompt or --prompts FILE, not both");
   return a;
 }
 
@@ -219,6 +252,67 @@ nlohmann::json read_json_file(const std::filesystem::path& path, std::string_vie
   if (!parsed.error.empty()) bad_checkpoint(what, " '", path.string(), "' is not valid JSON: ", parsed.error);
   if (!parsed.value.is_object()) bad_checkpoint(what, " '", path.string(), "' is not a JSON object");
   return std::move(parsed.value);
+}
+
+// The text of a file the command line names: refused as a command-line error (exit 2), not as a
+// checkpoint's (read_text_file's category), with the same message.
+std::string read_option_file(const std::filesystem::path& path, std::string_view what) {
+  try {
+    return accel::read_text_file(path, what);
+  } catch (const accel::checkpoint_error& e) {
+    const std::string_view message = e.what();
+    bad_usage(message.substr(message.find("] ") + 2));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The prompts
+
+// One prompt to run, and how messages name it.
+struct Prompt {
+  std::vector<std::int64_t> ids;
+  std::string name;  // "the prompt", "prompt 2 (prompts.txt line 4)", "prompt 1 (the --expect file's prompts[1])"
+  bool from_golden = false;
+};
+
+std::string_view trimmed(std::string_view s) {
+  constexpr std::string_view blanks = " \t\r";
+  const auto first = s.find_first_not_of(blanks);
+  if (first == std::string_view::npos) return {};
+  return s.substr(first, s.find_last_not_of(blanks) - first + 1);
+}
+
+// --prompts FILE: one prompt per line, its token ids separated by commas, spaces around an id
+// allowed ("1, 17, 254"). Blank lines and lines whose first non-blank character is '#' are skipped,
+// so a file can carry comments; anything else that is not a list of ids is refused naming the line.
+std::vector<Prompt> read_prompts_file(const std::string& path) {
+  const std::string text = read_option_file(path, "--prompts file");
+  std::vector<Prompt> prompts;
+  std::size_t line_number = 0;
+  for (std::size_t begin = 0; begin < text.size();) {
+    const std::size_t end = std::min(text.find('\n', begin), text.size());
+    const std::string_view line = trimmed(std::string_view(text).substr(begin, end - begin));
+    begin = end + 1;
+    ++line_number;
+    if (line.empty() || line.front() == '#') continue;
+    std::vector<std::int64_t> ids;
+    for (std::size_t from = 0;;) {
+      const std::size_t comma = std::min(line.find(',', from), line.size());
+      const std::string_view piece = trimmed(line.substr(from, comma - from));
+      const auto id = whole_number(piece, 0, std::numeric_limits<std::int64_t>::max());
+      if (!id)
+        bad_usage("--prompts file '", path, "' line ", line_number, ": '", piece, "' is not a token id (a whole number >= 0); ",
+                  "write one prompt per line as token ids separated by commas, like 1,17,254 (lines starting with # are comments)");
+      ids.push_back(*id);
+      if (comma == line.size()) break;
+      from = comma + 1;
+    }
+    prompts.push_back({std::move(ids), "prompt " + std::to_string(prompts.size()) + " (" + path + " line " + std::to_string(line_number) + ")"});
+  }
+  if (prompts.empty())
+    bad_usage("--prompts file '", path, "' holds no prompt; write one per line as token ids separated by commas, like 1,17,254 ",
+              "(blank lines and lines starting with # are skipped)");
+  return prompts;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -414,30 +508,67 @@ void check_config_against_checkpoint(const LlamaConfig& c, const accel::Checkpoi
 // ---------------------------------------------------------------------------------------------
 // The --expect file
 
-// golden.json from tests/compat/gen_forward.py: the prompt, and per generated step transformers'
-// greedy token and last-position logits.
-struct Golden {
+// golden.json from tests/compat/gen_forward.py: for each of its prompts, transformers' greedy
+// tokens and, per generated step, the last position's logits.
+struct GoldenRun {
   std::vector<std::int64_t> prompt, tokens;
   std::vector<std::vector<float>> logits;  // [step][vocabulary]
 };
+struct Golden {
+  std::size_t new_tokens = 0;  // steps per prompt
+  std::vector<GoldenRun> runs;
+};
 
-std::vector<std::int64_t> golden_ids(const nlohmann::json& j, const std::string& key) {
+constexpr const char* regenerate = " (regenerate it with tests/compat/gen_forward.py)";
+
+std::vector<std::int64_t> golden_ids(const nlohmann::json& j, const std::string& key, const std::string& where) {
   const nlohmann::json* v = field(j, key);
   if (!v || !v->is_array() || v->empty())
-    bad_golden(key, " is ", v ? accel::json_excerpt(*v) : std::string("missing"), ", not a non-empty list of token ids",
-               "; regenerate it with tests/compat/gen_forward.py");
+    bad_golden(where, " is ", v ? accel::json_excerpt(*v) : std::string("missing"), ", not a non-empty list of token ids", regenerate);
   std::vector<std::int64_t> ids;
   for (const auto& id : *v) {
     const auto n = accel::json_whole_number(id);
     if (!n || *n > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-      bad_golden(key, " holds ", accel::json_excerpt(id), ", not a token id (a whole number >= 0)");
+      bad_golden(where, " holds ", accel::json_excerpt(id), ", not a token id (a whole number >= 0)");
     ids.push_back(static_cast<std::int64_t>(*n));
   }
   return ids;
 }
 
+// One entry of "prompts": its parts must agree with each other and with the file's step count.
+GoldenRun read_golden_run(const nlohmann::json& j, const std::string& where, std::size_t steps, std::size_t vocab_hint) {
+  if (!j.is_object()) bad_golden(where, " is ", accel::json_excerpt(j, 40), ", not an object with prompt, tokens and logits", regenerate);
+  GoldenRun g;
+  g.prompt = golden_ids(j, "prompt", where + ".prompt");
+  g.tokens = golden_ids(j, "tokens", where + ".tokens");
+  if (g.tokens.size() != steps)
+    bad_golden(where, ".tokens holds ", g.tokens.size(), " tokens but new_tokens is ", steps, regenerate);
+  const nlohmann::json* logits = field(j, "logits");
+  if (!logits || !logits->is_array() || logits->empty())
+    bad_golden(where, ".logits is ", logits ? accel::json_excerpt(*logits, 40) : std::string("missing"), ", not a list of ", steps,
+               " steps' logits, one per token; a check that compares nothing cannot pass", regenerate);
+  if (logits->size() != steps)
+    bad_golden(where, ".logits has ", logits->size(), " steps but ", where, ".tokens has ", steps,
+               "; each generated token needs its step's logits", regenerate);
+  for (std::size_t s = 0; s < logits->size(); ++s) {
+    const nlohmann::json& row = (*logits)[s];
+    const std::size_t want = s > 0 ? g.logits[0].size() : vocab_hint;
+    if (!row.is_array() || row.empty() || (want && row.size() != want))
+      bad_golden(where, ".logits[", s, "] is ", accel::json_excerpt(row, 40), ", not a list of ",
+                 want ? std::to_string(want) + " numbers like the first step's" : std::string("numbers"));
+    auto& out = g.logits.emplace_back();
+    for (const auto& x : row) {
+      if (!x.is_number() || !std::isfinite(x.get<double>()))
+        bad_golden(where, ".logits[", s, "] holds ", accel::json_excerpt(x), ", not a finite number");
+      out.push_back(x.get<float>());
+    }
+  }
+  return g;
+}
+
 // Reads the file and checks its parts agree with each other: a check with nothing to compare (no
-// logits, no tokens) would pass any model, so each part must be there and one step long per token.
+// prompts, no logits, no tokens) would pass any model, so each part must be there and one step
+// long per token, and every step as long as the first.
 Golden read_golden(const std::filesystem::path& path) {
   nlohmann::json j;
   try {
@@ -447,69 +578,89 @@ Golden read_golden(const std::filesystem::path& path) {
     throw accel::config_error(std::string(what.substr(what.find("] ") + 2)));
   }
   Golden g;
-  g.prompt = golden_ids(j, "prompt");
-  g.tokens = golden_ids(j, "tokens");
   const nlohmann::json* steps = field(j, "new_tokens");
-  if (!steps || accel::json_whole_number(*steps) != std::optional<std::uint64_t>(g.tokens.size()))
-    bad_golden("new_tokens is ", steps ? accel::json_excerpt(*steps) : std::string("missing"), " but it holds ",
-               g.tokens.size(), " tokens; regenerate it with tests/compat/gen_forward.py");
-  const nlohmann::json* logits = field(j, "logits");
-  if (!logits || !logits->is_array() || logits->empty())
-    bad_golden("logits is ", logits ? accel::json_excerpt(*logits, 40) : std::string("missing"), ", not a list of ",
-               g.tokens.size(), " steps' logits, one per token; a check that compares nothing cannot pass",
-               " (regenerate it with tests/compat/gen_forward.py)");
-  if (logits->size() != g.tokens.size())
-    bad_golden("logits has ", logits->size(), " steps but tokens has ", g.tokens.size(),
-               "; each generated token needs its step's logits (regenerate it with tests/compat/gen_forward.py)");
-  for (std::size_t s = 0; s < logits->size(); ++s) {
-    const nlohmann::json& row = (*logits)[s];
-    if (!row.is_array() || row.empty() || (s > 0 && row.size() != g.logits[0].size()))
-      bad_golden("logits[", s, "] is ", accel::json_excerpt(row, 40), ", not a list of ",
-                 s > 0 ? std::to_string(g.logits[0].size()) + " numbers like the first step's" : std::string("numbers"));
-    auto& out = g.logits.emplace_back();
-    for (const auto& x : row) {
-      if (!x.is_number() || !std::isfinite(x.get<double>()))
-        bad_golden("logits[", s, "] holds ", accel::json_excerpt(x), ", not a finite number");
-      out.push_back(x.get<float>());
-    }
-  }
+  const auto count = steps ? accel::json_whole_number(*steps) : std::nullopt;
+  if (!count || *count == 0 || *count > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max()))
+    bad_golden("new_tokens is ", steps ? accel::json_excerpt(*steps) : std::string("missing"), ", not a whole number >= 1", regenerate);
+  g.new_tokens = static_cast<std::size_t>(*count);
+  const nlohmann::json* runs = field(j, "prompts");
+  if (!runs || !runs->is_array() || runs->empty())
+    bad_golden("prompts is ", runs ? accel::json_excerpt(*runs, 40) : std::string("missing"),
+               ", not a non-empty list of prompts with their tokens and logits", regenerate);
+  for (std::size_t i = 0; i < runs->size(); ++i)
+    g.runs.push_back(read_golden_run((*runs)[i], "prompts[" + std::to_string(i) + "]", g.new_tokens,
+                                     g.runs.empty() ? 0 : g.runs[0].logits[0].size()));
   return g;
 }
 
 // The file against the model: a logit per id of the vocabulary, tokens inside it, and at least as
 // many steps as asked for.
 void check_golden_against_model(const Golden& g, std::size_t vocab, std::size_t new_tokens) {
-  if (g.logits[0].size() != vocab)
-    bad_golden("its logits have ", g.logits[0].size(), " entries per step but the model's vocabulary has ", vocab,
+  if (g.runs[0].logits[0].size() != vocab)
+    bad_golden("its logits have ", g.runs[0].logits[0].size(), " entries per step but the model's vocabulary has ", vocab,
                " ids; it was made for another model");
-  for (std::size_t s = 0; s < g.tokens.size(); ++s)
-    if (static_cast<std::uint64_t>(g.tokens[s]) >= vocab)
-      bad_golden("tokens[", s, "] is ", g.tokens[s], ", outside the model's vocabulary of ", vocab, " ids; it was made for another model");
-  if (new_tokens > g.tokens.size())
-    bad_usage("--new-tokens ", new_tokens, " asks for more steps than the --expect file's ", g.tokens.size(),
-              "; give at most ", g.tokens.size());
+  for (std::size_t i = 0; i < g.runs.size(); ++i)
+    for (std::size_t s = 0; s < g.runs[i].tokens.size(); ++s)
+      if (static_cast<std::uint64_t>(g.runs[i].tokens[s]) >= vocab)
+        bad_golden("prompts[", i, "].tokens[", s, "] is ", g.runs[i].tokens[s], ", outside the model's vocabulary of ", vocab,
+                   " ids; it was made for another model");
+  if (new_tokens > g.new_tokens)
+    bad_usage("--new-tokens ", new_tokens, " asks for more steps than the --expect file's ", g.new_tokens, "; give at most ", g.new_tokens);
 }
 
-// The prompt indexes rows of the embedding table (read_rows and the resident copy alike read row
-// `id` directly), so each id must be a row the table really has; the whole sequence must fit the
-// positions the model was trained for.
-void check_prompt(const std::vector<std::int64_t>& prompt, bool prompt_from_golden, std::size_t new_tokens,
-                  bool count_from_golden, const accel::Checkpoint& checkpoint, const LlamaConfig& config) {
+std::string join(const std::vector<std::int64_t>& ids) {
+  std::string out;
+  for (auto id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
+  return out;
+}
+
+// What to run: --prompts FILE's prompts, --prompt's, or else every prompt of the --expect file.
+std::vector<Prompt> prompts_to_run(const Args& args, const std::optional<Golden>& golden) {
+  if (args.prompts_file) return read_prompts_file(*args.prompts_file);
+  if (!args.prompt.empty()) return {{args.prompt, "the prompt"}};
+  if (!golden) bad_usage("give --prompt, --prompts FILE, or --expect with a golden file (see --help)");
+  std::vector<Prompt> out;
+  for (std::size_t i = 0; i < golden->runs.size(); ++i)
+    out.push_back({golden->runs[i].prompt, "prompt " + std::to_string(i) + " (the --expect file's prompts[" + std::to_string(i) + "])", true});
+  return out;
+}
+
+// The --expect file's run of each prompt (an index into golden.runs): the file's logits are for
+// its own prompts, so one it does not hold cannot be checked.
+std::vector<std::size_t> expected_runs(const std::vector<Prompt>& prompts, const Golden& golden) {
+  std::vector<std::size_t> out;
+  for (const Prompt& p : prompts) {
+    const auto it = std::find_if(golden.runs.begin(), golden.runs.end(), [&](const GoldenRun& r) { return r.prompt == p.ids; });
+    if (it == golden.runs.end())
+      bad_usage(p.name, " (", join(p.ids), ") is not among the --expect file's ", golden.runs.size(),
+                " prompts, and its logits are for those; drop --prompt/--prompts to run all of them");
+    out.push_back(static_cast<std::size_t>(it - golden.runs.begin()));
+  }
+  return out;
+}
+
+// A prompt indexes rows of the embedding table (read_rows and the resident copy alike read row `id`
+// directly), so each id must be a row the table really has; the whole sequence must fit the
+// positions the model was trained for. Every process checks every prompt, not only its share, so
+// that all refuse alike before any of them loads anything.
+void check_prompt(const Prompt& prompt, std::size_t new_tokens, bool count_from_golden, const accel::Checkpoint& checkpoint,
+                  const LlamaConfig& config) {
   const auto& shape = checkpoint.entry(*checkpoint.find("model.embed_tokens.weight")).shape;  // checked: [vocab, hidden]
   const auto rows = static_cast<std::uint64_t>(shape[0]);
-  for (const std::int64_t id : prompt) {
+  for (const std::int64_t id : prompt.ids) {
     if (static_cast<std::uint64_t>(id) < rows) continue;
-    const std::string problem = "prompt token " + std::to_string(id) + " is outside the vocabulary: 'model.embed_tokens.weight' has " +
-                                std::to_string(rows) + " rows, so ids go from 0 to " + std::to_string(rows - 1);
-    if (prompt_from_golden) bad_golden(problem, "; it was made for another model");
+    const std::string problem = prompt.name + " holds token " + std::to_string(id) +
+                                ", outside the vocabulary: 'model.embed_tokens.weight' has " + std::to_string(rows) +
+                                " rows, so ids go from 0 to " + std::to_string(rows - 1);
+    if (prompt.from_golden) bad_golden(problem, "; it was made for another model");
     bad_usage(problem);
   }
-  if (prompt.size() + new_tokens > config.max_positions) {
-    const std::string problem = "a prompt of " + std::to_string(prompt.size()) + " tokens and " + std::to_string(new_tokens) +
-                                " new tokens need " + std::to_string(prompt.size() + new_tokens) +
+  if (prompt.ids.size() + new_tokens > config.max_positions) {
+    const std::string problem = prompt.name + " has " + std::to_string(prompt.ids.size()) + " tokens; with " +
+                                std::to_string(new_tokens) + " new tokens it needs " + std::to_string(prompt.ids.size() + new_tokens) +
                                 " positions, more than config.json's max_position_embeddings " + std::to_string(config.max_positions);
-    if (prompt_from_golden && count_from_golden) bad_golden(problem, "; it was made for another model");
-    bad_usage(problem, "; give fewer --new-tokens or a shorter --prompt");
+    if (prompt.from_golden && count_from_golden) bad_golden(problem, "; it was made for another model");
+    bad_usage(problem, "; give fewer --new-tokens or a shorter prompt");
   }
 }
 
@@ -643,12 +794,21 @@ struct StepStats {
   std::uint64_t streamed = 0;
 };
 
+// One sequence's KV cache: per layer, the keys and values of every position run so far
+// ([position][kv_heads × head_dim]). Each sequence has its own; a pipeline stage fills only the
+// entries of its own layers.
+struct KvCache {
+  explicit KvCache(std::size_t layers) : keys(layers), values(layers) {}
+  std::vector<std::vector<float>> keys, values;
+};
+
 // The decoder over a model whose config check_config_against_checkpoint has checked: every size
-// below is a dimension of the weights it indexes.
+// below is a dimension of the weights it indexes. It holds no sequence state: each call takes the
+// sequence's KvCache, so one Decoder serves any number of sequences, one step at a time.
 class Decoder {
  public:
   Decoder(accel::DispatchedModel& model, LlamaConfig config, HostViews& views)
-      : model_(model), c_(config), views_(views), k_cache_(c_.layers), v_cache_(c_.layers) {
+      : model_(model), c_(config), views_(views) {
     for (std::size_t l = 0; l < c_.layers; ++l) order_.push_back("model.layers." + std::to_string(l));
     order_.push_back("model.norm");
     // A tied head is the embedding table itself: streamed whole when it is offloaded.
@@ -658,55 +818,35 @@ class Decoder {
       inv_freq_.push_back(static_cast<float>(1.0 / std::pow(c_.rope_theta, 2.0 * static_cast<double>(j) / static_cast<double>(c_.head_dim))));
   }
 
-  // Runs `ids` (the prompt, or the last token) through the model; returns the last position's logits.
-  std::vector<float> step(const std::vector<std::int64_t>& ids, StepStats& stats) {
-    const std::size_t n = ids.size(), hidden = c_.hidden;
+  // One step of one sequence through the whole model: `ids` (the prompt, or the last token) are
+  // embedded, run through every layer with the sequence's `cache`, and the head gives the logits of
+  // the last position. A pipeline stage calls the three parts itself: embed on the first stage,
+  // run_layers over the stage's own layers, head on the last.
+  std::vector<float> step(KvCache& cache, const std::vector<std::int64_t>& ids, StepStats& stats) {
     std::vector<float> h = embed(ids, stats);
-    const bool overlap = model_.fetch_buffer_count() > 1;
-    for (std::size_t m = 0; m + 1 < order_.size(); ++m) {
-      accel::FetchedModule module = model_.fetch(order_[m]);
-      stats.streamed += offloaded_bytes(module);
-      if (overlap) model_.prefetch(order_[m + 1]);  // copies while this module computes
-      if (m < c_.layers) {
-        layer(m, module, h, n);
-      } else {  // model.norm: only the last position is needed for the next token
-        const auto norm = weight_of(module, "model.norm.weight", views_, model_.execution_device()).to_floats();
-        rms_norm(&h[(n - 1) * hidden], norm, c_.eps, &h[(n - 1) * hidden]);
-      }
-      views_.clear();
-    }
-    accel::FetchedModule head = model_.fetch(head_);
-    stats.streamed += offloaded_bytes(head);
-    if (overlap) model_.prefetch(order_.front());  // the next step starts with the first layer
-    std::vector<float> logits(c_.vocab);
-    weight_of(head, head_ + ".weight", views_, model_.execution_device()).matvec(&h[(n - 1) * hidden], logits.data());
-    views_.clear();
-    position_ += static_cast<std::int64_t>(n);
-    return logits;
+    run_layers(cache, 0, c_.layers, h, ids.size(), stats);
+    return head(h, ids.size(), stats);
   }
 
-  // The position of the last token run so far (the one the latest logits predict after).
-  [[nodiscard]] std::int64_t last_position() const noexcept { return position_ - 1; }
-
- private:
-  std::uint64_t offloaded_bytes(const accel::FetchedModule& module) const {
-    std::uint64_t bytes = 0;
-    if (model_.execution_device())
-      for (const auto& t : module.tensors())
-        if (t.handle->storage != accel::Storage::device) bytes += t.handle->size_bytes;
-    return bytes;
-  }
-
-  // The rows of `ids`: read_rows for a table off the GPUs, the resident rows otherwise.
+  // The hidden states of `ids` ([n][hidden]): the input embedding's rows (read_rows for a table off
+  // the GPUs, the resident rows otherwise).
   std::vector<float> embed(const std::vector<std::int64_t>& ids, StepStats& stats) {
     const accel::TensorHandle& table = model_.at("model.embed_tokens.weight");
     const std::size_t hidden = c_.hidden, row = table.size_bytes / static_cast<std::size_t>(table.shape[0]);
     std::vector<std::byte> rows(ids.size() * row);
     if (table.storage != accel::Storage::device) {
       if (const auto gpu = model_.execution_device()) {
-        accel::DeviceBuffer buffer(views_.devices().at(static_cast<std::size_t>(*gpu)), rows.size());
-        model_.read_rows(table.name, ids, buffer.get());
-        std::memcpy(rows.data(), views_.view(buffer.get(), rows.size(), gpu), rows.size());
+        // The rows cross to the execution GPU through a buffer as large as its free memory allows,
+        // at most the whole prompt: the plan keeps no room for a long prompt's rows at once.
+        const auto& device = views_.devices().at(static_cast<std::size_t>(*gpu));
+        const std::size_t fit = static_cast<std::size_t>(device->memory_info().free_bytes / row);
+        const std::size_t per_copy = std::clamp<std::size_t>(fit, 1, ids.size());  // 1 when none fits: refused by name
+        accel::DeviceBuffer buffer(device, per_copy * row);
+        for (std::size_t k = 0; k < ids.size(); k += per_copy) {
+          const std::size_t count = std::min(per_copy, ids.size() - k);
+          model_.read_rows(table.name, std::span(ids).subspan(k, count), buffer.get());
+          std::memcpy(rows.data() + k * row, views_.view(buffer.get(), count * row, gpu), count * row);
+        }
         stats.streamed += rows.size();
       } else {
         model_.read_rows(table.name, ids, rows.data());
@@ -723,7 +863,56 @@ class Decoder {
     return h;
   }
 
-  void layer(std::size_t l, const accel::FetchedModule& module, std::vector<float>& h, std::size_t n) {
+  // Layers [first, last) over `h`, the hidden states of the sequence's next `n` positions, in
+  // place; each layer appends those positions' keys and values to its entry of `cache` (whose
+  // length gives the positions). While a layer computes, the next module is prefetched: the next
+  // layer of the range, then the final norm when the range ends the model, else the range's first
+  // layer again (the next sequence or step on this stage starts there).
+  void run_layers(KvCache& cache, std::size_t first, std::size_t last, std::vector<float>& h, std::size_t n, StepStats& stats) {
+    for (std::size_t m = first; m < last; ++m) {
+      accel::FetchedModule module = model_.fetch(order_[m]);
+      stats.streamed += offloaded_bytes(module);
+      if (overlap()) model_.prefetch(order_[m + 1 < last ? m + 1 : last == c_.layers ? last : first]);
+      layer(m, module, cache, h, n);
+      views_.clear();
+    }
+  }
+
+  // The final norm and the head on the last of the `n` positions of `h` (only it predicts the next
+  // token): the logits. `next` is the layer the next call on this process starts with, prefetched
+  // meanwhile: 0, or a last stage's first layer.
+  std::vector<float> head(std::vector<float>& h, std::size_t n, StepStats& stats, std::size_t next = 0) {
+    float* last = &h[(n - 1) * c_.hidden];
+    {
+      accel::FetchedModule module = model_.fetch(order_[c_.layers]);  // model.norm
+      stats.streamed += offloaded_bytes(module);
+      if (overlap()) model_.prefetch(head_);
+      const auto norm = weight_of(module, "model.norm.weight", views_, model_.execution_device()).to_floats();
+      rms_norm(last, norm, c_.eps, last);
+      views_.clear();
+    }
+    accel::FetchedModule module = model_.fetch(head_);
+    stats.streamed += offloaded_bytes(module);
+    if (overlap()) model_.prefetch(order_[next]);
+    std::vector<float> logits(c_.vocab);
+    weight_of(module, head_ + ".weight", views_, model_.execution_device()).matvec(last, logits.data());
+    views_.clear();
+    return logits;
+  }
+
+ private:
+  // Prefetching needs a second fetch buffer: with one, the prefetch would wait for the module in use.
+  bool overlap() const { return model_.fetch_buffer_count() > 1; }
+
+  std::uint64_t offloaded_bytes(const accel::FetchedModule& module) const {
+    std::uint64_t bytes = 0;
+    if (model_.execution_device())
+      for (const auto& t : module.tensors())
+        if (t.handle->storage != accel::Storage::device) bytes += t.handle->size_bytes;
+    return bytes;
+  }
+
+  void layer(std::size_t l, const accel::FetchedModule& module, KvCache& cache, std::vector<float>& h, std::size_t n) {
     const std::string p = order_[l] + ".";
     const auto gpu = model_.execution_device();
     auto w = [&](const char* name) { return weight_of(module, p + name, views_, gpu); };
@@ -732,14 +921,14 @@ class Decoder {
                  wo = w("self_attn.o_proj.weight"), wg = w("mlp.gate_proj.weight"), wu = w("mlp.up_proj.weight"),
                  wd = w("mlp.down_proj.weight");
     const std::size_t hidden = c_.hidden, hd = c_.head_dim, q_dim = c_.q_dim, kv_dim = c_.kv_dim, inter = c_.intermediate;
-    auto& keys = k_cache_[l];
-    auto& values = v_cache_[l];
+    auto& keys = cache.keys.at(l);
+    auto& values = cache.values.at(l);
     std::vector<float> x(hidden), q(q_dim), k(kv_dim), v(kv_dim), attn(q_dim), o(hidden), g(inter), u(inter), d(hidden);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     const std::size_t group = c_.heads / c_.kv_heads;
     for (std::size_t t = 0; t < n; ++t) {
       float* ht = &h[t * hidden];
-      const std::int64_t pos = position_ + static_cast<std::int64_t>(t);
+      const auto pos = static_cast<std::int64_t>(keys.size() / kv_dim);  // positions cached so far
       rms_norm(ht, ln1, c_.eps, x.data());
       wq.matvec(x.data(), q.data());
       wk.matvec(x.data(), k.data());
@@ -784,143 +973,289 @@ class Decoder {
   std::vector<std::string> order_;  // execution order: layers, final norm, head
   std::string head_;
   std::vector<float> inv_freq_;
-  std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer: [position][kv_heads × head_dim]
-  std::int64_t position_ = 0;
 };
 
 // The greedy token of a step. A NaN or infinite logit means the arithmetic broke down (a NaN or
 // infinite weight, an overflow); max_element would still pick some index, so it is refused instead.
-std::int64_t greedy_token(const std::vector<float>& logits, std::size_t step, std::int64_t position) {
+std::int64_t greedy_token(const std::vector<float>& logits, const Prompt& prompt, std::size_t step, std::size_t position) {
   for (std::size_t i = 0; i < logits.size(); ++i)
     if (!std::isfinite(logits[i]))
-      bad_checkpoint("step ", step, " (the logits after position ", position, "): the logit of token ", i, " is ",
+      bad_checkpoint(prompt.name, ", step ", step, " (the logits after position ", position, "): the logit of token ", i, " is ",
                      logits[i], ", so no token can be chosen; check the weights for NaN or infinite values and config.json's ",
                      "rms_norm_eps and rope settings");
   return static_cast<std::int64_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
-std::string join(const std::vector<std::int64_t>& ids) {
-  std::string out;
-  for (auto id : ids) out += (out.empty() ? "" : ",") + std::to_string(id);
-  return out;
+// The largest difference between a step's logits and the expected ones, relative to the step's
+// largest expected logit (all-zero expected logits: compared absolutely).
+double logit_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double scale = 0, diff = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+    diff = std::max(diff, std::abs(static_cast<double>(got[i]) - want[i]));
+  }
+  return scale > 0 ? diff / scale : diff;
 }
 
-int run(const Args& args) {
-  // What to run and what to compare it with.
-  std::optional<Golden> golden;
-  if (args.expect) golden = read_golden(*args.expect);
-  if (golden && !args.prompt.empty() && args.prompt != golden->prompt)
-    bad_usage("--prompt ", join(args.prompt), " differs from the --expect file's prompt ", join(golden->prompt),
-              ": its logits are for that prompt; drop --prompt");
-  const bool prompt_from_golden = args.prompt.empty() && golden;
-  const std::vector<std::int64_t> prompt = prompt_from_golden ? golden->prompt : args.prompt;
-  if (prompt.empty()) bad_usage("give --prompt (or --expect with a golden file)");
-  const std::size_t new_tokens = args.new_tokens.value_or(golden ? golden->tokens.size() : 8);
+// What one prompt produced on the replica that ran it; gathered to every process. The logits stay
+// where they were computed: the replica compares them with the --expect file and sends the error.
+struct PromptResult {
+  std::vector<std::int64_t> tokens;
+  double prefill_ms = 0;
+  std::uint64_t prefill_streamed = 0;  // bytes that crossed to the execution device in the prefill
+  std::vector<double> decode_ms;       // per decode step
+  std::uint64_t decode_streamed = 0;   // over every decode step
+  double worst_error = 0;              // the largest logit_error of its steps (0 without --expect)
+  std::size_t worst_step = 0;
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PromptResult, tokens, prefill_ms, prefill_streamed, decode_ms, decode_streamed, worst_error,
+                                   worst_step)
 
-  // The model, checked before anything is planned, loaded or computed: config.json on its own, then
-  // against the tensors the checkpoint really holds, then the prompt and the --expect file against both.
-  const accel::Checkpoint checkpoint = accel::resolve_checkpoint(args.checkpoint);
-  if (!checkpoint.config_file)
-    bad_checkpoint("no config.json next to the checkpoint in '", checkpoint.directory.string(),
-                   "'; this example reads the model's sizes from it");
-  const LlamaConfig config = LlamaConfig::from_json(read_json_file(*checkpoint.config_file, "model config"));
-  check_config_against_checkpoint(config, checkpoint);
-  check_prompt(prompt, prompt_from_golden, new_tokens, !args.new_tokens, checkpoint, config);
-  if (golden) check_golden_against_model(*golden, config.vocab, new_tokens);
-
-  // Plan with accel's defaults for this checkpoint, then load with that plan.
-  std::vector<accel::DeviceMemoryPtr> devices;
-  if (args.simulate_gpus) {
-    std::vector<std::uint64_t> sizes;
-    for (const auto& s : split(*args.simulate_gpus, ',')) sizes.push_back(accel::parse_byte_size(s));
-    devices = accel::host_simulated_devices(sizes);
-  } else if (!args.no_gpu) {
-    devices = accel::cuda_device_memories();
+// Greedy decoding of one prompt, `new_tokens` steps, with a KV cache of its own; each step's logits
+// compared with `expected`'s when given. The driver of one sequence on one process holding every
+// layer; a pipeline driver would run the same steps with each stage's run_layers in turn.
+PromptResult generate(Decoder& decoder, const LlamaConfig& config, const Prompt& prompt, std::size_t new_tokens,
+                      const GoldenRun* expected) {
+  PromptResult r;
+  KvCache cache(config.layers);
+  std::vector<std::int64_t> input = prompt.ids;
+  for (std::size_t s = 0; s < new_tokens; ++s) {
+    StepStats st;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<float> logits = decoder.step(cache, input, st);
+    st.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (s == 0) {
+      r.prefill_ms = st.ms;
+      r.prefill_streamed = st.streamed;
+    } else {
+      r.decode_ms.push_back(st.ms);
+      r.decode_streamed += st.streamed;
+    }
+    r.tokens.push_back(greedy_token(logits, prompt, s, prompt.ids.size() + s - 1));
+    if (expected) {  // check_golden_against_model: as many steps and as many logits per step
+      const double error = logit_error(logits, expected->logits[s]);
+      if (error > r.worst_error) {
+        r.worst_error = error;
+        r.worst_step = s;
+      }
+    }
+    input = {r.tokens.back()};
   }
+  return r;
+}
+
+// The GPUs this process plans and loads on: with --simulate-gpus its own simulated ones (each
+// process of a job makes its own), with --no-gpu none; otherwise alone every visible CUDA GPU, and
+// under a launcher its own group (accel launch --gpus_per_process K; none with --cpu).
+accel::AutoDispatchPlan plan_load(const Args& args, const accel::Checkpoint& checkpoint, const accel::DistributedState& state) {
   accel::AutoDispatchOptions options;
   options.device_map = args.device_map;
   options.objective = args.objective;
   if (args.max_memory) options.max_memory = accel::parse_max_memory(*args.max_memory);
-  options.load.devices = devices;
   options.load.progress = false;
   if (args.dtype) options.load.dtype = accel::dtype_from_string(*args.dtype);
   if (args.offload_folder) options.load.offload_folder = *args.offload_folder;
-  const accel::AutoDispatchPlan plan = accel::plan_auto_dispatch(checkpoint, options);
-  accel::DispatchedModel model = accel::load_checkpoint_and_dispatch(checkpoint, plan.plan.device_map, plan.load);
-
-  if (!args.quiet) {
-    std::printf("placement (%s, objective %s):\n", args.device_map.c_str(),
-                std::string(accel::plan_objective_name(args.objective)).c_str());
-    std::map<accel::Placement, std::vector<std::string>> keys;
-    for (const auto& [key, where] : plan.plan.device_map.entries()) keys[where].push_back(key.empty() ? "(all)" : key);
-    for (const auto& [where, names] : keys) {
-      const auto& totals = model.report().per_placement.at(where);
-      const std::string device = where.is_gpu() ? "cuda:" + std::to_string(where.index) : where.to_string();
-      std::printf("  %-6s %8llu bytes  %zu tensors  %s%s\n", device.c_str(),
-                  static_cast<unsigned long long>(totals.bytes), totals.tensors, names.front().c_str(),
-                  names.size() > 1 ? (" ... " + names.back() + " (" + std::to_string(names.size()) + " keys)").c_str() : "");
-    }
-    std::printf("fetch buffers: %zu x %llu bytes on %s\n", model.fetch_buffer_count(),
-                static_cast<unsigned long long>(model.fetch_buffer_bytes()),
-                model.execution_device() ? ("cuda:" + std::to_string(*model.execution_device())).c_str() : "the host (no GPU)");
+  if (args.simulate_gpus) {
+    std::vector<std::uint64_t> sizes;
+    for (const auto& s : split(*args.simulate_gpus, ',')) sizes.push_back(accel::parse_byte_size(s));
+    options.load.devices = accel::host_simulated_devices(sizes);
+  } else if (args.no_gpu) {
+    options.load.devices = std::vector<accel::DeviceMemoryPtr>{};
+  } else if (state.use_distributed()) {
+    return accel::plan_auto_dispatch(checkpoint, state, options);
+  } else {
+    options.load.devices = accel::cuda_device_memories();
   }
+  return accel::plan_auto_dispatch(checkpoint, options);
+}
 
-  HostViews views(devices, args.copy_back);
-  Decoder decoder(model, config, views);
-  std::vector<std::int64_t> tokens;
-  std::vector<std::vector<float>> logits;
-  std::vector<StepStats> stats;
-  std::vector<std::int64_t> input = prompt;
-  for (std::size_t s = 0; s < new_tokens; ++s) {
-    StepStats st;
-    const auto t0 = std::chrono::steady_clock::now();
-    logits.push_back(decoder.step(input, st));
-    st.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    stats.push_back(st);
-    tokens.push_back(greedy_token(logits.back(), s, decoder.last_position()));
-    input = {tokens.back()};
+void print_placement(const Args& args, const accel::AutoDispatchPlan& plan, const accel::DispatchedModel& model, std::size_t replicas) {
+  std::printf("placement (%s, objective %s%s):\n", args.device_map.c_str(), std::string(accel::plan_objective_name(args.objective)).c_str(),
+              replicas > 1 ? ("; the main process's copy, one of " + std::to_string(replicas) + " replicas").c_str() : "");
+  std::map<accel::Placement, std::vector<std::string>> keys;
+  for (const auto& [key, where] : plan.plan.device_map.entries()) keys[where].push_back(key.empty() ? "(all)" : key);
+  for (const auto& [where, names] : keys) {
+    const auto& totals = model.report().per_placement.at(where);
+    const std::string device = where.is_gpu() ? "cuda:" + std::to_string(where.index) : where.to_string();
+    std::printf("  %-6s %8llu bytes  %zu tensors  %s%s\n", device.c_str(), static_cast<unsigned long long>(totals.bytes), totals.tensors,
+                names.front().c_str(),
+                names.size() > 1 ? (" ... " + names.back() + " (" + std::to_string(names.size()) + " keys)").c_str() : "");
   }
+  std::printf("fetch buffers: %zu x %llu bytes on %s\n", model.fetch_buffer_count(), static_cast<unsigned long long>(model.fetch_buffer_bytes()),
+              model.execution_device() ? ("cuda:" + std::to_string(*model.execution_device())).c_str() : "the host (no GPU)");
+}
 
-  std::printf("prompt %s -> tokens %s\n", join(prompt).c_str(), join(tokens).c_str());
-  if (!args.quiet && !stats.empty()) {
-    std::vector<double> decode;
-    std::uint64_t streamed = 0;
-    for (std::size_t s = 1; s < stats.size(); ++s) {
-      decode.push_back(stats[s].ms);
-      streamed += stats[s].streamed;
-    }
-    std::sort(decode.begin(), decode.end());
-    std::printf("prefill %.2f ms (%zu tokens, %llu bytes streamed); decode median %.2f ms/token (p90 %.2f), "
-                "%llu bytes streamed/token\n",
-                stats[0].ms, prompt.size(), static_cast<unsigned long long>(stats[0].streamed),
-                decode.empty() ? 0.0 : decode[decode.size() / 2], decode.empty() ? 0.0 : decode[decode.size() * 9 / 10],
-                static_cast<unsigned long long>(decode.empty() ? 0 : streamed / decode.size()));
+// Prefill and decode times over every prompt, and the throughput of the whole generation.
+void print_stats(const std::vector<Prompt>& prompts, const std::vector<PromptResult>& results, double seconds, std::size_t replicas) {
+  std::vector<double> decode;
+  std::uint64_t prefill_streamed = 0, decode_streamed = 0;
+  std::size_t prompt_tokens = 0, generated = 0;
+  double prefill_ms = 0;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    decode.insert(decode.end(), results[i].decode_ms.begin(), results[i].decode_ms.end());
+    prefill_ms += results[i].prefill_ms;
+    prefill_streamed += results[i].prefill_streamed;
+    decode_streamed += results[i].decode_streamed;
+    prompt_tokens += prompts[i].ids.size();
+    generated += results[i].tokens.size();
   }
-  if (!golden) return 0;
+  std::sort(decode.begin(), decode.end());
+  std::printf("prefill %.2f ms %s(%zu tokens, %llu bytes streamed); decode median %.2f ms/token (p90 %.2f), "
+              "%llu bytes streamed/token\n",
+              prefill_ms, results.size() > 1 ? ("for " + std::to_string(results.size()) + " prompts ").c_str() : "", prompt_tokens,
+              static_cast<unsigned long long>(prefill_streamed), decode.empty() ? 0.0 : decode[decode.size() / 2],
+              decode.empty() ? 0.0 : decode[decode.size() * 9 / 10],
+              static_cast<unsigned long long>(decode.empty() ? 0 : decode_streamed / decode.size()));
+  std::printf("generated %zu tokens for %zu prompts in %.3f s: %.1f tokens/s (%zu replica%s)\n", generated, results.size(), seconds,
+              seconds > 0 ? static_cast<double>(generated) / seconds : 0.0, replicas, replicas == 1 ? "" : "s");
+}
 
-  // Every generated step against the file's (check_golden_against_model: it has at least as many
-  // steps, each as long as the vocabulary), so the check always compares something.
+// Every prompt's tokens against the --expect file's, and the largest logit error of any step:
+// whether all match, and the line that says so. Every process decides alike from the same
+// gathered results (and exits alike); the main process prints the line.
+struct Check {
+  bool ok = false;
+  std::string line;
+};
+Check check_results(const std::vector<Prompt>& prompts, const std::vector<PromptResult>& results, const Golden& golden,
+                    const std::vector<std::size_t>& expected, std::size_t new_tokens, double tolerance) {
   double worst = 0;
-  std::size_t worst_step = 0;
-  for (std::size_t s = 0; s < new_tokens; ++s) {
-    double scale = 0, diff = 0;
-    for (std::size_t i = 0; i < logits[s].size(); ++i) {
-      scale = std::max(scale, std::abs(static_cast<double>(golden->logits[s][i])));
-      diff = std::max(diff, std::abs(static_cast<double>(logits[s][i]) - golden->logits[s][i]));
+  std::size_t worst_prompt = 0;
+  std::string differs;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    if (results[i].worst_error > worst) {
+      worst = results[i].worst_error;
+      worst_prompt = i;
     }
-    const double error = scale > 0 ? diff / scale : diff;  // all-zero expected logits: compared absolutely
-    if (error > worst) {
-      worst = error;
-      worst_step = s;
+    const auto& tokens = golden.runs[expected[i]].tokens;
+    const std::vector<std::int64_t> want(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(new_tokens));
+    if (differs.empty() && results[i].tokens != want) differs = "of " + prompts[i].name + " differ: expected " + join(want);
+  }
+  const bool ok = differs.empty() && worst <= tolerance;
+  const std::string where = results.size() == 1 ? "step " + std::to_string(results[0].worst_step) + " of " + std::to_string(new_tokens)
+                                                : "prompt " + std::to_string(worst_prompt) + "'s step " +
+                                                      std::to_string(results[worst_prompt].worst_step) + "; " +
+                                                      std::to_string(results.size()) + " prompts x " + std::to_string(new_tokens) + " steps";
+  char error[32], limit[32];
+  std::snprintf(error, sizeof error, "%.3g", worst);
+  std::snprintf(limit, sizeof limit, "%.3g", tolerance);
+  return {ok, std::string(ok ? "matches" : "DIFFERS FROM") + " transformers: tokens " + (differs.empty() ? "identical" : differs) +
+                  ", logits max relative error " + error + " (" + where + " compared; tolerance " + limit + ")"};
+}
+
+// Everything the command line gives, read and checked: the prompts, the --expect file and the
+// run of it each prompt has, the model's config.json checked against its tensors.
+struct Inputs {
+  std::vector<Prompt> prompts;
+  std::optional<Golden> golden;
+  std::vector<std::size_t> expected;  // with golden: each prompt's index in golden->runs
+  std::size_t new_tokens = 0;
+  accel::Checkpoint checkpoint;
+  LlamaConfig config;
+};
+
+// Checks everything before anything is planned, loaded or computed: --stages against the job's
+// `processes`, config.json on its own, then against the tensors the checkpoint really holds, then
+// every prompt (not only this process's share) and the --expect file against both.
+Inputs check_inputs(const Args& args, std::size_t processes) {
+  if (processes % args.stages != 0)
+    bad_usage("--stages ", args.stages, " does not divide the job's ", accel::text::plural(static_cast<long long>(processes), "process"),
+              "; run R x S processes (R replicas of S stages each)");
+  Inputs in;
+  if (args.expect) in.golden = read_golden(*args.expect);
+  in.prompts = prompts_to_run(args, in.golden);
+  if (in.golden) in.expected = expected_runs(in.prompts, *in.golden);
+  in.new_tokens = args.new_tokens.value_or(in.golden ? in.golden->new_tokens : 8);
+  in.checkpoint = accel::resolve_checkpoint(args.checkpoint);
+  if (!in.checkpoint.config_file)
+    bad_checkpoint("no config.json next to the checkpoint in '", in.checkpoint.directory.string(),
+                   "'; this example reads the model's sizes from it");
+  in.config = LlamaConfig::from_json(read_json_file(*in.checkpoint.config_file, "model config"));
+  check_config_against_checkpoint(in.config, in.checkpoint);
+  for (const Prompt& p : in.prompts) check_prompt(p, in.new_tokens, !args.new_tokens, in.checkpoint, in.config);
+  if (in.golden) check_golden_against_model(*in.golden, in.config.vocab, in.new_tokens);
+  if (args.stages > 1)
+    not_implemented("--stages ", args.stages, ": pipeline stages are not implemented yet; use --stages 1 (every process a replica)");
+  return in;
+}
+
+// The processes of a job agree before any starts working: each checked the same inputs, and each
+// learns whether any refused them. A process that refused prints its refusal first, then takes part,
+// then ends with its refusal's status; the others end with the first refusing process's status,
+// naming it. So no process goes on to load and then waits for one that has left, and since every
+// message is out before any process can end, the launcher's stopping of the rest (when the first
+// ends) never cuts one short. Returns the exit status to end with (0: go on).
+int agree(accel::DistributedState& state, std::exception_ptr refused) {
+  if (!state.use_distributed()) {
+    if (refused) std::rethrow_exception(refused);
+    return 0;
+  }
+  std::pair<int, std::string> mine{0, ""};
+  if (refused) {
+    try {
+      std::rethrow_exception(refused);
+    } catch (const accel::error& e) {
+      mine = {exit_code_for(e), e.what()};
+      std::fprintf(stderr, "%s\n", e.what());
+      std::fflush(stderr);
     }
   }
-  const std::vector<std::int64_t> want(golden->tokens.begin(), golden->tokens.begin() + static_cast<std::ptrdiff_t>(new_tokens));
-  const bool same_tokens = tokens == want;
-  const bool ok = same_tokens && worst <= args.tolerance;
-  std::printf("%s transformers: tokens %s, logits max relative error %.3g (step %zu of %zu compared; tolerance %.3g)\n",
-              ok ? "matches" : "DIFFERS FROM", same_tokens ? "identical" : ("expected " + join(want)).c_str(), worst,
-              worst_step, new_tokens, args.tolerance);
-  return ok ? 0 : 1;
+  const auto all = accel::gather_object(state, mine);
+  if (refused) return mine.first;
+  for (std::size_t rank = 0; rank < all.size(); ++rank)
+    if (all[rank].first != 0) {
+      std::fprintf(stderr, "llama_generate: process %zu refused its inputs (%s); this one stops too\n", rank, all[rank].second.c_str());
+      return all[rank].first;
+    }
+  return 0;
+}
+
+int run(const Args& args) {
+  // The job: P processes are R replicas of S stages (process = replica × S + stage).
+  accel::StateOptions state_options;
+  state_options.cpu = args.no_gpu || args.simulate_gpus.has_value();  // simulated GPUs are the process's own
+  accel::DistributedState state(state_options);
+  const auto processes = static_cast<std::size_t>(state.num_processes());
+  Inputs in;
+  std::exception_ptr refused;
+  try {
+    in = check_inputs(args, processes);
+  } catch (const accel::error&) {
+    refused = std::current_exception();
+  }
+  if (const int status = agree(state, refused)) return status;
+  const std::vector<Prompt>& prompts = in.prompts;
+  const std::optional<Golden>& golden = in.golden;
+
+  // Each replica takes a contiguous share of the prompts, plans and loads its own copy on its own
+  // devices.
+  const std::size_t replicas = processes / args.stages;
+  const std::size_t replica = static_cast<std::size_t>(state.process_index()) / args.stages;
+  const accel::Shard shard = accel::split_between_processes(prompts, replica, replicas).shard();
+  const accel::AutoDispatchPlan plan = plan_load(args, in.checkpoint, state);
+  accel::DispatchedModel model = accel::load_checkpoint_and_dispatch(in.checkpoint, plan.plan.device_map, plan.load);
+  if (!args.quiet && state.is_main_process()) print_placement(args, plan, model, replicas);
+
+  HostViews views(plan.load.devices.value_or(std::vector<accel::DeviceMemoryPtr>{}), args.copy_back);
+  Decoder decoder(model, in.config, views);
+  if (state.use_distributed()) accel::wait_for_everyone(state);  // time the generation, not the loads
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<PromptResult> mine;
+  for (std::size_t i = shard.first_index; i < shard.first_index + shard.real_count; ++i)
+    mine.push_back(generate(decoder, in.config, prompts[i], in.new_tokens, golden ? &golden->runs[in.expected[i]] : nullptr));
+  // Every prompt's result on every process, in prompt order.
+  const std::vector<PromptResult> results = state.use_distributed() ? accel::gather_object(state, mine, shard) : std::move(mine);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  const Check check = golden ? check_results(prompts, results, *golden, in.expected, in.new_tokens, args.tolerance) : Check{true, ""};
+  if (state.is_main_process()) {
+    for (std::size_t i = 0; i < prompts.size(); ++i)
+      std::printf("prompt %s -> tokens %s\n", join(prompts[i].ids).c_str(), join(results[i].tokens).c_str());
+    if (!args.quiet) print_stats(prompts, results, seconds, replicas);
+    if (golden) std::printf("%s\n", check.line.c_str());
+    std::fflush(stdout);
+  }
+  return check.ok ? 0 : 1;
 }
 
 }  // namespace

@@ -2,8 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: accel contributors
 """Runs examples/llama_generate on copies of the forward fixture with one thing wrong in each (a
-config.json field, a weight, the --expect file, an option) and checks that each is refused before
-any token is produced, with the exit status docs/exit-codes.md gives and a message that names what
+config.json field, a weight, the --expect file, a --prompts file, an option) and checks that each is
+refused before any token is produced, with the exit status docs/exit-codes.md gives and a message that names what
 is wrong. Without these checks the example crashed (SIGFPE, SIGSEGV, heap corruption), hung on a
 FIFO, or exited 0 with garbage tokens or a check that compared nothing.
 
@@ -60,6 +60,21 @@ def config_text(text):
 
 def golden(change):
     return lambda d: edit_json(os.path.join(d, "golden.json"), change)
+
+
+def prompts_file(text):
+    """Writes `text` as prompts.txt in the copy (options name it {d}/prompts.txt)."""
+    def setup(d):
+        with open(os.path.join(d, "prompts.txt"), "w") as f:
+            f.write(text)
+    return setup
+
+
+def both(*setups):
+    def setup(d):
+        for s in setups:
+            s(d)
+    return setup
 
 
 def fifo(name):
@@ -124,7 +139,14 @@ SHAPE = r"; config\.json does not describe these weights"
 CASES = [
     # name, change to the copy, options (after --checkpoint), exit status, message (a regex)
     ("control: the unchanged fixture matches transformers", nothing, EXPECT, 0,
-     r"matches transformers: tokens identical, .*\(step \d of 8 compared"),
+     r"matches transformers: tokens identical, .*\(prompt \d's step \d; 9 prompts x 8 steps compared"),
+    ("control: --prompt one of the --expect file's prompts", nothing, EXPECT + ["--prompt", "235,493,286"], 0,
+     r"prompt 235,493,286 -> tokens 57,188,445,506,15,298,217,498\n(.*\n)*matches transformers: tokens identical, .*"
+     r"\(step \d of 8 compared"),
+    ("control: --prompts FILE with two of the --expect file's prompts, a comment and a blank line",
+     prompts_file("# two of the golden prompts\n\n  502\n213, 422\r\n"), EXPECT + ["--prompts", "{d}/prompts.txt"], 0,
+     r"prompt 502 -> tokens 366,12,220,63,366,89,343,222\nprompt 213,422 -> tokens 425,425,481,481,82,448,104,104\n"
+     r"(.*\n)*matches transformers: tokens identical, .*2 prompts x 8 steps compared"),
 
     # config.json: values no Llama can have
     ("num_attention_heads 0", config(num_attention_heads=0), EXPECT, 6,
@@ -187,27 +209,67 @@ CASES = [
 
     # a weight that makes the logits NaN: an error naming the step, never a token
     ("NaN final norm weight", poison("model.norm.weight"), EXPECT, 6,
-     r"step 0 \(the logits after position 7\): the logit of token 0 is -?nan, so no token can be chosen"),
+     r"prompt 0 \(the --expect file's prompts\[0\]\), step 0 \(the logits after position 7\): the logit of token 0 is -?nan, "
+     r"so no token can be chosen"),
 
     # the --expect file: a check that compares nothing must fail
-    ("golden logits empty", golden(lambda g: g.__setitem__("logits", [])), EXPECT, 3,
-     r"the --expect file: logits is \[\], not a list of 8 steps' logits, one per token; a check that compares nothing"),
-    ("golden logits one step short", golden(lambda g: g["logits"].pop()), EXPECT, 3,
-     r"the --expect file: logits has 7 steps but tokens has 8; each generated token needs its step's logits"),
-    ("golden tokens empty", golden(lambda g: g.__setitem__("tokens", [])), EXPECT, 3,
-     r"the --expect file: tokens is \[\], not a non-empty list of token ids"),
-    ("golden prompt empty", golden(lambda g: g.__setitem__("prompt", [])), EXPECT, 3,
-     r"the --expect file: prompt is \[\], not a non-empty list of token ids"),
+    ("golden logits empty", golden(lambda g: g["prompts"][0].__setitem__("logits", [])), EXPECT, 3,
+     r"the --expect file: prompts\[0\]\.logits is \[\], not a list of 8 steps' logits, one per token; a check that compares nothing"),
+    ("golden logits one step short", golden(lambda g: g["prompts"][0]["logits"].pop()), EXPECT, 3,
+     r"the --expect file: prompts\[0\]\.logits has 7 steps but prompts\[0\]\.tokens has 8; each generated token needs its step's logits"),
+    ("golden tokens empty", golden(lambda g: g["prompts"][0].__setitem__("tokens", [])), EXPECT, 3,
+     r"the --expect file: prompts\[0\]\.tokens is \[\], not a non-empty list of token ids"),
+    ("golden tokens of a later prompt one short", golden(lambda g: g["prompts"][3]["tokens"].pop()), EXPECT, 3,
+     r"the --expect file: prompts\[3\]\.tokens holds 7 tokens but new_tokens is 8"),
+    ("golden prompt empty", golden(lambda g: g["prompts"][0].__setitem__("prompt", [])), EXPECT, 3,
+     r"the --expect file: prompts\[0\]\.prompt is \[\], not a non-empty list of token ids"),
+    ("golden prompts empty", golden(lambda g: g.__setitem__("prompts", [])), EXPECT, 3,
+     r"the --expect file: prompts is \[\], not a non-empty list of prompts with their tokens and logits"),
+    ("golden in the single-prompt format (no prompts)", golden(lambda g: g.pop("prompts")), EXPECT, 3,
+     r"the --expect file: prompts is missing, not a non-empty list .*regenerate it with tests/compat/gen_forward\.py"),
     ("golden new_tokens 0", golden(lambda g: g.__setitem__("new_tokens", 0)), EXPECT, 3,
-     r"the --expect file: new_tokens is 0 but it holds 8 tokens"),
-    ("golden logits one entry short of the vocabulary", golden(lambda g: [row.pop() for row in g["logits"]]), EXPECT, 3,
+     r"the --expect file: new_tokens is 0, not a whole number >= 1"),
+    ("golden logits one entry short of the vocabulary",
+     golden(lambda g: [row.pop() for run in g["prompts"] for row in run["logits"]]), EXPECT, 3,
      r"the --expect file: its logits have 511 entries per step but the model's vocabulary has 512 ids"),
-    ("golden prompt token outside the vocabulary", golden(lambda g: g.__setitem__("prompt", [1, 9999])), EXPECT, 3,
-     r"the --expect file: prompt token 9999 is outside the vocabulary: 'model\.embed_tokens\.weight' has 512 rows"),
+    ("golden logits of a later prompt one entry short", golden(lambda g: g["prompts"][2]["logits"][0].pop()), EXPECT, 3,
+     r"the --expect file: prompts\[2\]\.logits\[0\] is .*, not a list of 512 numbers like the first step's"),
+    ("golden prompt token outside the vocabulary", golden(lambda g: g["prompts"][1].__setitem__("prompt", [1, 9999])), EXPECT, 3,
+     r"the --expect file: prompt 1 \(the --expect file's prompts\[1\]\) holds token 9999, outside the vocabulary: "
+     r"'model\.embed_tokens\.weight' has 512 rows"),
     ("--new-tokens beyond the golden's steps", nothing, EXPECT + ["--new-tokens", "9"], 2,
      r"--new-tokens 9 asks for more steps than the --expect file's 8"),
     ("--prompt other than the golden's", nothing, EXPECT + ["--prompt", "1,2"], 2,
-     r"--prompt 1,2 differs from the --expect file's prompt 1,17,254,3,99,480,12,7"),
+     r"the prompt \(1,2\) is not among the --expect file's 9 prompts, and its logits are for those"),
+    ("--prompts with a line other than the golden's", prompts_file("502\n1,2\n"), EXPECT + ["--prompts", "{d}/prompts.txt"], 2,
+     r"prompt 1 \(.*prompts\.txt line 2\) \(1,2\) is not among the --expect file's 9 prompts"),
+
+    # --prompts FILE: a bad line is refused naming it
+    ("--prompts line that is not token ids", prompts_file("1,2\n# a comment\n\n3,x,4\n"), NO_EXPECT + ["--prompts", "{d}/prompts.txt"], 2,
+     r"--prompts file '.*prompts\.txt' line 4: 'x' is not a token id \(a whole number >= 0\)"),
+    ("--prompts line with an empty id", prompts_file("1,,2\n"), NO_EXPECT + ["--prompts", "{d}/prompts.txt"], 2,
+     r"--prompts file '.*prompts\.txt' line 1: '' is not a token id"),
+    ("--prompts line with a negative id", prompts_file("5\n7, -1\n"), NO_EXPECT + ["--prompts", "{d}/prompts.txt"], 2,
+     r"--prompts file '.*prompts\.txt' line 2: '-1' is not a token id"),
+    ("--prompts file with comments only", prompts_file("# nothing\n\n   \n"), NO_EXPECT + ["--prompts", "{d}/prompts.txt"], 2,
+     r"--prompts file '.*prompts\.txt' holds no prompt"),
+    ("--prompts file missing", nothing, NO_EXPECT + ["--prompts", "{d}/missing.txt"], 2, r"--prompts file '.*missing\.txt'"),
+    ("--prompts file is a FIFO", both(prompts_file(""), fifo("prompts.txt")),
+     NO_EXPECT + ["--prompts", "{d}/prompts.txt"], 2, r"(?i)prompts\.txt'.*(fifo|pipe|not a (regular )?file)"),
+    ("--prompts token outside the vocabulary, naming the prompt and its line", prompts_file("1,2\n\n3,512,4\n"),
+     NO_EXPECT + ["--prompts", "{d}/prompts.txt"], 2,
+     r"prompt 1 \(.*prompts\.txt line 3\) holds token 512, outside the vocabulary: 'model\.embed_tokens\.weight' has 512 rows"),
+    ("--prompts prompt beyond max_position_embeddings, naming the prompt and its line",
+     both(config(max_position_embeddings=10), prompts_file("1\n1,2,3,4,5,6,7,8,9\n")), NO_EXPECT + ["--prompts", "{d}/prompts.txt"], 2,
+     r"prompt 1 \(.*prompts\.txt line 2\) has 9 tokens; with 2 new tokens it needs 11 positions, more than config\.json's "
+     r"max_position_embeddings 10"),
+    ("--prompt and --prompts together", prompts_file("1\n"), NO_EXPECT + ["--prompt", "1", "--prompts", "{d}/prompts.txt"], 2,
+     r"give --prompt or --prompts FILE, not both"),
+    ("no prompt at all", nothing, NO_EXPECT, 2, r"give --prompt, --prompts FILE, or --expect with a golden file"),
+    ("--stages 0", nothing, EXPECT + ["--stages", "0"], 2,
+     r"--stages takes how many pipeline stages each replica has, a whole number >= 1; got '0'"),
+    ("--stages 2 for one process", nothing, EXPECT + ["--stages", "2"], 2,
+     r"--stages 2 does not divide the job's 1 process; run R x S processes"),
 
     # the command line
     ("--prompt x", nothing, ["--no-gpu", "--prompt", "x"], 2,
@@ -215,7 +277,7 @@ CASES = [
     ("--prompt 1,,2", nothing, ["--no-gpu", "--prompt", "1,,2"], 2, r"--prompt takes token ids .*; '' in '1,,2' is not a whole number"),
     ("--prompt -1", nothing, ["--no-gpu", "--prompt", "-1"], 2, r"--prompt takes token ids .*; '-1' in '-1' is not a whole number >= 0"),
     ("--prompt token outside the vocabulary", nothing, NO_EXPECT + ["--prompt", "1,9999"], 2,
-     r"prompt token 9999 is outside the vocabulary: 'model\.embed_tokens\.weight' has 512 rows, so ids go from 0 to 511"),
+     r"the prompt holds token 9999, outside the vocabulary: 'model\.embed_tokens\.weight' has 512 rows, so ids go from 0 to 511"),
     ("--new-tokens x", nothing, ["--no-gpu", "--prompt", "1", "--new-tokens", "x"], 2,
      r"--new-tokens takes how many tokens to generate, a whole number >= 1; got 'x'"),
     ("--new-tokens -5", nothing, ["--no-gpu", "--prompt", "1", "--new-tokens", "-5"], 2,
@@ -228,7 +290,7 @@ CASES = [
     ("--tolerance x", nothing, EXPECT + ["--tolerance", "x"], 2, r"--tolerance takes a finite number >= 0, like 1e-3; got 'x'"),
     ("prompt and new tokens beyond max_position_embeddings", config(max_position_embeddings=10),
      ["--no-gpu", "--prompt", "1,2,3", "--new-tokens", "8"], 2,
-     r"a prompt of 3 tokens and 8 new tokens need 11 positions, more than config\.json's max_position_embeddings 10; "
+     r"the prompt has 3 tokens; with 8 new tokens it needs 11 positions, more than config\.json's max_position_embeddings 10; "
      r"give fewer --new-tokens"),
 ]
 
