@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: accel contributors
+"""Tokens per second of examples/llama_generate with its prompts split between replicas, against one
+process and against the ceiling: two independent single-process runs side by side, each with half
+of the prompts, which is what two replicas would reach if splitting and gathering cost nothing.
+
+Makes a Llama of about 150 MB (make_demo_checkpoint.py: 148.5 MiB bfloat16, 16 layers, untied
+32000 x 512 embedding) in WORK, and a file of PROMPTS prompts of 8 token ids each. Each run
+generates TOKENS new tokens per prompt on the CPU (--no-gpu), in three configurations:
+
+  1 process    llama_generate --prompts all.txt
+  2 replicas   accel launch --cpu --num_processes 2 llama_generate --prompts all.txt
+  ceiling      llama_generate --prompts first-half.txt & llama_generate --prompts second-half.txt
+
+one after the other in each round, the order rotating between rounds, after one warm-up round
+(page cache). Two rates per configuration: `generation`, the tokens over the time from the loaded
+model to the gathered results, as the example prints it (for the ceiling: both runs' tokens over
+the longer of the two runs' times); `end to end`, the tokens over the wall time of the whole
+command (starting the processes, loading, generating). Medians over the rounds.
+
+usage: generate_throughput.py BUILD_DIR [--work DIR] [--runs N] [--prompts N] [--tokens N]
+       (BUILD_DIR has bin/accel and examples/llama_generate; build it with -DCMAKE_BUILD_TYPE=Release)
+"""
+import argparse
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MODEL = ["--layers", "16", "--hidden", "512", "--intermediate", "1408", "--vocab", "32000", "--heads", "8",
+         "--kv-heads", "2", "--untied"]
+PROMPT_TOKENS = 8
+GENERATED = re.compile(r"generated (\d+) tokens for (\d+) prompts in ([\d.]+) s")
+
+
+def start(cmd):
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc, cmd):
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{out}\n{err}")
+    m = GENERATED.search(out)
+    if not m:
+        sys.exit(f"no 'generated ... tokens' line in the output of {' '.join(cmd)}:\n{out}")
+    return int(m.group(1)), float(m.group(3)), [line for line in out.splitlines() if line.startswith("prompt ")]
+
+
+def measure(commands):
+    """Runs `commands` side by side: (tokens, generation seconds (the longest), wall seconds, prompt lines)."""
+    t0 = time.monotonic()
+    procs = [start(c) for c in commands]
+    results = [finish(p, c) for p, c in zip(procs, commands)]
+    wall = time.monotonic() - t0
+    return sum(r[0] for r in results), max(r[1] for r in results), wall, [line for r in results for line in r[2]]
+
+
+def write_prompts(path, prompts):
+    with open(path, "w") as f:
+        f.write("# generate_throughput.py: token ids drawn from a seeded generator\n")
+        for p in prompts:
+            f.write(",".join(map(str, p)) + "\n")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("build")
+    ap.add_argument("--work", default=None, help="where the checkpoint and prompts go (default BUILD_DIR/generate-bench)")
+    ap.add_argument("--runs", type=int, default=3, help="rounds measured after the warm-up (at least 3)")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=32, help="new tokens per prompt")
+    args = ap.parse_args()
+    if args.runs < 3 or args.prompts < 2:
+        sys.exit("give --runs >= 3 and --prompts >= 2")
+    accel = os.path.join(args.build, "bin", "accel")
+    generate = os.path.join(args.build, "examples", "llama_generate")
+    work = args.work or os.path.join(args.build, "generate-bench")
+    checkpoint = os.path.join(work, "llama-148MiB")
+    if not os.path.exists(os.path.join(checkpoint, "config.json")):
+        subprocess.run([sys.executable, os.path.join(ROOT, "examples", "make_demo_checkpoint.py"), checkpoint, *MODEL], check=True,
+                       stdout=subprocess.DEVNULL)
+    rng = random.Random(20261205)
+    prompts = [[rng.randrange(32000) for _ in range(PROMPT_TOKENS)] for _ in range(args.prompts)]
+    half = args.prompts // 2
+    files = {name: os.path.join(work, f"{name}.txt") for name in ("all", "first", "second")}
+    write_prompts(files["all"], prompts)
+    write_prompts(files["first"], prompts[:half])
+    write_prompts(files["second"], prompts[half:])
+
+    common = ["--checkpoint", checkpoint, "--new-tokens", str(args.tokens), "--no-gpu"]
+    configs = {
+        "1 process": [[generate, *common, "--prompts", files["all"]]],
+        "2 replicas": [[accel, "launch", "--cpu", "--num_processes", "2", generate, *common, "--prompts", files["all"]]],
+        "ceiling": [[generate, *common, "--prompts", files["first"]], [generate, *common, "--prompts", files["second"]]],
+    }
+    names = list(configs)
+    print(f"model: {checkpoint} (148.5 MiB bfloat16, 16 layers, untied 32000 x 512 embedding), on the CPU")
+    print(f"{args.prompts} prompts of {PROMPT_TOKENS} tokens, {args.tokens} new tokens each; "
+          f"{args.runs} rounds after a warm-up, the order rotating; {os.cpu_count()} CPUs\n")
+    reference = None
+    for name in names:  # warm-up round; every configuration must produce the same tokens
+        lines = sorted(measure(configs[name])[3])
+        if reference is None:
+            reference = lines
+        elif lines != reference:
+            sys.exit(f"{name} produced other tokens than {names[0]}:\n" + "\n".join(lines))
+    samples = {name: [] for name in names}
+    for r in range(args.runs):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            tokens, gen_s, wall_s, _ = measure(configs[name])
+            samples[name].append((tokens / gen_s, tokens / wall_s))
+    med = {name: (statistics.median(s[0] for s in samples[name]), statistics.median(s[1] for s in samples[name])) for name in names}
+    print(f"{'configuration':<12} {'generation tok/s':>17} {'end to end tok/s':>17}   runs (generation tok/s)")
+    for name in names:
+        runs = ", ".join(f"{s[0]:.1f}" for s in samples[name])
+        print(f"{name:<12} {med[name][0]:>17.1f} {med[name][1]:>17.1f}   {runs}")
+    for i, what in enumerate(("generation", "end to end")):
+        print(f"{what}: 2 replicas / ceiling {med['2 replicas'][i] / med['ceiling'][i]:.2f}x, "
+              f"2 replicas / 1 process {med['2 replicas'][i] / med['1 process'][i]:.2f}x, "
+              f"ceiling / 1 process {med['ceiling'][i] / med['1 process'][i]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
