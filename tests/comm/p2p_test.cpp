@@ -8,6 +8,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
+#include <thread>
+#include <future>
 #include <map>
 #include <numeric>
 #include <string>
@@ -84,17 +87,30 @@ struct Item {
 };
 ACCEL_DEFINE_FIELDS(Item, id, text, values)
 
+// A value that refuses to encode when it holds 2.
+struct Fragile {
+  int v = 0;
+};
+inline void to_json(nlohmann::json& j, const Fragile& f) {
+  if (f.v == 2) throw std::runtime_error("value 2 refuses to serialize");
+  j = f.v;
+}
+inline void from_json(const nlohmann::json& j, Fragile& f) { f.v = j.get<int>(); }
+
 }  // namespace
+
+template <>
+struct accel::force_json_serialization<Fragile> : std::true_type {};
 
 TEST_CASE("p2p: the two ends' descriptors match or name both ranks and what each passed", "[p2p]") {
   using accel::detail::P2pDescriptor;
   using accel::detail::P2pKind;
-  const P2pDescriptor f4{P2pKind::buffer, accel::ElementType::float32, 4, {}};
-  const P2pDescriptor f5{P2pKind::buffer, accel::ElementType::float32, 5, {}};
-  const P2pDescriptor i4{P2pKind::buffer, accel::ElementType::int32, 4, {}};
-  const P2pDescriptor s_sent{P2pKind::object, accel::ElementType::uint8, 12, "std::string"};
-  const P2pDescriptor s_wanted{P2pKind::object, accel::ElementType::uint8, 0, "std::string"};
-  const P2pDescriptor v_wanted{P2pKind::object, accel::ElementType::uint8, 0, "std::vector<int>"};
+  const P2pDescriptor f4{P2pKind::buffer, accel::ElementType::float32, 4, {}, {}};
+  const P2pDescriptor f5{P2pKind::buffer, accel::ElementType::float32, 5, {}, {}};
+  const P2pDescriptor i4{P2pKind::buffer, accel::ElementType::int32, 4, {}, {}};
+  const P2pDescriptor s_sent{P2pKind::object, accel::ElementType::uint8, 12, "std::string", {}};
+  const P2pDescriptor s_wanted{P2pKind::object, accel::ElementType::uint8, 0, "std::string", {}};
+  const P2pDescriptor v_wanted{P2pKind::object, accel::ElementType::uint8, 0, "std::vector<int>", {}};
   const std::string label = "message #3 from rank 0 to rank 1";
   REQUIRE(accel::detail::p2p_mismatch(f4, f4, "rank 0", "rank 1", label).empty());
   REQUIRE(accel::detail::p2p_mismatch(s_sent, s_wanted, "rank 0", "rank 1", label).empty());
@@ -111,6 +127,11 @@ TEST_CASE("p2p: the two ends' descriptors match or name both ranks and what each
     REQUIRE(accel::detail::p2p_mismatch(d, back, "a", "b", label).empty());
     REQUIRE(back.count == d.count);
   }
+  // A failure marker's text travels (cut to fit a descriptor).
+  const P2pDescriptor failed{P2pKind::object, accel::ElementType::uint8, 0, "Fragile", std::string(5000, 'x')};
+  const auto encoded = accel::detail::encode_p2p_descriptor(failed);
+  REQUIRE(encoded.size() <= accel::detail::p2p_descriptor_max_bytes);
+  REQUIRE(accel::detail::decode_p2p_descriptor(encoded, "rank 0").failure == std::string(960, 'x'));
   REQUIRE_THROWS_AS(accel::detail::decode_p2p_descriptor(std::vector<std::byte>(3), "rank 2"), accel::comm_error);
 }
 
@@ -347,5 +368,76 @@ TEST_CASE("p2p: in the groups of a 2 x 2 grid ranks are group ranks, and errors 
       ACCEL_TEST_ENSURE(got == std::vector<int>(2, (world.rank() + 3) % 4));
     });
     REQUIRE(errors == std::vector<std::string>(4, ""));
+  }
+}
+
+TEST_CASE("p2p: a value that fails to encode fails the receiver at once, naming the sender and its error; the pair goes on", "[p2p]") {
+  for (Backend b : all_backends) {
+    INFO(name_of(b));
+    std::string sender_error, receiver_error;
+    const auto start = std::chrono::steady_clock::now();
+    // A 60 s timeout: only the failure marker ends the receive quickly.
+    const auto errors = run(b, 2, [&](accel::Communicator& comm) {
+      if (comm.rank() == 0) {
+        try {
+          accel::send_object(comm, Fragile{2}, 1);
+        } catch (const accel::serialization_error& e) {
+          sender_error = e.what();
+        }
+        accel::send_object(comm, Fragile{5}, 1);  // the next message is the next one received
+        const std::vector<int> v = {1, 2, 3};
+        accel::send(comm, std::span(v), 1);
+      } else {
+        try {
+          (void)accel::recv_object<Fragile>(comm, 0);
+        } catch (const accel::comm_error& e) {
+          receiver_error = e.what();
+        }
+        ACCEL_TEST_ENSURE(accel::recv_object<Fragile>(comm, 0).v == 5);
+        std::vector<int> v(3);
+        accel::recv(comm, std::span(v), 0);
+        ACCEL_TEST_ENSURE((v == std::vector<int>{1, 2, 3}));
+      }
+    }, 60s);
+    REQUIRE(errors == std::vector<std::string>{"", ""});
+    REQUIRE(std::chrono::steady_clock::now() - start < 15s);
+    REQUIRE(sender_error == "[accel.serialization] cannot encode a (anonymous namespace)::Fragile on rank 0: value 2 refuses to serialize");
+    REQUIRE(receiver_error ==
+            "[accel.comm] rank 0 failed before message #1 from rank 0 to rank 1 and sent a failure marker instead, so there is nothing "
+            "to receive (rank 0: [accel.serialization] cannot encode a (anonymous namespace)::Fragile on rank 0: value 2 refuses to serialize)");
+  }
+}
+
+TEST_CASE("p2p: through the store, a peer that closed its communicator but lives on is named within seconds", "[p2p]") {
+  for (bool wait_in_recv : {true, false}) {
+    INFO("rank 0 waits in " << (wait_in_recv ? "recv" : "send"));
+    accel_test::LocalStore job;
+    accel::CpuCommOptions o;
+    o.use_shm = false;
+    // Both ranks keep their store connections to the end: the store sees nobody leave.
+    auto c0 = job.client(0, 2, 60s), c1 = job.client(1, 2, 60s);
+    std::promise<void> done;
+    auto rank1 = std::async(std::launch::async, [&] {
+      { accel::CpuCommunicator comm(c1, 1, 2, o); }  // made, then closed after 300 ms
+      done.get_future().wait();
+    });
+    std::string error;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      accel::CpuCommunicator comm(c0, 0, 2, o);
+      std::this_thread::sleep_for(300ms);
+      std::vector<int> v(4);
+      if (wait_in_recv) accel::recv(comm, std::span(v), 1);
+      else accel::send(comm, std::span(v), 1);
+    } catch (const accel::comm_error& e) {
+      error = e.what();
+    }
+    const auto took = std::chrono::steady_clock::now() - start;
+    done.set_value();
+    rank1.get();
+    INFO("rank 0: " << error);
+    REQUIRE(took < 15s);
+    REQUIRE(error == std::string("[accel.comm] rank 1 closed its communicator without taking part in message #1 from ") +
+                         (wait_in_recv ? "rank 1 to rank 0" : "rank 0 to rank 1"));
   }
 }

@@ -263,6 +263,21 @@ class Communicator {
     auto outcome = p2p_queue(false, dst).push([this, dst, n, d = std::move(d), data] { do_send(dst, n, d, data); });
     return CollectiveHandle([outcome] { outcome->wait(); });
   }
+  /// @brief Tells rank `dst` that this rank's next message to it failed before it could be sent
+  /// (its value did not encode): `dst`'s matching receive throws comm_error naming this rank and
+  /// `why` instead of waiting, and the pair's later messages stay in step. Blocks like
+  /// send_message; a failure to deliver the marker is not reported (the caller rethrows its own).
+  /// @param d what the message would have been (its type; the count is ignored)
+  /// @throws usage_error when dst is this rank or not a rank
+  void send_message_failed(int dst, detail::P2pDescriptor d, std::string why) {
+    check_peer("send", dst);
+    const std::uint64_t n = ++p2p_sent_[dst];
+    d.count = 0, d.failure = why.empty() ? std::string("an unnamed error") : std::move(why);
+    try {
+      run_in_order(p2p_queue(false, dst), [&] { do_send(dst, n, d, Payload()); });
+    } catch (const error&) {  // the marker did not reach dst (gone, timed out): the caller's error says more
+    }
+  }
   /// @brief Receives the next message from rank `src`, which must match `d` (for an object,
   /// its type; its size is the sender's): `place(bytes)` gives where its payload goes.
   /// @throws as send_message, with src for dst
@@ -471,6 +486,7 @@ class Communicator {
     P2pSend m;
     m.peer = dst, m.number = n, m.label = p2p_label(rank_, dst, n), m.descriptor = mine, m.data = data;
     m.accepts = [&](std::span<const std::byte> theirs) {
+      if (!d.failure.empty()) return false;  // a failure marker: the receiver throws, nothing else moves
       mismatch = detail::p2p_mismatch(d, detail::decode_p2p_descriptor(theirs, rank_name(dst)), rank_name(rank_), rank_name(dst), m.label);
       return mismatch.empty();
     };
@@ -479,11 +495,15 @@ class Communicator {
   }
   void do_recv(int src, std::uint64_t n, const detail::P2pDescriptor& d, const std::function<std::byte*(std::uint64_t)>& place) {
     const auto mine = detail::encode_p2p_descriptor(d);
-    std::string mismatch;
+    std::string mismatch, failed;
     P2pRecv m;
     m.peer = src, m.number = n, m.label = p2p_label(src, rank_, n), m.descriptor = mine;
     m.place = [&](std::span<const std::byte> theirs, std::uint64_t bytes) -> std::byte* {
       const auto sent = detail::decode_p2p_descriptor(theirs, rank_name(src));
+      if (!sent.failure.empty()) {
+        failed = detail::p2p_failure(rank_name(src), m.label, sent.failure);
+        return nullptr;
+      }
       mismatch = detail::p2p_mismatch(sent, d, rank_name(src), rank_name(rank_), m.label);
       if (!mismatch.empty()) return nullptr;
       if (bytes != detail::p2p_payload_bytes(sent))
@@ -494,6 +514,7 @@ class Communicator {
       return at ? at : &nothing;
     };
     p2p_recv(m);
+    if (!failed.empty()) throw comm_error(failed);
     if (!mismatch.empty()) throw usage_error(mismatch);
   }
 

@@ -180,10 +180,15 @@ class CpuCommunicator final : public Communicator {
   /// (bounded) until every rank is done too, so nobody is left reading a segment being unlinked.
   ~CpuCommunicator() override {
     stop_p2p();
+    std::unique_ptr<detail::StoreP2p> store_p2p;
     {
       std::lock_guard lock(p2p_mutex_);
       channels_.clear();  // tells peers waiting on a channel that this end closed
-      store_p2p_.reset();
+      store_p2p = std::move(store_p2p_);
+    }
+    store_p2p.reset();  // outside the lock: its watcher asks closed(), which takes it
+    {
+      std::lock_guard lock(p2p_mutex_);
       watch_store_.reset();
     }
     if (!p2p_prefixes_.empty())
@@ -469,7 +474,8 @@ class CpuCommunicator final : public Communicator {
     if (!store_p2p_)
       store_p2p_ = std::make_unique<detail::StoreP2p>(
           store_, key(""), options_.store_round_bytes, rank(), timeout(),
-          detail::StoreP2p::Names{[this](int r) { return rank_name(r); }, [this](int r) { return job_rank(r); }});
+          detail::StoreP2p::Names{[this](int r) { return rank_name(r); }, [this](int r) { return job_rank(r); },
+                                  [this](int r) { return closed(r); }});
     return *store_p2p_;
   }
 

@@ -579,7 +579,7 @@ class NcclCommunicator final : public Communicator {
       ACCEL_EXPECTS(store_, "NcclCommunicator: point-to-point needs the job's store");
       store_p2p_ = std::make_unique<detail::StoreP2p>(
           store_, prefix_, std::size_t{16} << 20, rank(), timeout(),
-          detail::StoreP2p::Names{[this](int r) { return rank_name(r); }, [this](int r) { return job_rank(r); }});
+          detail::StoreP2p::Names{[this](int r) { return rank_name(r); }, [this](int r) { return job_rank(r); }, {}});
     }
     return *store_p2p_;
   }

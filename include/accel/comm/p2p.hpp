@@ -34,6 +34,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <span>
 #include <string>
@@ -114,17 +115,26 @@ CollectiveHandle recv_async(Communicator& comm, std::span<T> data, int src) {
 
 /// @brief Sends `value` (anything gather_object carries) to rank `dst`, which receives it with
 /// recv_object<T>() of the same T.
-/// @throws serialization_error when the value does not encode (nothing is sent; the receiver
-///         keeps waiting); otherwise as send()
+/// @throws serialization_error when the value does not encode: dst's recv_object then throws
+///         comm_error naming this rank and the error instead of waiting (a failure marker takes
+///         the message's place, so later messages stay in step); otherwise as send()
 template <class T>
 void send_object(Communicator& comm, const T& value, int dst) {
   std::vector<std::byte> head;
-  const auto body = encode_payload(head, value, comm.rank());
+  std::span<const std::byte> body;
+  try {
+    body = encode_payload(head, value, comm.rank());
+  } catch (const std::exception& e) {
+    const auto failure = std::current_exception();
+    comm.send_message_failed(dst, detail::object_descriptor<T>(0), e.what());
+    std::rethrow_exception(failure);
+  }
   const Payload data(head, body);
   comm.send_message(dst, detail::object_descriptor<T>(data.size()), data);
 }
 /// @brief The next value rank `src` sent with send_object() of the same T.
-/// @throws serialization_error naming src when its bytes do not decode as T; otherwise as send()
+/// @throws serialization_error naming src when its bytes do not decode as T; comm_error naming
+///         src and its error when its value did not encode; otherwise as send()
 template <class T>
 T recv_object(Communicator& comm, int src) {
   std::vector<std::byte> bytes;

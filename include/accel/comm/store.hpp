@@ -550,6 +550,16 @@ class StoreClient {
     return std::make_shared<StoreClient>(host_, port_, job_token_, timeout_, rank_, world_size_, job_id_);
   }
 
+  /// @brief Ends, from another thread, the request this connection waits on (and every later
+  /// one): it throws comm_error at once. The connection is closed for good; the store forgets the
+  /// request when the process's last connection closes, or never if the process lives on (use
+  /// it for exchanges nobody else will join).
+  void interrupt() noexcept {
+    std::lock_guard lock(interrupt_mutex_);
+    interrupted_ = true;
+    if (active_fd_ >= 0) ::shutdown(active_fd_, SHUT_RDWR);
+  }
+
   /// @brief The default timeout.
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept { return timeout_; }
   /// @brief The rank registered in the handshake (-1 for none).
@@ -580,6 +590,18 @@ class StoreClient {
                                       "the job's store connection belongs to rank ", rank_, "'s own process (pid ", pid_,
                                       ") alone: run collectives there, or exec a program that joins the job itself");
     if (!fd_) detail::throw_error<comm_error>("the connection to the store at ", address(), " is closed after an earlier failure");
+    {
+      std::lock_guard lock(interrupt_mutex_);
+      if (interrupted_) detail::throw_error<comm_error>(what, " was interrupted: this connection to the store was closed");
+      active_fd_ = fd_.get();
+    }
+    struct Inactive {  // every path out of here, before fd_ may be closed (close_fd())
+      StoreClient& c;
+      ~Inactive() {
+        std::lock_guard lock(c.interrupt_mutex_);
+        c.active_fd_ = -1;
+      }
+    } inactive{*this};
     int err = 0;
     auto st = detail::send_all(fd_.get(), frame, deadline, err);
     std::byte head[4];
@@ -593,7 +615,7 @@ class StoreClient {
       st = detail::recv_all(fd_.get(), body, deadline, err);
     }
     if (st == detail::IoStatus::timeout) {
-      fd_.reset();
+      close_fd();
       detail::throw_error<timeout_error>("the store at ", address(), " did not answer ", what, " in time");
     }
     if (st == detail::IoStatus::closed) lost(what, err ? detail::os_error_text(err) : "connection closed");
@@ -601,11 +623,24 @@ class StoreClient {
   }
 
   [[noreturn]] void lost(const std::string& what, const std::string& why) {
-    fd_.reset();
+    close_fd();
+    {
+      std::lock_guard lock(interrupt_mutex_);
+      if (interrupted_) detail::throw_error<comm_error>(what, " was interrupted: this connection to the store was closed");
+    }
     detail::throw_error<comm_error>("lost the connection to the store at ", address(), " during ", what, " (", why, "); ",
                                     host_description_.empty() ? std::string("the process hosting it (accel launch, or rank 0)")
                                                               : host_description_ + ", which hosts it,",
                                     " exited or crashed");
+  }
+
+  // Closes the connection once interrupt() can no longer reach its descriptor.
+  void close_fd() noexcept {
+    {
+      std::lock_guard lock(interrupt_mutex_);
+      active_fd_ = -1;
+    }
+    fd_.reset();
   }
 
   // Turns a failure reply into the matching exception; checks the reply type otherwise.
@@ -634,10 +669,10 @@ class StoreClient {
       case detail::FailureKind::timeout: detail::throw_error<timeout_error>(msg);
       case detail::FailureKind::refused:
       case detail::FailureKind::other_job:
-        fd_.reset();
+        close_fd();
         detail::throw_error<comm_error>("the store at ", address(), " refused this process: ", msg);
       case detail::FailureKind::protocol:
-        fd_.reset();
+        close_fd();
         detail::throw_error<comm_error>("the store at ", address(), " rejected a request: ", msg);
       default: detail::throw_error<comm_error>(msg);
     }
@@ -652,6 +687,9 @@ class StoreClient {
   std::string job_id_;
   std::mutex mutex_;
   detail::ForkGuardedFd fd_;  ///< closed in children forked without exec: it is the rank's membership
+  std::mutex interrupt_mutex_;  ///< guards active_fd_, interrupted_ (interrupt() runs while mutex_ is held)
+  int active_fd_ = -1;          ///< fd_ while a request waits on it, else -1
+  bool interrupted_ = false;
   pid_t pid_ = ::getpid();
   std::shared_ptr<void> owner_;
   std::string host_description_;

@@ -43,15 +43,21 @@ struct P2pDescriptor {
   ElementType type = ElementType::uint8;  ///< buffer: the element type
   std::uint64_t count = 0;                ///< buffer: elements; object: encoded bytes on the sender (0 on the receiver)
   std::string object_type;                ///< object: the value's type, as type_name<T>() spells it
+  /// Sender only: non-empty when it failed before it had a message to send (its value did not
+  /// encode); the error's text. The receiver then throws instead of waiting for a message that
+  /// never comes, and nothing else travels.
+  std::string failure;
 };
 
-/// @brief The longest descriptor a backend must carry (an object's type name is cut to fit).
+/// @brief The longest descriptor a backend must carry (an object's type name and a failure's text
+/// are cut to fit).
 inline constexpr std::size_t p2p_descriptor_max_bytes = 2048;
 
 inline std::vector<std::byte> encode_p2p_descriptor(const P2pDescriptor& d) {
   WireWriter w;
-  const std::string type = d.object_type.substr(0, p2p_descriptor_max_bytes - 64);
-  w.u8(static_cast<std::uint8_t>(d.kind)).u8(static_cast<std::uint8_t>(d.type)).u64(d.count).str(type);
+  const std::string type = d.object_type.substr(0, p2p_descriptor_max_bytes / 2 - 64);
+  const std::string failure = d.failure.substr(0, p2p_descriptor_max_bytes / 2 - 64);
+  w.u8(static_cast<std::uint8_t>(d.kind)).u8(static_cast<std::uint8_t>(d.type)).u64(d.count).str(type).str(failure);
   return w.take();
 }
 
@@ -63,6 +69,7 @@ inline P2pDescriptor decode_p2p_descriptor(std::span<const std::byte> b, const s
     const auto kind = r.u8(), type = r.u8();
     d.count = r.u64();
     d.object_type = r.str();
+    d.failure = r.str();
     r.expect_end();
     if (kind != static_cast<std::uint8_t>(P2pKind::buffer) && kind != static_cast<std::uint8_t>(P2pKind::object))
       throw wire_error(concat("message kind ", static_cast<int>(kind)));
@@ -100,6 +107,13 @@ inline std::string p2p_mismatch(const P2pDescriptor& sent, const P2pDescriptor& 
   return concat("send/recv mismatch in ", label, ": ", sender, " sends ", describe_p2p(sent, true), ", ", receiver, " expects ",
                 describe_p2p(wanted, false),
                 "; both ends must pass the same element type and length (send/recv), or the same type (send_object/recv_object)");
+}
+
+/// @brief What the receiver of a failure marker throws: the sender, the message and the sender's
+/// own error (pure).
+inline std::string p2p_failure(const std::string& sender, const std::string& label, const std::string& why) {
+  return concat(sender, " failed before ", label, " and sent a failure marker instead, so there is nothing to receive (", sender, ": ",
+                why, ")");
 }
 
 /// @brief How a peer left, as the store's failure message says it, reworded as the rest of a

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -25,6 +26,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -48,6 +50,10 @@ class StoreP2p {
   struct Names {
     std::function<std::string(int)> name;
     std::function<int(int)> job_rank;
+    /// Whether a rank's communicator has ended (false when unsure; null: never asked). Asked
+    /// about a waited-for peer every half second: a peer that closed its communicator but lives on
+    /// keeps its store connection, so the store itself cannot tell that it will never come.
+    std::function<bool(int)> closed;
   };
 
   /// @param store the communicator's store (further connections are made from it)
@@ -57,6 +63,17 @@ class StoreP2p {
            Names names)
       : store_(std::move(store)), prefix_(std::move(prefix)), piece_(store_piece_bytes(2, round_bytes)), rank_(rank), timeout_(timeout),
         names_(std::move(names)) {}
+  StoreP2p(const StoreP2p&) = delete;
+  StoreP2p& operator=(const StoreP2p&) = delete;
+  /// @brief Ends the watcher (exchanges still waiting end with their own connections' failures).
+  ~StoreP2p() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    if (watcher_.joinable()) watcher_.join();
+  }
 
   /// @brief Sends message `number` to `peer`; with `with_payload` false only the descriptors travel
   /// (the caller moves the data itself once accepts() agreed).
@@ -148,17 +165,64 @@ class StoreP2p {
     return *st;
   }
 
+  // An exchange in progress, for the watcher: whose it is, and whether the watcher ended it.
+  struct Waiting {
+    StoreClient* connection;
+    int peer;
+    bool peer_closed = false;
+  };
+
+  // Every half second: ends the exchanges whose peer has closed its communicator.
+  void watch() {
+    std::unique_lock lock(mutex_);
+    while (!stopping_) {
+      wake_.wait_for(lock, std::chrono::milliseconds(500));
+      if (stopping_) return;
+      std::vector<int> peers;
+      for (const Waiting* w : waiting_) peers.push_back(w->peer);
+      lock.unlock();  // the question is a store request: other exchanges must not wait for it
+      std::vector<int> gone;
+      for (const int p : peers)
+        if (names_.closed(p)) gone.push_back(p);
+      lock.lock();
+      for (Waiting* w : waiting_)
+        if (std::find(gone.begin(), gone.end(), w->peer) != gone.end()) w->peer_closed = true, w->connection->interrupt();
+    }
+  }
+
   // One exchange between this rank and `peer`, the sender's entry first. The store names the two
   // by their places in it ("group rank 1"): its errors are reworded with the peer's name here.
   Blobs exchange(StoreClient& st, const std::string& k, int peer, bool sending, std::span<const std::byte> value, const std::string& label) {
     const int sender = sending ? rank_ : peer, receiver = sending ? peer : rank_;
     const int members[2] = {names_.job_rank(sender), names_.job_rank(receiver)};
+    Waiting me{&st, peer};
+    struct Unlisted {  // leaves waiting_ on every path out
+      StoreP2p& p;
+      Waiting* w;
+      ~Unlisted() {
+        std::lock_guard lock(p.mutex_);
+        std::erase(p.waiting_, w);
+      }
+    };
+    {
+      std::lock_guard lock(mutex_);
+      waiting_.push_back(&me);
+      if (names_.closed && !watcher_.joinable()) watcher_ = std::thread([this] { watch(); });
+    }
+    Unlisted unlisted{*this, &me};
     try {
       return st.exchange(k, sending ? 0 : 1, 2, value, label, std::nullopt, members);
-    } catch (const timeout_error&) {
-      throw_error<timeout_error>("timed out after ", text::format_ms(static_cast<std::uint64_t>(timeout_.count())), " in ", label, ": ",
-                                 names_.name(peer), " did not ", sending ? "receive it" : "send it");
     } catch (const comm_error& e) {
+      bool closed = false;
+      {
+        std::lock_guard lock(mutex_);
+        closed = me.peer_closed;
+        if (closed) connections_.erase({sending, peer});  // interrupted for good; the next message connects again
+      }
+      if (closed) throw_error<comm_error>(names_.name(peer), " closed its communicator without taking part in ", label);
+      if (dynamic_cast<const timeout_error*>(&e))
+        throw_error<timeout_error>("timed out after ", text::format_ms(static_cast<std::uint64_t>(timeout_.count())), " in ", label, ": ",
+                                   names_.name(peer), " did not ", sending ? "receive it" : "send it");
       const std::string how = how_peer_left(e.what());
       if (how.empty()) throw;  // not about the peer (the store itself is gone, …)
       throw_error<comm_error>(names_.name(peer), " ", how, " during ", label);
@@ -171,8 +235,12 @@ class StoreP2p {
   int rank_;
   std::chrono::milliseconds timeout_;
   Names names_;
-  std::mutex mutex_;
+  std::mutex mutex_;  ///< guards connections_, waiting_, stopping_
   std::map<std::pair<bool, int>, std::shared_ptr<StoreClient>> connections_;  ///< (sending?, peer)
+  std::vector<Waiting*> waiting_;  ///< the exchanges in progress (see watch())
+  bool stopping_ = false;
+  std::condition_variable wake_;
+  std::thread watcher_;  ///< started with the first exchange when Names::closed is given
 };
 
 }  // namespace detail
