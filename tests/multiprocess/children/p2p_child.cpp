@@ -5,8 +5,9 @@
 // rank saw (gathered), errors go to stderr as "rank R: <message>" with exit code 2.
 //   ring      every rank sends to the next and receives from the previous (send_async), spans of
 //             three element types and an empty one, then an object; prints one line per rank
-//   pingpong  ranks 0 and 1: spans of every element type, 0 elements, a 64 MiB buffer (both ways),
-//             objects, and 100 numbered messages each way at once (order); the other ranks idle
+//   pingpong  ranks 0 and 1: spans of every element type, 0 elements, a 64 MiB buffer (both ways;
+//             argument big=<bytes> picks another size), objects, and 100 numbered messages each way
+//             at once (order); the other ranks idle
 //   mismatch  rank 0 sends 4 floats, rank 1 expects 5; then a float32 span to an int32 span;
 //             then an object to a span: each rank prints its three errors (gathered)
 //   self      every rank sends to itself and to rank <world size>: prints the usage errors
@@ -14,6 +15,8 @@
 //             in the world; a mismatch in the replica group names group and job ranks
 //   kill      rank 1 SIGKILLs itself while rank 0 waits in recv from it (and argv[2] == "send":
 //             while rank 0 waits in a send to it); rank 0 reports the error and how long it took
+// Arguments the scenario does not use are ignored: tests pass a tag there to find the job's
+// processes afterwards.
 #include <accel/comm/p2p.hpp>
 
 #include <signal.h>
@@ -93,7 +96,7 @@ std::string ring(accel::Communicator& comm) {
   return "rank " + std::to_string(r) + " got '" + got + "'";
 }
 
-std::string pingpong(accel::Communicator& comm) {
+std::string pingpong(accel::Communicator& comm, std::size_t big) {
   if (comm.rank() > 1) return "rank " + std::to_string(comm.rank()) + " idle";
   both_ways<std::int8_t>(comm, 333);
   both_ways<std::uint8_t>(comm, 1);
@@ -106,7 +109,7 @@ std::string pingpong(accel::Communicator& comm) {
   both_ways<accel::half>(comm, 2);
   both_ways<accel::bfloat16>(comm, 3);
   both_ways<float>(comm, 0);
-  both_ways<std::uint8_t>(comm, std::size_t{64} << 20);  // 64 MiB
+  both_ways<std::uint8_t>(comm, big);
   const int peer = 1 - comm.rank();
   // Objects.
   const std::vector<std::string> words = {"alpha", "", std::string(300'000, 'z')};
@@ -197,6 +200,13 @@ std::string grid(accel::DistributedState& state) {
   return "rank " + std::to_string(r) + " replica " + std::to_string(g.replica) + " stage " + std::to_string(g.stage) + ": " + err;
 }
 
+// The pingpong scenario's large message: big=<bytes> among the arguments, else 64 MiB.
+std::size_t big_bytes(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i)
+    if (std::strncmp(argv[i], "big=", 4) == 0) return static_cast<std::size_t>(std::stoull(argv[i] + 4));
+  return std::size_t{64} << 20;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -233,7 +243,7 @@ int main(int argc, char** argv) {
     }
     std::string line;
     if (mode == "ring") line = ring(comm);
-    else if (mode == "pingpong") line = pingpong(comm);
+    else if (mode == "pingpong") line = pingpong(comm, big_bytes(argc, argv));
     else if (mode == "mismatch") line = mismatch(comm);
     else if (mode == "self") line = self(comm);
     else if (mode == "grid") line = grid(state);
