@@ -40,12 +40,15 @@ TEST_CASE("nccl: without NCCL or without a GPU the communicator refuses with how
 
 #if ACCEL_HAS_NCCL()
 #include <accel/comm/collectives.hpp>
+#include <accel/comm/p2p.hpp>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <future>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -88,6 +91,14 @@ std::size_t type_bytes(ncclDataType_t t) {
   }
 }
 std::string ptr(const void* p) { return std::to_string(reinterpret_cast<std::uintptr_t>(p)); }
+// Point-to-point: each simulated communicator's unique id, and per id the data sent and not yet
+// received, or the receive buffers still waiting for data.
+struct Mailbox {
+  std::deque<std::vector<std::byte>> messages;
+  std::deque<void*> receivers;
+};
+std::map<ncclComm_t, std::string> comm_ids;
+std::map<std::string, Mailbox> mailboxes;
 
 accel::NcclApi api() {
   accel::NcclApi a;
@@ -117,6 +128,8 @@ accel::NcclApi api() {
     note("ncclCommInitRankConfig nranks=" + std::to_string(n) + " rank=" + std::to_string(rank) + " id=" + id.internal +
          " blocking=" + std::to_string(config->blocking));
     *c = reinterpret_cast<ncclComm_t>(new char);
+    std::lock_guard lock(mutex);
+    comm_ids[*c] = id.internal;
     return ncclInProgress;  // non-blocking: the backend polls
   };
   a.comm_get_async_error = [](ncclComm_t, ncclResult_t* r) { return *r = async_state.load(), ncclSuccess; };
@@ -143,6 +156,33 @@ accel::NcclApi api() {
   a.reduce_scatter = [](const void* s, void* r, std::size_t n, ncclDataType_t t, ncclRedOp_t op, ncclComm_t, cudaStream_t) {
     note("ncclReduceScatter count=" + std::to_string(n) + " type=" + std::to_string(t) + " op=" + std::to_string(op));
     std::memmove(r, s, n * type_bytes(t));
+    return collective_result;
+  };
+  // Point-to-point between the two ends of a communicator (its unique id), in order: a send fills
+  // the oldest receive waiting for data, or waits for the next receive.
+  a.send = [](const void* data, std::size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+    note("ncclSend count=" + std::to_string(n) + " type=" + std::to_string(t) + " peer=" + std::to_string(peer) + " stream=" + ptr(st));
+    std::lock_guard lock(mutex);
+    Mailbox& box = mailboxes[comm_ids.at(c)];
+    const auto* bytes = static_cast<const std::byte*>(data);
+    if (box.receivers.empty()) {
+      box.messages.emplace_back(bytes, bytes + n * type_bytes(t));
+    } else {
+      std::memcpy(box.receivers.front(), bytes, n * type_bytes(t));
+      box.receivers.pop_front();
+    }
+    return collective_result;
+  };
+  a.recv = [](void* data, std::size_t n, ncclDataType_t t, int peer, ncclComm_t c, cudaStream_t st) {
+    note("ncclRecv count=" + std::to_string(n) + " type=" + std::to_string(t) + " peer=" + std::to_string(peer) + " stream=" + ptr(st));
+    std::lock_guard lock(mutex);
+    Mailbox& box = mailboxes[comm_ids.at(c)];
+    if (box.messages.empty()) {
+      box.receivers.push_back(data);
+    } else {
+      std::memcpy(data, box.messages.front().data(), box.messages.front().size());
+      box.messages.pop_front();
+    }
     return collective_result;
   };
   return a;
@@ -330,5 +370,87 @@ TEST_CASE("simulated nccl: work nobody waits for is watched; a peer's failure or
     CHECK_FALSE(fake::logged(fake::take(), "ncclCommAbort"));
   }
   fake::event_state = cudaSuccess, fake::async_state = ncclSuccess;
+}
+#endif
+
+#if ACCEL_HAS_NCCL()
+TEST_CASE("simulated nccl: point-to-point checks on the host, then moves spans with ncclSend/ncclRecv, a communicator per direction",
+          "[nccl][p2p]") {
+  accel::StoreServerOptions quiet;
+  quiet.log = [](const std::string&) {};
+  accel::StoreServer server("127.0.0.1", 0, "tok", quiet);
+  std::shared_ptr<accel::StoreClient> clients[2];
+  for (int r = 0; r < 2; ++r)
+    clients[r] = std::make_shared<accel::StoreClient>("127.0.0.1", server.port(), "tok", std::chrono::seconds(10), r, 2);
+  int marker = 0;
+  const auto user_stream = reinterpret_cast<cudaStream_t>(&marker);
+  std::vector<float> sent(5, 1.5f), got(5);
+  std::vector<std::int64_t> back = {7, 8, 9}, got_back(3);
+  std::vector<std::int32_t> both[2] = {std::vector<std::int32_t>(1000, 10), std::vector<std::int32_t>(1000, 11)};
+  std::vector<std::int32_t> both_got[2] = {std::vector<std::int32_t>(1000), std::vector<std::int32_t>(1000)};
+  std::string mismatch[2], object;
+  fake::take();
+  auto rank = [&](int r) {
+    accel::NcclCommunicator comm(clients[r], r, 2, r, std::chrono::seconds(10), fake::options("p2p"));
+    const int peer = 1 - r;
+    // 1. Stream-less, 0 -> 1; 2. the caller's stream, 1 -> 0.
+    if (r == 0) accel::send(comm, std::span(sent), 1);
+    else accel::recv(comm, std::span(got), 0);
+    if (r == 1) accel::send(comm, std::span(back), 0, user_stream);
+    else accel::recv(comm, std::span(got_back), 1, user_stream);
+    // 3. A mismatch fails both ends on the host: nothing is enqueued.
+    try {
+      std::vector<float> four(4), five(5);
+      if (r == 0) accel::send(comm, std::span(four), 1);
+      else accel::recv(comm, std::span(five), 0);
+    } catch (const accel::usage_error& e) {
+      mismatch[r] = e.what();
+    }
+    // 4. Both directions at once: send_async beside recv.
+    auto h = accel::send_async(comm, std::span(both[r]), peer);
+    accel::recv(comm, std::span(both_got[r]), peer);
+    h.wait();
+    // 5. Objects travel through the store, not the GPU.
+    if (r == 0) accel::send_object(comm, std::string("through the store"), 1);
+    else object = accel::recv_object<std::string>(comm, 0);
+  };
+  auto r0 = std::async(std::launch::async, rank, 0);
+  rank(1);
+  r0.get();
+  const auto log = fake::take();
+  auto count = [&](const std::string& prefix) {
+    return std::count_if(log.begin(), log.end(), [&](const std::string& s) { return s.rfind(prefix, 0) == 0; });
+  };
+  auto find = [&](const std::string& prefix) {
+    const auto it = std::find_if(log.begin(), log.end(), [&](const std::string& s) { return s.rfind(prefix, 0) == 0; });
+    return it == log.end() ? std::string() : *it;
+  };
+  // Two ranks' main communicators, then one 2-rank communicator per direction on each end.
+  CHECK(count("ncclCommInitRankConfig nranks=2 rank=0 id=fake-id-") == 3);
+  CHECK(count("ncclCommInitRankConfig nranks=2 rank=1 id=fake-id-") == 3);
+  const std::string f32 = std::to_string(ncclFloat32), i64 = std::to_string(ncclInt64), i32 = std::to_string(ncclInt32);
+  CHECK(count("ncclSend count=5 type=" + f32 + " peer=1 ") == 1);
+  CHECK(count("ncclRecv count=5 type=" + f32 + " peer=0 ") == 1);
+  CHECK(count("ncclSend count=3 type=" + i64 + " peer=1 stream=" + fake::ptr(user_stream)) == 1);
+  CHECK(count("ncclRecv count=3 type=" + i64 + " peer=0 stream=" + fake::ptr(user_stream)) == 1);
+  CHECK(count("ncclSend count=4 ") == 0);  // the mismatched message
+  CHECK(count("ncclSend count=1000 type=" + i32) == 2);
+  CHECK(count("ncclRecv count=1000 type=" + i32) == 2);
+  // Without a stream: the direction's own stream, not the caller's, and the two directions differ.
+  const std::string first_send = find("ncclSend count=5 ");
+  CHECK(first_send.find("stream=" + fake::ptr(user_stream)) == std::string::npos);
+  const std::string streams[2] = {find("ncclSend count=1000 ").substr(find("ncclSend count=1000 ").find("stream=")),
+                                  find("ncclRecv count=1000 ").substr(find("ncclRecv count=1000 ").find("stream="))};
+  CHECK(streams[0] != streams[1]);
+  CHECK(got == sent);
+  CHECK(got_back == back);
+  CHECK(both_got[0] == both[1]);
+  CHECK(both_got[1] == both[0]);
+  CHECK(object == "through the store");
+  for (int r = 0; r < 2; ++r)
+    CHECK(mismatch[r] ==
+          "[accel.usage] send/recv mismatch in message #2 from rank 0 to rank 1: rank 0 sends 4 float32 elements (send), rank 1 "
+          "expects 5 float32 elements (recv); both ends must pass the same element type and length (send/recv), or the same type "
+          "(send_object/recv_object)");
 }
 #endif

@@ -7,6 +7,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -82,4 +86,73 @@ TEST_CASE("gpu: point-to-point on a one-rank NCCL communicator refuses itself an
   REQUIRE_THROWS_AS(accel::send_object(comm, std::string("x"), 2), accel::usage_error);
   REQUIRE(cudaFree(raw) == cudaSuccess);
   REQUIRE(accel::gather_object(comm, 1) == std::vector<int>{1});  // the communicator is unharmed
+}
+
+// Two ranks as threads of this process, each on a GPU of its own (NCCL refuses two ranks on one
+// GPU before 2.30): spans both ways, stream-less, on a caller's stream, and a send_async beside a
+// recv between the same pair at once with 64 MiB each way (past NCCL's buffers: with both
+// directions on one NCCL communicator each rank's send kernel would wait in front of its receive).
+TEST_CASE("gpu: point-to-point between two GPUs: both directions at once, stream-less and on the caller's stream",
+          "[.gpu][gpu][nccl][p2p]") {
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0, (void)cudaGetLastError();
+  if (gpus < 2) {
+    WARN("test skipped: a 2-rank NCCL send/recv needs 2 GPUs, this machine has " << gpus);
+    return;
+  }
+  accel::StoreServerOptions quiet;
+  quiet.log = [](const std::string&) {};
+  accel::StoreServer server("127.0.0.1", 0, "tok", quiet);
+  std::shared_ptr<accel::StoreClient> clients[2];
+  for (int r = 0; r < 2; ++r)
+    clients[r] = std::make_shared<accel::StoreClient>("127.0.0.1", server.port(), "tok", std::chrono::seconds(60), r, 2);
+  constexpr std::size_t n = std::size_t{16} << 20;  // floats: 64 MiB
+  // One rank's part; what went wrong ("" for nothing): Catch2's assertions are for the main thread.
+  auto rank_body = [&](int r) -> std::string {
+    if (cudaSetDevice(r) != cudaSuccess) return "cudaSetDevice failed";
+    accel::NcclCommunicator comm(clients[r], r, 2, r, std::chrono::seconds(60));
+    const int peer = 1 - r;
+    float* mine = nullptr;
+    float* theirs = nullptr;
+    if (cudaMalloc(reinterpret_cast<void**>(&mine), n * sizeof(float)) != cudaSuccess ||
+        cudaMalloc(reinterpret_cast<void**>(&theirs), n * sizeof(float)) != cudaSuccess)
+      return "cudaMalloc failed";
+    std::vector<float> host(n, static_cast<float>(r + 1));
+    if (cudaMemcpy(mine, host.data(), n * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) return "cudaMemcpy failed";
+    const std::span<float> out(mine, n), in(theirs, n);
+    // Both directions at once, stream-less.
+    auto h = accel::send_async(comm, out, peer);
+    accel::recv(comm, in, peer);
+    h.wait();
+    std::vector<float> got(n);
+    if (cudaMemcpy(got.data(), theirs, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) return "cudaMemcpy back failed";
+    if (got.front() != static_cast<float>(peer + 1) || got.back() != static_cast<float>(peer + 1)) return "wrong data, stream-less";
+    // On a caller's streams (one per direction): enqueued, then waited for by the caller.
+    cudaStream_t sends = nullptr, recvs = nullptr;
+    if (cudaStreamCreate(&sends) != cudaSuccess || cudaStreamCreate(&recvs) != cudaSuccess) return "cudaStreamCreate failed";
+    if (cudaMemset(theirs, 0, n * sizeof(float)) != cudaSuccess) return "cudaMemset failed";
+    auto s = accel::send_async(comm, out.first(1000), peer, sends);
+    accel::recv(comm, in.first(1000), peer, recvs);
+    s.wait();
+    if (cudaStreamSynchronize(recvs) != cudaSuccess) return "cudaStreamSynchronize failed";
+    if (cudaMemcpy(got.data(), theirs, 1000 * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess) return "cudaMemcpy back failed";
+    if (got[0] != static_cast<float>(peer + 1) || got[999] != static_cast<float>(peer + 1)) return "wrong data on the caller's stream";
+    (void)cudaStreamDestroy(sends), (void)cudaStreamDestroy(recvs);
+    (void)cudaFree(mine), (void)cudaFree(theirs);
+    return "";
+  };
+  auto rank = [&](int r) -> std::string {
+    try {
+      return rank_body(r);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+  };
+  const auto start = std::chrono::steady_clock::now();
+  auto r0 = std::async(std::launch::async, rank, 0);
+  const std::string e1 = rank(1);
+  const std::string e0 = r0.get();
+  CHECK(e0 == std::string());
+  CHECK(e1 == std::string());
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
 }

@@ -163,17 +163,19 @@ class ThreadCommunicator final : public accel::Communicator {
   ~ThreadCommunicator() override { stop_p2p(); }
 
  protected:
-  void p2p_send(const P2pSend& m) override {
+  accel::CollectiveHandle p2p_send(const P2pSend& m) override {
     const auto answer = hub_->post_message(rank(), m.peer, m.number, {m.descriptor.begin(), m.descriptor.end()}, m.data.joined(), m.label,
                                            timeout());
     m.accepts(answer);
+    return {};
   }
-  void p2p_recv(const P2pRecv& m) override {
+  accel::CollectiveHandle p2p_recv(const P2pRecv& m) override {
     hub_->take_message(m.peer, rank(), m.number, {m.descriptor.begin(), m.descriptor.end()}, m.label, timeout(),
                        [&](std::span<const std::byte> descriptor, std::span<const std::byte> payload) {
                          if (std::byte* at = m.place(descriptor, payload.size()); at && !payload.empty())
                            std::memcpy(at, payload.data(), payload.size());
                        });
+    return {};
   }
 
   std::shared_ptr<accel::Communicator> make_group(const accel::GroupSpec& spec) override {

@@ -244,24 +244,35 @@ class Communicator {
   ///@{
 
   /// @brief Sends `data` (described by `d`) to rank `dst`.
+  /// @param stream a device backend's stream (a `cudaStream_t`) to enqueue the transfer on,
+  ///        returning once it is enqueued (the descriptors are checked first, on the host); null:
+  ///        the backend's own, and the transfer has finished when this returns. Host backends
+  ///        ignore it (callers synchronise it first).
   /// @throws usage_error when dst is this rank or not a rank (nothing is sent); on both ends when
   ///         the receiver expects another kind, element type, length or object type (naming both
   ///         ranks and what each passed)
   /// @throws comm_error naming dst when it died, exited or closed its communicator first;
   ///         timeout_error when it did not receive within timeout()
-  void send_message(int dst, const detail::P2pDescriptor& d, Payload data) {
+  void send_message(int dst, const detail::P2pDescriptor& d, Payload data, void* stream = nullptr) {
     check_peer("send", dst);
     const std::uint64_t n = ++p2p_sent_[dst];
-    run_in_order(p2p_queue(false, dst), [&] { do_send(dst, n, d, data); });
+    run_in_order(p2p_queue(false, dst), [&] { settle(do_send(dst, n, d, data, stream), stream); });
   }
   /// @brief send_message, returning at once; `data` must stay valid until the handle's wait(),
-  /// which rethrows what the send threw.
+  /// which rethrows what the send threw, and returns once the transfer finished (with a
+  /// `stream`: once the work enqueued on it finished).
   /// @throws usage_error at once when dst is this rank or not a rank
-  CollectiveHandle send_message_async(int dst, detail::P2pDescriptor d, Payload data) {
+  CollectiveHandle send_message_async(int dst, detail::P2pDescriptor d, Payload data, void* stream = nullptr) {
     check_peer("send", dst);
     const std::uint64_t n = ++p2p_sent_[dst];
-    auto outcome = p2p_queue(false, dst).push([this, dst, n, d = std::move(d), data] { do_send(dst, n, d, data); });
-    return CollectiveHandle([outcome] { outcome->wait(); });
+    auto device = std::make_shared<CollectiveHandle>();
+    auto outcome = p2p_queue(false, dst).push([this, dst, n, d = std::move(d), data, stream, device] {
+      *device = settle(do_send(dst, n, d, data, stream), stream);
+    });
+    return CollectiveHandle([outcome, device] {
+      outcome->wait();
+      device->wait();
+    });
   }
   /// @brief Tells rank `dst` that this rank's next message to it failed before it could be sent
   /// (its value did not encode): `dst`'s matching receive throws comm_error naming this rank and
@@ -274,25 +285,33 @@ class Communicator {
     const std::uint64_t n = ++p2p_sent_[dst];
     d.count = 0, d.failure = why.empty() ? std::string("an unnamed error") : std::move(why);
     try {
-      run_in_order(p2p_queue(false, dst), [&] { do_send(dst, n, d, Payload()); });
+      run_in_order(p2p_queue(false, dst), [&] { settle(do_send(dst, n, d, Payload()), nullptr); });
     } catch (const error&) {  // the marker did not reach dst (gone, timed out): the caller's error says more
     }
   }
   /// @brief Receives the next message from rank `src`, which must match `d` (for an object,
   /// its type; its size is the sender's): `place(bytes)` gives where its payload goes.
   /// @throws as send_message, with src for dst
-  void recv_message(int src, const detail::P2pDescriptor& d, const std::function<std::byte*(std::uint64_t)>& place) {
+  void recv_message(int src, const detail::P2pDescriptor& d, const std::function<std::byte*(std::uint64_t)>& place,
+                    void* stream = nullptr) {
     check_peer("recv", src);
     const std::uint64_t n = ++p2p_received_[src];
-    run_in_order(p2p_queue(true, src), [&] { do_recv(src, n, d, place); });
+    run_in_order(p2p_queue(true, src), [&] { settle(do_recv(src, n, d, place, stream), stream); });
   }
   /// @brief recv_message, returning at once; `place` and what it returns must stay valid until the
-  /// handle's wait(), which rethrows what the receive threw.
-  CollectiveHandle recv_message_async(int src, detail::P2pDescriptor d, std::function<std::byte*(std::uint64_t)> place) {
+  /// handle's wait(), which rethrows what the receive threw (see send_message_async for `stream`).
+  CollectiveHandle recv_message_async(int src, detail::P2pDescriptor d, std::function<std::byte*(std::uint64_t)> place,
+                                      void* stream = nullptr) {
     check_peer("recv", src);
     const std::uint64_t n = ++p2p_received_[src];
-    auto outcome = p2p_queue(true, src).push([this, src, n, d = std::move(d), place = std::move(place)] { do_recv(src, n, d, place); });
-    return CollectiveHandle([outcome] { outcome->wait(); });
+    auto device = std::make_shared<CollectiveHandle>();
+    auto outcome = p2p_queue(true, src).push([this, src, n, d = std::move(d), place = std::move(place), stream, device] {
+      *device = settle(do_recv(src, n, d, place, stream), stream);
+    });
+    return CollectiveHandle([outcome, device] {
+      outcome->wait();
+      device->wait();
+    });
   }
   ///@}
 
@@ -357,6 +376,7 @@ class Communicator {
     std::string label;                               ///< "message #2 from rank 0 to rank 1", for errors
     std::span<const std::byte> descriptor;           ///< this end's, encoded (at most p2p_descriptor_max_bytes)
     Payload data;                                    ///< the payload (its size follows from the descriptor)
+    void* stream = nullptr;                          ///< device backends: the caller's stream (null: the backend's own)
     /// Called once with the receiver's descriptor: false when the two do not match (the backend then
     /// returns without sending the rest; the receiver reaches the same verdict and stops too).
     std::function<bool(std::span<const std::byte>)> accepts;
@@ -367,20 +387,23 @@ class Communicator {
     std::uint64_t number = 0;                        ///< 1, 2, … among this rank's messages from `peer`
     std::string label;
     std::span<const std::byte> descriptor;           ///< this end's, encoded; the backend hands it to the sender
+    void* stream = nullptr;                          ///< device backends: the caller's stream (null: the backend's own)
     /// Called once with the sender's descriptor and payload size: where the payload goes, or null
     /// when the two do not match (the backend then answers the sender and returns).
     std::function<std::byte*(std::span<const std::byte>, std::uint64_t)> place;
   };
   /// @brief The backend's send: hands `m.descriptor` to the receiver, gets its descriptor back,
   /// asks m.accepts() and, if it agrees, delivers the payload. Returns once the receiver has the
-  /// descriptors (the payload may still be on its way, but `m.data` is no longer read).
+  /// descriptors (the payload may still be on its way, but `m.data` is no longer read), or, on a
+  /// device backend, once the transfer is enqueued: the handle then waits for it (empty: done).
   /// @throws comm_error naming the peer when it left; timeout_error after timeout()
-  virtual void p2p_send(const P2pSend& m) {
+  virtual CollectiveHandle p2p_send(const P2pSend& m) {
     detail::throw_error<unavailable_error>("the ", backend(), " backend has no point-to-point messages (", m.label, ")");
   }
   /// @brief The backend's receive: gets the sender's descriptor, asks m.place(), answers with
-  /// m.descriptor, and if place() gave memory, writes the payload there before returning.
-  virtual void p2p_recv(const P2pRecv& m) {
+  /// m.descriptor, and if place() gave memory, writes the payload there before returning (a device
+  /// backend may return once the transfer is enqueued, with a handle that waits for it).
+  virtual CollectiveHandle p2p_recv(const P2pRecv& m) {
     detail::throw_error<unavailable_error>("the ", backend(), " backend has no point-to-point messages (", m.label, ")");
   }
   /// @brief Ends the async point-to-point queues (the running call finishes, queued ones fail):
@@ -480,24 +503,32 @@ class Communicator {
   std::string p2p_label(int from, int to, std::uint64_t n) const {
     return detail::concat("message #", n, " from ", rank_name(from), " to ", rank_name(to));
   }
-  void do_send(int dst, std::uint64_t n, const detail::P2pDescriptor& d, const Payload& data) {
+  // A finished call's device work: waited for without a caller's stream (the plain calls' promise),
+  // else left to run on that stream (the handle, for *_async).
+  static CollectiveHandle settle(CollectiveHandle h, void* stream) {
+    if (!stream) h.wait();
+    return h;
+  }
+  CollectiveHandle do_send(int dst, std::uint64_t n, const detail::P2pDescriptor& d, const Payload& data, void* stream = nullptr) {
     const auto mine = detail::encode_p2p_descriptor(d);
     std::string mismatch;
     P2pSend m;
-    m.peer = dst, m.number = n, m.label = p2p_label(rank_, dst, n), m.descriptor = mine, m.data = data;
+    m.peer = dst, m.number = n, m.label = p2p_label(rank_, dst, n), m.descriptor = mine, m.data = data, m.stream = stream;
     m.accepts = [&](std::span<const std::byte> theirs) {
       if (!d.failure.empty()) return false;  // a failure marker: the receiver throws, nothing else moves
       mismatch = detail::p2p_mismatch(d, detail::decode_p2p_descriptor(theirs, rank_name(dst)), rank_name(rank_), rank_name(dst), m.label);
       return mismatch.empty();
     };
-    p2p_send(m);
+    CollectiveHandle h = p2p_send(m);
     if (!mismatch.empty()) throw usage_error(mismatch);
+    return h;
   }
-  void do_recv(int src, std::uint64_t n, const detail::P2pDescriptor& d, const std::function<std::byte*(std::uint64_t)>& place) {
+  CollectiveHandle do_recv(int src, std::uint64_t n, const detail::P2pDescriptor& d, const std::function<std::byte*(std::uint64_t)>& place,
+                           void* stream = nullptr) {
     const auto mine = detail::encode_p2p_descriptor(d);
     std::string mismatch, failed;
     P2pRecv m;
-    m.peer = src, m.number = n, m.label = p2p_label(src, rank_, n), m.descriptor = mine;
+    m.peer = src, m.number = n, m.label = p2p_label(src, rank_, n), m.descriptor = mine, m.stream = stream;
     m.place = [&](std::span<const std::byte> theirs, std::uint64_t bytes) -> std::byte* {
       const auto sent = detail::decode_p2p_descriptor(theirs, rank_name(src));
       if (!sent.failure.empty()) {
@@ -513,9 +544,10 @@ class Communicator {
       std::byte* at = place(bytes);
       return at ? at : &nothing;
     };
-    p2p_recv(m);
+    CollectiveHandle h = p2p_recv(m);
     if (!failed.empty()) throw comm_error(failed);
     if (!mismatch.empty()) throw usage_error(mismatch);
+    return h;
   }
 
   void expect_bytes(std::size_t got, std::size_t want, int from, const std::string& label) const {

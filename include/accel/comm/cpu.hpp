@@ -244,7 +244,7 @@ class CpuCommunicator final : public Communicator {
   /// further piece of at most half of CpuCommOptions::store_round_bytes, so the store holds at most
   /// one piece per message in flight. Each peer and direction uses a store connection of its own,
   /// so a send waiting for its receiver never holds up another message of this process.
-  void p2p_send(const P2pSend& m) override {
+  CollectiveHandle p2p_send(const P2pSend& m) override {
     if (!p2p_prefixes_.empty()) {
       detail::ShmP2pChannel& ch = channel(true, m.peer);
       try {
@@ -252,12 +252,13 @@ class CpuCommunicator final : public Communicator {
       } catch (const detail::shm_peer_left& e) {
         peer_left(m.peer, m.label, e.what());
       }
-      return;
+      return {};
     }
     store_p2p().send(m.peer, m.number, m.label, m.descriptor, m.data.head, m.data.body, m.accepts);
+    return {};
   }
 
-  void p2p_recv(const P2pRecv& m) override {
+  CollectiveHandle p2p_recv(const P2pRecv& m) override {
     if (!p2p_prefixes_.empty()) {
       detail::ShmP2pChannel& ch = channel(false, m.peer);
       try {
@@ -265,9 +266,10 @@ class CpuCommunicator final : public Communicator {
       } catch (const detail::shm_peer_left& e) {
         peer_left(m.peer, m.label, e.what());
       }
-      return;
+      return {};
     }
     store_p2p().recv(m.peer, m.number, m.label, m.descriptor, m.place);
+    return {};
   }
 
   Round exchange(std::uint64_t seq, const std::string& label, std::span<const std::byte> header, const Payload& payload) override {

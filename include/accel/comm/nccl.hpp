@@ -25,6 +25,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -239,29 +240,42 @@ class NcclCommunicator final : public Communicator {
   [[nodiscard]] bool device_buffers() const noexcept override { return true; }
 
  protected:
-  /// Point-to-point: the two descriptors are checked through the store (detail/p2p_store.hpp,
-  /// which also carries objects: they live in host memory); a span's data (device memory of this
-  /// rank's GPU) then moves with ncclSend / ncclRecv on the communicator's stream, waited for. One
-  /// such transfer runs at a time per process: a send and a receive between the same two ranks
-  /// at once (send_async beside recv) wait for each other on the GPU until the timeout, so under
-  /// NCCL let one side send while the other receives.
-  void p2p_send(const P2pSend& m) override {
+  /// Point-to-point: the two descriptors are checked through the store first, on the host
+  /// (detail/p2p_store.hpp, which also carries objects: they live in host memory); a span's data
+  /// (device memory of this rank's GPU) then moves with ncclSend / ncclRecv, enqueued on the
+  /// caller's stream when it passed one (not waited for), else on this communicator's own stream
+  /// for that direction, waited for (as the buffer collectives without a stream).
+  ///
+  /// Each direction between two ranks has a 2-rank NCCL communicator and a stream of its own,
+  /// made by the two ranks on their first message that way (the sender draws the unique id and
+  /// hands it over in the store). Why not this communicator and one stream: NCCL runs the kernels
+  /// of one communicator one after another, so with a send_async beside a recv between the same
+  /// two ranks, each rank's send kernel could sit in front of its receive kernel while waiting for
+  /// the peer's receive kernel, which sits behind the peer's own send: both hang once a message
+  /// outgrows NCCL's buffers. Separate streams alone do not help (the kernels are still one
+  /// communicator's), and grouping (ncclGroupStart/End) only helps when both calls are ready at
+  /// the same moment on one thread, which two independent calls are not. With a communicator per
+  /// direction, each one's kernels come in message order on both ranks, so neither waits behind
+  /// the other direction. Work enqueued here is followed by the watchdog like the collectives'.
+  CollectiveHandle p2p_send(const P2pSend& m) override {
 #if ACCEL_HAS_NCCL()
     const auto mine = detail::decode_p2p_descriptor(m.descriptor, rank_name(rank()));
     const bool device = mine.kind == detail::P2pKind::buffer;
-    if (!store_p2p().send(m.peer, m.number, m.label, m.descriptor, m.data.head, m.data.body, m.accepts, !device) || !device) return;
-    if (mine.count > 0) transfer(true, m.peer, const_cast<std::byte*>(m.data.head.data()), mine, m.label);
+    if (!store_p2p().send(m.peer, m.number, m.label, m.descriptor, m.data.head, m.data.body, m.accepts, !device) || !device) return {};
+    if (mine.count == 0) return {};
+    return transfer(true, m.peer, const_cast<std::byte*>(m.data.head.data()), mine, m.label, m.stream);
 #else
     (void)m;
     detail::throw_error<unavailable_error>("NCCL is not compiled in");
 #endif
   }
-  void p2p_recv(const P2pRecv& m) override {
+  CollectiveHandle p2p_recv(const P2pRecv& m) override {
 #if ACCEL_HAS_NCCL()
     const auto mine = detail::decode_p2p_descriptor(m.descriptor, rank_name(rank()));
     const bool device = mine.kind == detail::P2pKind::buffer;
     std::byte* out = store_p2p().recv(m.peer, m.number, m.label, m.descriptor, m.place, !device);
-    if (out && device && mine.count > 0) transfer(false, m.peer, out, mine, m.label);
+    if (!out || !device || mine.count == 0) return {};
+    return transfer(false, m.peer, out, mine, m.label, m.stream);
 #else
     (void)m;
     detail::throw_error<unavailable_error>("NCCL is not compiled in");
@@ -419,7 +433,7 @@ class NcclCommunicator final : public Communicator {
     cuda(api.event_create(&raw, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     const std::shared_ptr<CUevent_st> event(raw, [api = options_.api](cudaEvent_t e) { (void)api->event_destroy(e); });
     cuda(api.event_record(raw, s), "cudaEventRecord");
-    in_flight_.push_back({event, label, std::chrono::steady_clock::now()});
+    in_flight_.push_back({event, label, std::chrono::steady_clock::now(), comm_});
     if (!watchdog_.joinable()) watchdog_ = std::thread([this] { watch(); });
     return CollectiveHandle([this, event, label] {
       const NcclApi& a = *options_.api;
@@ -501,13 +515,16 @@ class NcclCommunicator final : public Communicator {
       return q != cudaErrorNotReady;
     });
     if (failed.empty() && in_flight_.empty()) return;
-    ncclResult_t state = ncclSuccess;
-    const ncclResult_t rc = api.comm_get_async_error(comm_, &state);
-    const ncclResult_t bad = rc != ncclSuccess ? rc : state;
-    if (failed.empty() && bad != ncclSuccess && bad != ncclInProgress) {
-      const char* last = api.last_error(comm_);
-      failed = detail::concat(in_flight_.front().label, " failed on rank ", rank(), ": ", api.result_string(bad),
-                              last && *last ? detail::concat(" (", last, ")") : std::string());
+    for (const InFlight& w : in_flight_) {  // the communicator each piece of work runs on (ours, or a point-to-point one)
+      if (!failed.empty()) break;
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t rc = api.comm_get_async_error(w.comm, &state);
+      const ncclResult_t bad = rc != ncclSuccess ? rc : state;
+      if (bad != ncclSuccess && bad != ncclInProgress) {
+        const char* last = api.last_error(w.comm);
+        failed = detail::concat(w.label, " failed on rank ", rank(), ": ", api.result_string(bad),
+                                last && *last ? detail::concat(" (", last, ")") : std::string());
+      }
     }
     if (failed.empty() && now - in_flight_.front().since > timeout())
       failed = detail::concat(in_flight_.front().label, " did not finish on the GPU within ",
@@ -532,36 +549,51 @@ class NcclCommunicator final : public Communicator {
     aborted_ = true;
     in_flight_.clear();
     if (comm_) (void)options_.api->comm_abort(comm_), comm_ = nullptr;
+    for (auto& [key, pc] : pair_comms_)
+      if (pc.comm) (void)options_.api->comm_abort(pc.comm), pc.comm = nullptr;
   }
   void release() noexcept {
     stop_watchdog();
     const NcclApi& api = *options_.api;
-    if (comm_) {
-      // Non-blocking finalize: bounded wait for pending work to flush, then destroy; abort otherwise.
-      const ncclResult_t fin = api.comm_finalize(comm_);
+    // Non-blocking finalize: bounded wait for pending work to flush, then destroy; abort otherwise.
+    const auto finished = [&](ncclComm_t c) {
+      const ncclResult_t fin = api.comm_finalize(c);
       ncclResult_t state = fin;
       if (fin == ncclSuccess || fin == ncclInProgress) {
         state = ncclInProgress;
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        while (api.comm_get_async_error(comm_, &state) == ncclSuccess && state == ncclInProgress &&
-               std::chrono::steady_clock::now() < deadline)
+        while (api.comm_get_async_error(c, &state) == ncclSuccess && state == ncclInProgress && std::chrono::steady_clock::now() < deadline)
           std::this_thread::sleep_for(std::chrono::microseconds(100));
       }
-      if (state == ncclSuccess) (void)api.comm_destroy(comm_), comm_ = nullptr;
-      else abort();
+      return state == ncclSuccess;
+    };
+    bool all_finished = true;
+    for (auto& [key, pc] : pair_comms_)
+      if (pc.comm) all_finished = all_finished && finished(pc.comm);
+    if (comm_) all_finished = finished(comm_) && all_finished;
+    if (all_finished) {
+      for (auto& [key, pc] : pair_comms_)
+        if (pc.comm) (void)api.comm_destroy(pc.comm), pc.comm = nullptr;
+      if (comm_) (void)api.comm_destroy(comm_), comm_ = nullptr;
+    } else {
+      abort();
     }
     // Only now, with no NCCL work left that could touch them:
+    for (auto& [key, pc] : pair_comms_)
+      if (pc.stream) (void)api.stream_destroy(pc.stream), pc.stream = nullptr;
     if (stream_) (void)api.stream_destroy(stream_), stream_ = nullptr;
     if (send_) (void)api.free(send_), send_ = nullptr;
     if (recv_) (void)api.free(recv_), recv_ = nullptr;
   }
-  // Polls the communicator's asynchronous state until it leaves ncclInProgress, within the timeout.
-  void wait_comm(const char* what) {
+  // Polls a communicator's asynchronous state (ours by default) until it leaves ncclInProgress,
+  // within the timeout.
+  void wait_comm(const char* what, ncclComm_t c = nullptr) {
     const NcclApi& api = *options_.api;
+    if (!c) c = comm_;
     const auto deadline = std::chrono::steady_clock::now() + timeout();
     for (auto pause = std::chrono::microseconds(10);; pause = std::min(pause * 2, std::chrono::microseconds(2000))) {
       ncclResult_t state = ncclInProgress;
-      nccl(api.comm_get_async_error(comm_, &state), "ncclCommGetAsyncError");
+      nccl(api.comm_get_async_error(c, &state), "ncclCommGetAsyncError");
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) nccl(state, what);
       if (std::chrono::steady_clock::now() > deadline) {
@@ -583,23 +615,112 @@ class NcclCommunicator final : public Communicator {
     }
     return *store_p2p_;
   }
-  // One ncclSend / ncclRecv of a matched message on our stream, waited for.
-  void transfer(bool sending, int peer, std::byte* data, const detail::P2pDescriptor& d, const std::string& label) {
-    std::lock_guard one_at_a_time(p2p_transfer_mutex_);
+  // The 2-rank communicator and stream of messages from `from` to `to` (see p2p_send).
+  struct PairComm {
+    ncclComm_t comm = nullptr;
+    cudaStream_t stream = nullptr;
+  };
+
+  // The pair communicator of this rank's messages to (sending) or from `peer`, made with the peer
+  // on the first message that way: the sender (its rank 0) draws the unique id, one store exchange
+  // between the two hands it over. Only one call per direction and peer runs at a time (the
+  // Communicator's per-peer queues), so no two threads make the same one.
+  PairComm pair_comm(bool sending, int peer, const std::string& label) {
+    const int from = sending ? rank() : peer, to = sending ? peer : rank();
+    {
+      std::lock_guard lock(mutex_);
+      throw_if_aborted(label);
+      if (const auto it = pair_comms_.find({from, to}); it != pair_comms_.end()) return it->second;
+    }
+    const NcclApi& api = *options_.api;
+    ncclUniqueId id{};
+    if (sending) {
+      std::lock_guard lock(mutex_);
+      nccl(api.get_unique_id(&id), "ncclGetUniqueId");
+    }
+    ACCEL_EXPECTS(store_, "NcclCommunicator: point-to-point needs the job's store");
+    const int members[2] = {job_rank(from), job_rank(to)};
+    const std::string what = detail::concat("the NCCL communicator of messages from ", rank_name(from), " to ", rank_name(to), " (", label, ")");
+    const Blobs both = store_->connect_again()->exchange(detail::concat(prefix_, "p2p-comm/", from, ">", to), sending ? 0 : 1, 2,
+                                                         std::as_bytes(std::span<const char>(id.internal, sizeof id.internal)), what,
+                                                         std::nullopt, members);
+    if (both[0].size() != sizeof id.internal)
+      detail::throw_error<comm_error>("the ncclUniqueId for ", what, " has ", both[0].size(), " bytes, ", sizeof id.internal, " expected");
+    std::memcpy(id.internal, both[0].data(), sizeof id.internal);
+    ncclComm_t c = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      throw_if_aborted(label);
+      detail::CurrentDevice on(api, device_);
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      nccl(api.comm_init_rank_config(&c, 2, id, sending ? 0 : 1, &config), "ncclCommInitRankConfig");
+    }
+    // Its initialisation is waited for without holding mutex_: the peer may be making the other
+    // direction's communicator first, and this process must be free to take part in that.
+    const auto deadline = std::chrono::steady_clock::now() + timeout();
+    for (auto pause = std::chrono::microseconds(10);; pause = std::min(pause * 2, std::chrono::microseconds(2000))) {
+      {
+        std::lock_guard lock(mutex_);
+        ncclResult_t state = ncclInProgress;
+        const ncclResult_t rc = api.comm_get_async_error(c, &state);
+        const ncclResult_t bad = rc != ncclSuccess ? rc : state;
+        const bool late = std::chrono::steady_clock::now() > deadline;
+        if (aborted_ || late || (bad != ncclSuccess && bad != ncclInProgress)) {
+          (void)api.comm_abort(c);
+          throw_if_aborted(label);
+          if (!late) nccl(bad, "ncclCommInitRankConfig");
+          abort();
+          detail::throw_error<timeout_error>(what, " was not made within ", text::format_ms(static_cast<std::uint64_t>(timeout().count())),
+                                             " on rank ", rank(), "; the NCCL communicator was aborted");
+        }
+        if (bad == ncclSuccess) {
+          detail::CurrentDevice on(api, device_);
+          PairComm pc{c, nullptr};
+          try {
+            cuda(api.stream_create(&pc.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+          } catch (...) {
+            (void)api.comm_abort(c);
+            throw;
+          }
+          return pair_comms_[{from, to}] = pc;
+        }
+      }
+      std::this_thread::sleep_for(pause);
+    }
+  }
+
+  // One ncclSend / ncclRecv of a matched message on the caller's stream or the direction's own,
+  // an event after it (followed by the watchdog); the handle waits for the event.
+  CollectiveHandle transfer(bool sending, int peer, std::byte* data, const detail::P2pDescriptor& d, const std::string& label,
+                            void* user_stream) {
+    const PairComm pc = pair_comm(sending, peer, label);
     std::unique_lock lock(mutex_);
     throw_if_aborted(label);
     const NcclApi& api = *options_.api;
     detail::CurrentDevice on(api, device_);
+    const cudaStream_t s = user_stream ? static_cast<cudaStream_t>(user_stream) : pc.stream;
     const auto count = static_cast<std::size_t>(d.count);
-    if (sending) enqueued(api.send(data, count, detail::nccl_data_type(d.type), peer, comm_, stream_), "ncclSend");
-    else enqueued(api.recv(data, count, detail::nccl_data_type(d.type), peer, comm_, stream_), "ncclRecv");
-    wait_until([&] { return api.stream_query(stream_); }, label, lock);
+    // In the pair's communicator the sender is rank 0 and the receiver rank 1.
+    if (sending) enqueued(api.send(data, count, detail::nccl_data_type(d.type), 1, pc.comm, s), "ncclSend");
+    else enqueued(api.recv(data, count, detail::nccl_data_type(d.type), 0, pc.comm, s), "ncclRecv");
+    cudaEvent_t raw = nullptr;
+    cuda(api.event_create(&raw, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    const std::shared_ptr<CUevent_st> event(raw, [api = options_.api](cudaEvent_t e) { (void)api->event_destroy(e); });
+    cuda(api.event_record(raw, s), "cudaEventRecord");
+    in_flight_.push_back({event, label, std::chrono::steady_clock::now(), pc.comm});
+    if (!watchdog_.joinable()) watchdog_ = std::thread([this] { watch(); });
+    return CollectiveHandle([this, event, label, comm = pc.comm] {
+      const NcclApi& a = *options_.api;
+      std::unique_lock wait_lock(mutex_);
+      wait_until([&] { return a.event_query(event.get()); }, label, wait_lock, comm);
+    });
   }
   // Polls `query` (a stream or event) until done; meanwhile the communicator's asynchronous error
   // (a dead peer) and the timeout end the wait with an error instead of a hang. `lock` holds
   // mutex_, released while sleeping so the watchdog can run.
   template <class Query>
-  void wait_until(Query query, const std::string& label, std::unique_lock<std::mutex>& lock) {
+  void wait_until(Query query, const std::string& label, std::unique_lock<std::mutex>& lock, ncclComm_t c = nullptr) {
     const NcclApi& api = *options_.api;
     const auto deadline = std::chrono::steady_clock::now() + timeout();
     for (auto pause = std::chrono::microseconds(5);; pause = std::min(pause * 2, std::chrono::microseconds(1000))) {
@@ -608,7 +729,7 @@ class NcclCommunicator final : public Communicator {
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) cuda(q, "cudaStreamQuery/cudaEventQuery");
       ncclResult_t state = ncclSuccess;
-      nccl(api.comm_get_async_error(comm_, &state), "ncclCommGetAsyncError");
+      nccl(api.comm_get_async_error(c ? c : comm_, &state), "ncclCommGetAsyncError");
       if (state != ncclSuccess && state != ncclInProgress) nccl(state, label.c_str());
       if (std::chrono::steady_clock::now() > deadline) {
         abort();
@@ -640,6 +761,7 @@ class NcclCommunicator final : public Communicator {
     std::shared_ptr<CUevent_st> event;
     std::string label;
     std::chrono::steady_clock::time_point since;
+    ncclComm_t comm;  ///< the communicator it runs on (ours, or a point-to-point one)
   };
   static constexpr std::chrono::milliseconds watchdog_period{20};
 
@@ -657,6 +779,7 @@ class NcclCommunicator final : public Communicator {
   void* recv_ = nullptr;
   std::size_t send_bytes_ = 0, recv_bytes_ = 0;
   bool aborted_ = false;
+  std::map<std::pair<int, int>, PairComm> pair_comms_;  ///< (from, to): point-to-point communicators, see p2p_send
   std::string prefix_;  ///< store key prefix of this instance: accel/nccl/<name>/<generation>/
   std::uint64_t generation_ = 0;  ///< this instance's number among communicators of its name (0 for a group's)
 #endif
@@ -664,8 +787,7 @@ class NcclCommunicator final : public Communicator {
   NcclCommOptions options_;
   int device_;
   std::vector<int> members_;  ///< a group's: the job rank of each rank (empty: the job's ranks)
-  std::mutex p2p_mutex_;           ///< guards store_p2p_
-  std::mutex p2p_transfer_mutex_;  ///< one point-to-point GPU transfer at a time
+  std::mutex p2p_mutex_;  ///< guards store_p2p_
   std::unique_ptr<detail::StoreP2p> store_p2p_;
 };
 

@@ -74,7 +74,10 @@ P2pDescriptor object_descriptor(std::uint64_t bytes) {
 /// @name Point-to-point
 /// Element types of the span forms: those of the buffer collectives (int8/uint8/int32/uint32/
 /// int64/uint64, float, double, accel::half, accel::bfloat16); host memory on the CPU backend,
-/// device memory under NCCL. Pass spans: `accel::send(comm, std::span(v), 1)`.
+/// device memory under NCCL. Pass spans: `accel::send(comm, std::span(v), 1)`. Under NCCL the
+/// stream-less span forms run on the communicator's own streams (one per direction) and have
+/// finished when they return (the *_async forms: when wait() returns); the forms taking a
+/// `cudaStream_t` enqueue on it instead (CUDA builds).
 ///@{
 
 /// @brief Sends `data` to rank `dst`, which receives it with recv() into a span of the same
@@ -146,6 +149,73 @@ T recv_object(Communicator& comm, int src) {
   detail::out_of_memory_as_error(comm, bytes.size(), src, [&] { out.emplace(from_bytes<T>(bytes, src)); });
   return std::move(*out);
 }
+
+#if ACCEL_HAS_CUDA()
+namespace detail {
+// The stream a point-to-point call hands its backend: a device backend's (NCCL) own queue for it;
+// host backends have none, so the stream's earlier work is waited for instead.
+inline void* p2p_stream(Communicator& comm, cudaStream_t stream) {
+  if (comm.device_buffers()) return static_cast<void*>(stream);
+  ACCEL_CUDA_TRY(cudaStreamSynchronize(stream));
+  return nullptr;
+}
+}  // namespace detail
+
+/// @brief The stream-ordered forms (CUDA builds). Under NCCL: the descriptors are checked with
+/// the peer first (on the host, so the call blocks until the peer has called its side), then
+/// ncclSend / ncclRecv is enqueued on `stream` and the call returns without waiting for it; the
+/// *_async forms return at once, and their wait() blocks until the transfer has finished. On
+/// host backends `stream` is synchronised first and the call behaves as the stream-less one.
+/// @note stream order is the caller's: a send and a receive between the same two ranks on one
+///       stream run one after the other, so give each direction its own stream when both may be
+///       in flight at once (the stream-less forms do so themselves)
+/// @throws as send(Communicator&, std::span<T>, int); cuda_error when synchronising `stream` fails
+template <class T>
+void send(Communicator& comm, std::span<T> data, int dst, cudaStream_t stream) {
+  comm.send_message(dst, detail::buffer_descriptor<T>(data.size()), Payload(std::as_bytes(data)), detail::p2p_stream(comm, stream));
+}
+/// @copydoc send(Communicator&, std::span<T>, int, cudaStream_t)
+template <class T>
+CollectiveHandle send_async(Communicator& comm, std::span<T> data, int dst, cudaStream_t stream) {
+  return comm.send_message_async(dst, detail::buffer_descriptor<T>(data.size()), Payload(std::as_bytes(data)),
+                                 detail::p2p_stream(comm, stream));
+}
+/// @copydoc send(Communicator&, std::span<T>, int, cudaStream_t)
+template <class T>
+void recv(Communicator& comm, std::span<T> data, int src, cudaStream_t stream) {
+  static_assert(!std::is_const_v<T>, "accel::recv writes into its span: pass a span of non-const elements");
+  comm.recv_message(src, detail::buffer_descriptor<T>(data.size()), [&](std::uint64_t) { return reinterpret_cast<std::byte*>(data.data()); },
+                    detail::p2p_stream(comm, stream));
+}
+/// @copydoc send(Communicator&, std::span<T>, int, cudaStream_t)
+template <class T>
+CollectiveHandle recv_async(Communicator& comm, std::span<T> data, int src, cudaStream_t stream) {
+  static_assert(!std::is_const_v<T>, "accel::recv_async writes into its span: pass a span of non-const elements");
+  return comm.recv_message_async(src, detail::buffer_descriptor<T>(data.size()),
+                                 [data](std::uint64_t) { return reinterpret_cast<std::byte*>(data.data()); },
+                                 detail::p2p_stream(comm, stream));
+}
+/// @copydoc send(Communicator&, std::span<T>, int, cudaStream_t)
+template <class T>
+void send(DistributedState& state, std::span<T> data, int dst, cudaStream_t stream) {
+  send(communicator(state), data, dst, stream);
+}
+/// @copydoc send(Communicator&, std::span<T>, int, cudaStream_t)
+template <class T>
+CollectiveHandle send_async(DistributedState& state, std::span<T> data, int dst, cudaStream_t stream) {
+  return send_async(communicator(state), data, dst, stream);
+}
+/// @copydoc send(Communicator&, std::span<T>, int, cudaStream_t)
+template <class T>
+void recv(DistributedState& state, std::span<T> data, int src, cudaStream_t stream) {
+  recv(communicator(state), data, src, stream);
+}
+/// @copydoc send(Communicator&, std::span<T>, int, cudaStream_t)
+template <class T>
+CollectiveHandle recv_async(DistributedState& state, std::span<T> data, int src, cudaStream_t stream) {
+  return recv_async(communicator(state), data, src, stream);
+}
+#endif
 
 /// @copydoc send(Communicator&, std::span<T>, int)
 template <class T>
