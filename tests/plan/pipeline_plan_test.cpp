@@ -268,7 +268,7 @@ TEST_CASE("split_stages: the slowest stage is the brute-force optimum, on both s
       }
     };
     search(search, 1);
-    for (const std::size_t limit : {std::size_t{0}, accel::detail::stage_split_exact_limit}) {
+    for (const std::size_t limit : {std::size_t{0}, accel::detail::split_stages_exact_limit}) {
       const auto got = accel::detail::split_stages(n, S, cost, limit);
       INFO("exact limit " << limit << ", n " << n << ", S " << S);
       REQUIRE(got.size() == S + 1);

@@ -34,7 +34,7 @@
 #include <accel/plan/objective.hpp>
 #include <accel/plan/plan_options.hpp>
 #include <accel/plan/planner.hpp>
-#include <accel/plan/detail/stage_split.hpp>
+#include <accel/plan/detail/contiguous_split.hpp>
 #include <accel/plan/detail/stage_units.hpp>
 
 ACCEL_NAMESPACE_BEGIN

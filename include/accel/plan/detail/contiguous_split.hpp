@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // SPDX-FileCopyrightText: accel contributors
-// Contiguous splits of a sequence into stages that minimise the slowest stage (plan_pipeline's
-// search): pure arithmetic over a cost callback, no model types.
+// The search behind plan_pipeline's split: contiguous splits of a sequence into stages that
+// minimise the slowest stage, pure arithmetic over a cost callback, no model types. (A split once
+// placed and timed is a StageSplit, in pipeline_plan.hpp; the units and their costs are in
+// stage_units.hpp.)
 #pragma once
 
 #include <algorithm>
@@ -19,7 +21,7 @@ namespace detail {
 
 // Above this many units the quadratic search for the most even of the optimal splits is skipped
 // (the min-max itself is exact at any size).
-inline constexpr std::size_t stage_split_exact_limit = 1500;
+inline constexpr std::size_t split_stages_exact_limit = 1500;
 
 // Whether units [0, n) split into `stages` non-empty ranges with every stage cost at most `limit`;
 // with `from`, from[k][j] is where stage k starts when it ends at j. With costs that do not
@@ -56,7 +58,7 @@ bool stages_within(std::size_t n, std::size_t stages, const Cost& cost, double l
 // split has an infinite stage.
 template <class Cost>
 std::vector<std::size_t> split_stages(std::size_t n, std::size_t stages, const Cost& cost,
-                                      std::size_t exact_limit = stage_split_exact_limit) {
+                                      std::size_t exact_limit = split_stages_exact_limit) {
   constexpr double inf = std::numeric_limits<double>::infinity();
   if (stages < 1 || stages > n) return {};
   // Non-negative doubles order as their bit patterns do: bisect those for the least feasible limit.
