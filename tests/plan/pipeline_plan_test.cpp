@@ -283,3 +283,26 @@ TEST_CASE("split_stages: the slowest stage is the brute-force optimum, on both s
   CHECK(accel::detail::split_stages(3, 4, [](auto, auto, auto) { return 1.0; }).empty());
   CHECK(accel::detail::split_stages(3, 2, [](auto, auto, auto) { return std::numeric_limits<double>::infinity(); }).empty());
 }
+
+TEST_CASE("split_stages: above the exact limit the split is as even as below it", "[plan][pipeline]") {
+  // One heavy unit, then 1999 light ones: the heavy one is a stage alone (it sets the slowest
+  // stage), and the light ones share the other three stages evenly.
+  constexpr std::size_t n = 2000;
+  static_assert(n > accel::detail::split_stages_exact_limit);
+  std::vector<double> prefix(n + 1, 0);
+  for (std::size_t u = 0; u < n; ++u) prefix[u + 1] = prefix[u] + (u == 0 ? 10000.0 : 1.0);
+  const auto cost = [&](std::size_t, std::size_t i, std::size_t j) { return prefix[j] - prefix[i]; };
+  const std::vector<std::size_t> even = {0, 1, 667, 1333, 2000};
+  CHECK(accel::detail::split_stages(n, 4, cost) == even);
+  CHECK(accel::detail::split_stages(n, 4, cost, n) == even);  // the exact search agrees
+  // Random additive costs of a few hundred units: both searches give the same split.
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 20; ++trial) {
+    const std::size_t m = 50 + rng() % 250, S = 1 + rng() % 12;
+    std::vector<double> p(m + 1, 0);
+    for (std::size_t u = 0; u < m; ++u) p[u + 1] = p[u] + static_cast<double>(rng() % (trial % 2 ? 1000 : 4));
+    const auto c = [&](std::size_t, std::size_t i, std::size_t j) { return p[j] - p[i]; };
+    INFO("trial " << trial << ", m " << m << ", S " << S);
+    CHECK(accel::detail::split_stages(m, S, c, 0) == accel::detail::split_stages(m, S, c, m));
+  }
+}
