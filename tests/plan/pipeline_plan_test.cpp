@@ -339,3 +339,27 @@ TEST_CASE("split_stages: above the exact limit the split is as even as below it"
     CHECK(accel::detail::split_stages(m, S, c, 0) == accel::detail::split_stages(m, S, c, m));
   }
 }
+
+TEST_CASE("StageUnits: a unit holding two names of a tie counts the tied tensor once in its largest size", "[plan][pipeline]") {
+  // Block a holds a.w and its alias a.v, tied to b.w in block b; c is as large as the tie (1 KiB).
+  accel::ModuleTree t;
+  t.add_module("a", "Block");
+  t.add_parameter("a.w", DType::F32, {256});
+  t.add_alias("a.v", "a.w");
+  t.add_module("c", "Block");
+  t.add_parameter("c.w", DType::F32, {256});
+  t.add_module("b", "Block");
+  t.add_alias("b.w", "a.w");
+  const auto opts = options();
+  const auto sizes = accel::compute_module_sizes(t, accel::size_options(opts));
+  const accel::detail::StageUnits units(t, sizes, opts);
+  REQUIRE(units.size() == 3);
+  CHECK(units.units()[0].largest == 1024);
+  const auto ac = units.load(0, 2);
+  CHECK(ac.bytes == 2048);
+  CHECK(ac.largest == 1024);
+  // 1.5 KiB of GPU keeps room for one 1 KiB unit, 1.5 KiB of cpu takes the rest: the stage fits
+  // (with the tie counted twice the reserve took the whole GPU and the stage needed a disk).
+  const auto c = accel::detail::stage_capacity(accel::parse_max_memory("0=1536,cpu=1536,disk=0"), 1.0);
+  CHECK(accel::detail::estimate_stage_seconds(ac, c, opts.bandwidths, 2e12, 5e10, 1) < std::numeric_limits<double>::infinity());
+}

@@ -105,7 +105,11 @@ class StageUnits {
       if (std::all_of(g.units.begin(), g.units.end(), [&](auto u) { return u == g.units.front(); })) continue;
       g.bytes = sizes.tensor[ix.canonical[group.front()]];
       for (auto t : group) across[t] = true;
-      for (auto u : g.units) units_[u].largest += g.bytes;
+      // Once per unit: a unit holding two names of the tie holds the tensor once.
+      std::vector<std::size_t> holders = g.units;
+      std::sort(holders.begin(), holders.end());
+      holders.erase(std::unique(holders.begin(), holders.end()), holders.end());
+      for (auto u : holders) units_[u].largest += g.bytes;
       // Sorted by unit for the range tests; names and flags follow.
       std::vector<std::size_t> order(g.units.size());
       for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
