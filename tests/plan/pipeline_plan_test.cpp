@@ -363,3 +363,28 @@ TEST_CASE("StageUnits: a unit holding two names of a tie counts the tied tensor 
   const auto c = accel::detail::stage_capacity(accel::parse_max_memory("0=1536,cpu=1536,disk=0"), 1.0);
   CHECK(accel::detail::estimate_stage_seconds(ac, c, opts.bandwidths, 2e12, 5e10, 1) < std::numeric_limits<double>::infinity());
 }
+
+TEST_CASE("plan_pipeline: read and streaming rates must be positive and finite", "[plan][pipeline]") {
+  const auto tree = llama({.layers = 3});
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (const double bad : {0.0, -1e9, nan, inf}) {
+    INFO("rate " << bad);
+    accel::PipelineOptions p{.stages = 2};
+    p.gpu_read = bad;
+    CHECK_THROWS_WITH(accel::plan_pipeline(tree, options(), p),
+                      Catch::Matchers::StartsWith("[accel.usage] plan_pipeline: PipelineOptions::gpu_read is ") &&
+                          Catch::Matchers::EndsWith(" bytes/s; give a positive, finite rate (bytes/s)"));
+    p = {.stages = 2};
+    p.cpu_read = bad;
+    CHECK_THROWS_WITH(accel::plan_pipeline(tree, options(), p),
+                      Catch::Matchers::StartsWith("[accel.usage] plan_pipeline: PipelineOptions::cpu_read is "));
+    auto o = options();
+    o.bandwidths.host_to_device = bad;
+    CHECK_THROWS_WITH(accel::plan_pipeline(tree, o, {.stages = 2}),
+                      Catch::Matchers::StartsWith("[accel.usage] plan_pipeline: PlanOptions::bandwidths.host_to_device is "));
+    o = options();
+    o.bandwidths.disk_read = bad;
+    CHECK_THROWS_WITH(accel::plan_pipeline(tree, o, {.stages = 2}),
+                      Catch::Matchers::StartsWith("[accel.usage] plan_pipeline: PlanOptions::bandwidths.disk_read is "));
+  }
+}

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -259,8 +260,9 @@ inline StageSplit judge_split(std::vector<std::size_t> bounds, const std::vector
 /// @param opts the planner's options (no-split rules, dtype, objective, bandwidths, reserve layers);
 ///        its max_memory are every stage's budgets unless pipeline.stage_budgets gives them
 /// @return the stages, their maps and times, the imbalance and the baseline's
-/// @throws accel::usage_error for fewer than 1 stage, more stages than units, or stage_budgets
-///         neither empty nor one per stage; accel::planning_error when no split fits the budgets
+/// @throws accel::usage_error for fewer than 1 stage, more stages than units, stage_budgets
+///         neither empty nor one per stage, or a read or streaming rate (gpu_read, cpu_read,
+///         opts.bandwidths) not positive and finite; accel::planning_error when no split fits the budgets
 ///         (naming a stage and what it needs) or a stage fits none of its process's devices (naming it)
 /// @note pure: the same inputs give the same plan on every rank, with no communication
 /// @code
@@ -278,6 +280,14 @@ inline StageSplit judge_split(std::vector<std::size_t> bounds, const std::vector
   if (!pipeline.stage_budgets.empty() && pipeline.stage_budgets.size() != S)
     detail::throw_error<usage_error>("plan_pipeline: ", pipeline.stage_budgets.size(), " stage budgets for ", S,
                                      " stages; give one per stage, or none to use max_memory for every stage");
+  // A rate of 0, below 0 or not finite would make every stage's time NaN or infinite, which the
+  // search would report as budgets no split fits.
+  for (const auto& [name, rate] : {std::pair{"PipelineOptions::gpu_read", pipeline.gpu_read},
+                                   std::pair{"PipelineOptions::cpu_read", pipeline.cpu_read},
+                                   std::pair{"PlanOptions::bandwidths.host_to_device", opts.bandwidths.host_to_device},
+                                   std::pair{"PlanOptions::bandwidths.disk_read", opts.bandwidths.disk_read}})
+    if (!std::isfinite(rate) || rate <= 0)
+      detail::throw_error<usage_error>("plan_pipeline: ", name, " is ", rate, " bytes/s; give a positive, finite rate (bytes/s)");
   const std::vector<MaxMemory> budgets = pipeline.stage_budgets.empty() ? std::vector<MaxMemory>(S, opts.max_memory)
                                                                         : pipeline.stage_budgets;
   const detail::StageUnits units(tree, sizes, opts);
