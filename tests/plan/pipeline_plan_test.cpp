@@ -221,7 +221,7 @@ TEST_CASE("plan_pipeline: errors name what is wrong", "[plan][pipeline]") {
   CHECK_THROWS_WITH(accel::plan_pipeline(tree, options(), {.stages = 2, .stage_budgets = {accel::MaxMemory{}}}),
                     "[accel.usage] plan_pipeline: 1 stage budgets for 2 stages; give one per stage, or none to use "
                     "max_memory for every stage");
-  // 2 KiB GPU, 1 KiB cpu, no disk per process: the model (8.03 KiB) fits no split into 2.
+  // 2 KiB GPU, 1 KiB cpu, no disk per process: the model (7.03 KiB) fits no split into 2.
   CHECK_THROWS_WITH(accel::plan_pipeline(tree, options("0=2KiB,cpu=1KiB,disk=0"), {.stages = 2}),
                     Catch::Matchers::StartsWith("[accel.planning] no split into 2 stages fits the budgets: split by parameter "
                                                 "count, stage 0 (model.embed_tokens .. model.layers.1, 3 units) needs 4.00 KiB "
@@ -387,4 +387,28 @@ TEST_CASE("plan_pipeline: read and streaming rates must be positive and finite",
     CHECK_THROWS_WITH(accel::plan_pipeline(tree, o, {.stages = 2}),
                       Catch::Matchers::StartsWith("[accel.usage] plan_pipeline: PlanOptions::bandwidths.disk_read is "));
   }
+}
+
+TEST_CASE("plan_pipeline: no split fits: the message counts the reserves, and names a unit no process holds", "[plan][pipeline]") {
+  const auto tree = llama({.layers = 3});  // embed 2 KiB, 3 layers of 1 KiB, norm 32 B, head 2 KiB
+  // 3 KiB of GPU, 1.5 KiB of cpu, no disk: 4.5 KiB per process, more than stage 0's 4 KiB, but
+  // spilling the GPU keeps 2 KiB free to run the embedding from, and cpu 1.5 KiB as some would
+  // go to disk.
+  CHECK_THROWS_WITH(accel::plan_pipeline(tree, options("0=3KiB,cpu=1536,disk=0"), {.stages = 2}),
+                    "[accel.planning] no split into 2 stages fits the budgets: split by parameter count, stage 0 "
+                    "(model.embed_tokens .. model.layers.1, 3 units) needs 4.00 KiB but its process holds 3.00 KiB on GPUs, "
+                    "1.50 KiB on cpu and 0 B on disk (0=3.00 KiB, cpu=1.50 KiB, disk=0 B); spilling, it keeps 2.00 KiB of the "
+                    "GPUs free for its largest unit (model.embed_tokens, 2.00 KiB) to run from and 1.50 KiB of cpu free for its "
+                    "largest unit (model.embed_tokens) as some goes to disk, which leaves room for 1.00 KiB; the "
+                    "whole model is 7.03 KiB: raise the budgets (a disk budget, more cpu) or use more stages");
+  // A 1 KiB GPU and 512 B of cpu hold no 2 KiB embedding, in any number of stages.
+  for (const int S : {2, 6})
+    CHECK_THROWS_WITH(accel::plan_pipeline(tree, options("0=1KiB,cpu=512,disk=0"), {.stages = S}),
+                      Catch::Matchers::EndsWith("stages fits the budgets: unit model.embed_tokens (2.00 KiB) fits no stage's "
+                                                "process on its own: needs 2.00 KiB but its process holds 1.00 KiB on GPUs, 512 B "
+                                                "on cpu and 0 B on disk (0=1.00 KiB, cpu=512 B, disk=0 B); spilling, it keeps "
+                                                "1.00 KiB of the GPUs free for its largest unit (model.embed_tokens, 2.00 KiB) to "
+                                                "run from and 512 B of cpu free for its largest unit (model.embed_tokens) as some "
+                                                "goes to disk, which leaves room for 0 B; raise the budgets (more "
+                                                "stages cannot help)"));
 }

@@ -124,9 +124,11 @@ TEST_CASE("accel plan --stages: errors say what to give instead", "[cli][plan][s
         "plan_pipeline: 10 stages, but the model has only 9 units a stage boundary may fall between");
   fails("--replicas 2 --max-memory 0=1MiB", 2, "--replicas gives the replicas of a pipeline; give its stages too (--stages S)");
   fails("--stages 2 --max-memory 0=1MiB --json-report", 2, "with --stages use --json");
-  fails("--stages 2 --max-memory 0=1KiB,cpu=1KiB,disk=0", 5,
+  fails("--stages 2 --max-memory 0=2KiB,cpu=1KiB,disk=0", 5,
         "no split into 2 stages fits the budgets: split by parameter count, stage 0 (model.embed_tokens .. model.layers.2, 4 units) "
-        "needs 5.00 KiB but its process holds 1.00 KiB on GPUs, 1.00 KiB on cpu and 0 B on disk");
+        "needs 5.00 KiB but its process holds 2.00 KiB on GPUs, 1.00 KiB on cpu and 0 B on disk");
+  fails("--stages 2 --max-memory 0=1KiB,cpu=1KiB,disk=0", 5,
+        "no split into 2 stages fits the budgets: unit model.embed_tokens (2.00 KiB) fits no stage's process on its own: ");
   fails("--stages 2 --simulate-gpus 8GiB,8GiB,8GiB --gpus_per_process 1 --process 2", 2,
         "--process 2 holds no rank: 2 stages x 1 replica make 2 ranks, held by local processes 0 to 1");
   fails("--stages 2 --simulate-gpus 8GiB,8GiB --gpus_per_process 1 --process 2", 2, "--process 2 is out of range");

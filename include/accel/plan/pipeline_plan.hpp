@@ -176,6 +176,31 @@ inline std::string describe_units(const StageUnits& units, std::size_t i, std::s
   return concat(u[i].name, i + 1 < j ? " .. " + u[j - 1].name : std::string(), ", ", text::plural(static_cast<long long>(j - i), "unit"));
 }
 
+// "needs X but its process holds G on GPUs, C on cpu and D on disk (budgets)", and what the
+// planner keeps free of those when the stage spills (estimate_stage_seconds' reserves), so the
+// numbers add up.
+inline std::string describe_fit(const StageUnits& units, std::size_t i, std::size_t j, const StageCapacity& c, const MaxMemory& budgets,
+                                std::uint32_t reserve_layers) {
+  const auto r = units.load(i, j);
+  const auto f = stage_fit(r, c, reserve_layers);
+  std::string s = concat("needs ", text::format_bytes(r.bytes), " but its process holds ", text::format_bytes(c.gpu), " on GPUs, ",
+                         c.cpu ? text::format_bytes(*c.cpu) : std::string("nothing"), " on cpu and ",
+                         c.disk ? text::format_bytes(*c.disk) : std::string("no limit"), " on disk (", budgets.to_string(), ")");
+  if (f.gpu_reserve == 0 && f.cpu_reserve == 0) return s;
+  std::size_t big = i;  // the largest unit (with its tied tensors)
+  for (std::size_t u = i; u < j; ++u)
+    if (units.units()[u].largest > units.units()[big].largest) big = u;
+  const std::string which = concat(reserve_layers > 1 ? concat(reserve_layers, " x ") : std::string(), "its largest unit (",
+                                   units.units()[big].name, ", ", text::format_bytes(r.largest), ")");
+  s += "; spilling, it keeps ";
+  if (f.gpu_reserve) s += concat(text::format_bytes(f.gpu_reserve), " of the GPUs free for ", which, " to run from");
+  if (f.cpu_reserve)
+    s += concat(f.gpu_reserve ? " and " : "", text::format_bytes(f.cpu_reserve), " of cpu free for its largest unit (",
+                units.units()[big].name, ") as some goes to disk");
+  const std::uint64_t room = c.gpu - f.gpu_reserve + c.cpu.value_or(0) - f.cpu_reserve + c.disk.value_or(0);
+  return s + concat(", which leaves room for ", text::format_bytes(room));
+}
+
 // Places every stage of `bounds` on its process; throws planning_error naming the stage that does not fit.
 inline std::vector<PipelineStage> place_stages(const ModuleTree& tree, const StageUnits& units, const std::vector<std::size_t>& bounds,
                                                const std::vector<MaxMemory>& budgets, const PlanOptions& opts,
@@ -263,7 +288,9 @@ inline StageSplit judge_split(std::vector<std::size_t> bounds, const std::vector
 /// @throws accel::usage_error for fewer than 1 stage, more stages than units, stage_budgets
 ///         neither empty nor one per stage, or a read or streaming rate (gpu_read, cpu_read,
 ///         opts.bandwidths) not positive and finite; accel::planning_error when no split fits the budgets
-///         (naming a stage and what it needs) or a stage fits none of its process's devices (naming it)
+///         (naming a unit no process holds on its own, else a stage, what it needs, what its process
+///         holds and keeps free for its largest unit) or a stage fits none of its process's devices
+///         (naming it)
 /// @note pure: the same inputs give the same plan on every rank, with no communication
 /// @code
 /// accel::PlanOptions opts;
@@ -307,17 +334,24 @@ inline StageSplit judge_split(std::vector<std::size_t> bounds, const std::vector
   });
   const auto by_time = detail::split_stages(units.size(), S, estimate);
   if (by_time.empty()) {
+    // A unit no stage's process holds on its own: more stages cannot help.
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      bool anywhere = false;
+      for (std::size_t k = 0; k < S && !anywhere; ++k) anywhere = estimate(k, u, u + 1) < std::numeric_limits<double>::infinity();
+      if (anywhere) continue;
+      detail::throw_error<planning_error>("no split into ", S, " stages fits the budgets: unit ", units.units()[u].name, " (",
+                                          text::format_bytes(units.load(u, u + 1).bytes), ") fits no stage's process on its own: ",
+                                          detail::describe_fit(units, u, u + 1, capacity[0], budgets[0], opts.gpu_reserve_layers),
+                                          "; raise the budgets (more stages cannot help)");
+    }
     // Every split has a stage its process cannot hold: name one (the parameter split's first).
     for (std::size_t k = 0; k < S; ++k) {
       const auto i = by_params[k], j = by_params[k + 1];
       if (estimate(k, i, j) < std::numeric_limits<double>::infinity()) continue;
-      const auto& c = capacity[k];
       detail::throw_error<planning_error>(
           "no split into ", S, " stages fits the budgets: split by parameter count, stage ", k, " (",
-          detail::describe_units(units, i, j), ") needs ", text::format_bytes(units.load(i, j).bytes), " but its process holds ",
-          text::format_bytes(c.gpu), " on GPUs, ", c.cpu ? text::format_bytes(*c.cpu) : std::string("nothing"), " on cpu and ",
-          c.disk ? text::format_bytes(*c.disk) : std::string("no limit"), " on disk (", budgets[k].to_string(),
-          "); the whole model is ", text::format_bytes(units.load(0, units.size()).bytes),
+          detail::describe_units(units, i, j), ") ", detail::describe_fit(units, i, j, capacity[k], budgets[k], opts.gpu_reserve_layers),
+          "; the whole model is ", text::format_bytes(units.load(0, units.size()).bytes),
           ": raise the budgets (a disk budget, more cpu) or use more stages");
     }
   }

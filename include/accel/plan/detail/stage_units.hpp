@@ -206,33 +206,49 @@ inline StageCapacity stage_capacity(const MaxMemory& budgets, double scale) {
   return c;
 }
 
-// The estimated seconds of a stage holding `r` on a process offering `c`, before any placement:
-// what fits the GPUs is read there; past them the GPUs keep room for `reserve_layers` of the
-// largest unit, row-read embeddings leave first (they cost nothing anywhere), then cpu before
-// disk, each streamed byte at its rate (as streaming_cost counts it). A process without GPUs reads
-// its weights from host memory. Infinite when the process cannot hold the stage.
-inline double estimate_stage_seconds(const RangeLoad& r, const StageCapacity& c, const Bandwidths& bw, double gpu_read,
-                                     double cpu_read, std::uint32_t reserve_layers) {
-  constexpr double inf = std::numeric_limits<double>::infinity();
-  const auto d = [](std::uint64_t v) { return static_cast<double>(v); };
-  const std::uint64_t row_read = r.bytes - r.read;
+// How a stage holding `r` fits a process offering `c`, as the planner places it: past its GPUs
+// the GPUs keep room for `reserve_layers` of the largest unit (to run it from), the rest goes off
+// them; cpu keeps room for the largest unit when some goes to disk (the planner's cpu reserve). A
+// process without GPUs holds its weights in host memory, the rest on disk.
+struct StageFit {
+  std::uint64_t gpu_reserve = 0;  // GPU bytes kept free for the largest unit (0: the stage fits its GPUs)
+  std::uint64_t off_gpu = 0;      // bytes off the GPUs (on cpu or disk)
+  std::uint64_t cpu_reserve = 0;  // cpu bytes kept free for the largest unit (some go to disk)
+  std::uint64_t to_disk = 0;      // bytes on disk
+  bool fits = true;               // to_disk within the disk budget
+};
+
+inline StageFit stage_fit(const RangeLoad& r, const StageCapacity& c, std::uint32_t reserve_layers) {
+  StageFit f;
   const std::uint64_t cpu = c.cpu.value_or(0);
   if (c.gpu == 0) {
-    const std::uint64_t off = r.bytes > cpu ? r.bytes - cpu : 0;  // to disk
-    if (c.disk && off > *c.disk) return inf;
-    const std::uint64_t from_disk = off > row_read ? off - row_read : 0;
-    return d(r.read - from_disk) / cpu_read + d(from_disk) / bw.disk_read;
+    f.off_gpu = r.bytes;
+    f.to_disk = r.bytes > cpu ? r.bytes - cpu : 0;
+  } else if (r.bytes > c.gpu) {
+    f.gpu_reserve = std::min(c.gpu, r.largest * std::max<std::uint32_t>(reserve_layers, 1));
+    f.off_gpu = r.bytes - (c.gpu - f.gpu_reserve);
+    if (f.off_gpu > cpu) f.cpu_reserve = std::min(cpu, r.largest);
+    const std::uint64_t cpu_room = cpu - f.cpu_reserve;
+    f.to_disk = f.off_gpu > cpu_room ? f.off_gpu - cpu_room : 0;
   }
-  if (r.bytes <= c.gpu) return d(r.read) / gpu_read;
-  const std::uint64_t reserve = r.largest * std::max<std::uint32_t>(reserve_layers, 1);
-  const std::uint64_t on_gpu = c.gpu > reserve ? c.gpu - reserve : 0;
-  const std::uint64_t off = r.bytes > on_gpu ? r.bytes - on_gpu : 0;
-  // cpu keeps room for the largest unit when some go to disk (the planner's cpu reserve).
-  const std::uint64_t cpu_room = off > cpu ? (cpu > r.largest ? cpu - r.largest : 0) : cpu;
-  const std::uint64_t to_disk = off > cpu_room ? off - cpu_room : 0;
-  if (c.disk && to_disk > *c.disk) return inf;
-  const std::uint64_t streamed = off > row_read ? off - row_read : 0;
-  const std::uint64_t from_disk = to_disk > row_read ? to_disk - row_read : 0;  // row-read ones go to disk first
+  f.fits = !c.disk || f.to_disk <= *c.disk;
+  return f;
+}
+
+// The estimated seconds of a stage holding `r` on a process offering `c`, before any placement,
+// placed as stage_fit places it: what stays on the GPUs is read there, row-read embeddings leave
+// them first (they cost nothing anywhere), then cpu before disk, each streamed byte at its rate (as
+// streaming_cost counts it). A process without GPUs reads its weights from host memory. Infinite
+// when the process cannot hold the stage.
+inline double estimate_stage_seconds(const RangeLoad& r, const StageCapacity& c, const Bandwidths& bw, double gpu_read,
+                                     double cpu_read, std::uint32_t reserve_layers) {
+  const auto d = [](std::uint64_t v) { return static_cast<double>(v); };
+  const auto f = stage_fit(r, c, reserve_layers);
+  if (!f.fits) return std::numeric_limits<double>::infinity();
+  const std::uint64_t row_read = r.bytes - r.read;
+  const std::uint64_t from_disk = f.to_disk > row_read ? f.to_disk - row_read : 0;  // row-read ones go to disk first
+  if (c.gpu == 0) return d(r.read - from_disk) / cpu_read + d(from_disk) / bw.disk_read;
+  const std::uint64_t streamed = f.off_gpu > row_read ? f.off_gpu - row_read : 0;
   const std::uint64_t from_cpu = streamed - std::min(streamed, from_disk);
   return d(r.read - std::min(r.read, streamed)) / gpu_read + d(from_cpu) / bw.host_to_device +
          d(from_disk) * (1 / bw.disk_read + 1 / bw.host_to_device);
