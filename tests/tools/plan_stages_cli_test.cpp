@@ -122,6 +122,10 @@ TEST_CASE("accel plan --stages: errors say what to give instead", "[cli][plan][s
   fails("--stages 0 --max-memory 0=1MiB", 2, "--stages '0' is not a positive integer");
   fails("--stages 10 --max-memory 0=1MiB", 2,
         "plan_pipeline: 10 stages, but the model has only 9 units a stage boundary may fall between");
+  // Each allows 65536, their product overflows an int: refused before any rank is numbered.
+  fails("--stages 65536 --replicas 65536 --max-memory 0=1MiB", 2,
+        "plan: 65536 stages x 65536 replicas make 4294967296 ranks, more than accel launch starts (65536); give fewer stages or replicas");
+  fails("--stages 257 --replicas 256 --simulate-gpus 8GiB", 2, "plan: 257 stages x 256 replicas make 65792 ranks, more than");
   fails("--replicas 2 --max-memory 0=1MiB", 2, "--replicas gives the replicas of a pipeline; give its stages too (--stages S)");
   fails("--stages 2 --max-memory 0=1MiB --json-report", 2, "with --stages use --json");
   fails("--stages 2 --max-memory 0=2KiB,cpu=1KiB,disk=0", 5,

@@ -295,6 +295,10 @@ inline int run_plan(std::span<char*> argv) {
   if (staged) {
     layout.stages = *a.integer("stages");
     layout.replicas = a.integer("replicas").value_or(1);
+    if (const long long ranks = static_cast<long long>(layout.stages) * layout.replicas; ranks > max_pipeline_ranks)
+      throw accel::usage_error(accel::detail::concat("plan: ", layout.stages, " stages x ", layout.replicas, " replicas make ", ranks,
+                                                     " ranks, more than accel launch starts (", max_pipeline_ranks,
+                                                     "); give fewer stages or replicas"));
     layout.gpus_per_process = group ? group->gpus_per_process : 1;
     layout.local_processes = gpus.empty() ? layout.ranks() : static_cast<int>(gpus.size()) / layout.gpus_per_process;
     if (group && group->process >= layout.ranks())

@@ -36,6 +36,10 @@ inline constexpr OptionSpec replicas_option = {
     "replicas", OptionKind::integer, "R",
     "with --stages: R replicas of the S stages (ranks = R*S, rank = replica*S + stage, as grid_groups numbers them)", false, 1, 65536};
 
+/// The most ranks S stages x R replicas may make: accel launch's --num-processes limit (each
+/// option alone allows as many, so their product is checked before any rank number is computed).
+inline constexpr long long max_pipeline_ranks = 65536;
+
 /// Where the stages' processes are: S stages x R replicas, K GPUs each, P local processes on this
 /// machine (rank r is local process r % P: every machine alike).
 struct StageLayout {
