@@ -211,11 +211,16 @@ inline std::vector<accel::DeviceBudgetInfo> group_gpus(const std::vector<accel::
   return out;
 }
 
-inline accel::MaxMemory measured_budgets(const std::vector<accel::DeviceBudgetInfo>& gpus) {
+// The available RAM the measured budgets share (0 when unreadable but GPUs are visible).
+inline std::uint64_t measured_ram(const std::vector<accel::DeviceBudgetInfo>& gpus) {
   const auto ram = accel::read_available_ram();
   if (!ram && gpus.empty())
     throw accel::unavailable_error("cannot measure available RAM and no GPU is visible; pass --max-memory");
-  return accel::default_max_memory(gpus, ram.value_or(0));
+  return ram.value_or(0);
+}
+
+inline accel::MaxMemory measured_budgets(const std::vector<accel::DeviceBudgetInfo>& gpus) {
+  return accel::default_max_memory(gpus, measured_ram(gpus));
 }
 
 // `accel plan --list-architectures [--json]`: every class the embedded catalog, and a user's
@@ -314,10 +319,7 @@ inline int run_plan(std::span<char*> argv) {
   accel::PlanOptions opts;
   std::vector<accel::MaxMemory> stage_budgets;
   if (staged && defaulted) {
-    const auto ram = accel::read_available_ram();
-    if (!ram && gpus.empty())
-      throw accel::unavailable_error("cannot measure available RAM and no GPU is visible; pass --max-memory");
-    stage_budgets = measured_stage_budgets(gpus, layout, ram.value_or(0));
+    stage_budgets = measured_stage_budgets(gpus, layout, measured_ram(gpus));
     opts.max_memory = stage_budgets.front();
   } else {
     opts.max_memory = defaulted ? measured_budgets(gpus) : accel::parse_max_memory(*a.value("max-memory"));
