@@ -765,8 +765,7 @@ inline std::shared_ptr<StoreClient> connect_job_store(const LaunchEnv& env) {
                                              env.job_id, reach_within);
   } catch (const timeout_error& e) {
     if (plan.host_here) throw;
-    std::string why = e.what();  // without its "[accel.comm.timeout] " prefix: the new message has one
-    if (const auto end = why.find("] "); !why.empty() && why.front() == '[' && end != std::string::npos) why.erase(0, end + 2);
+    const std::string why = detail::message_body(e);  // the new message has its own prefix
     detail::throw_error<timeout_error>(
         "rank ", env.rank, " could not join the job within ", text::format_ms(static_cast<std::uint64_t>(reach_within.count())),
         " (ACCEL_JOIN_TIMEOUT_S): ", env.store_address ? "the store accel launch hosts" : "rank 0, which hosts the store,",

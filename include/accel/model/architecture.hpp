@@ -515,9 +515,8 @@ struct ArchitectureMatch {
   try {
     return parse_architecture_catalog(read_text_file(path, "architecture catalog"));
   } catch (const error& e) {
-    std::string_view why = e.what();  // the same sentence, as a config error naming the file
-    why.remove_prefix(std::min(why.size(), why.find("] ") + 2));
-    detail::throw_error<config_error>("catalog file '", path.string(), "': ", why);
+    // the same sentence, as a config error naming the file
+    detail::throw_error<config_error>("catalog file '", path.string(), "': ", detail::message_body(e));
   }
 }
 

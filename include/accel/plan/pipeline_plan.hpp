@@ -113,13 +113,6 @@ inline double imbalance_of(const std::vector<double>& seconds) {
   return mean > 0 ? *std::max_element(seconds.begin(), seconds.end()) / mean : 1.0;
 }
 
-// A message without its "[accel.<category>] " prefix, to nest it in another.
-inline std::string message_body(const error& e) {
-  const std::string_view w = e.what();
-  const auto end = w.find("] ");
-  return std::string(w.starts_with("[accel.") && end != std::string_view::npos ? w.substr(end + 2) : w);
-}
-
 // The stage's map with keys naming only its own modules and tensors: a key the planner merged up
 // to a module that reaches past the stage in the full model ("" or "model") is replaced by the
 // keys below it.

@@ -94,6 +94,14 @@ template <class... Args>
   return out.str();
 }
 
+/// @brief `e`'s message without its "[accel.<category>] " prefix, to nest it in another message
+///        (which has its own).
+[[nodiscard]] inline std::string message_body(const error& e) {
+  const std::string_view what = e.what();
+  const std::string prefix = "[accel." + e.category() + "] ";
+  return std::string(what.starts_with(prefix) ? what.substr(prefix.size()) : what);
+}
+
 /// @brief Every throw goes through here, so a no-exceptions mode can be added in one place.
 template <class E, class... Args>
 [[noreturn]] void throw_error(Args&&... args) {
