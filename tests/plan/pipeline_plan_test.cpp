@@ -110,7 +110,10 @@ TEST_CASE("plan_pipeline: stages balanced for time beat the parameter-count spli
   for (const auto& st : p.stages) CHECK(st.plan.device_map.find("") == nullptr);
 }
 
-TEST_CASE("plan_pipeline: never worse than the parameter-count split, for 1 to 8 stages and several shapes", "[plan][pipeline]") {
+TEST_CASE("plan_pipeline: the time-balanced split, placed, is never slower than the parameter-count split, for 1 to 8 stages "
+          "and several shapes",
+          "[plan][pipeline]") {
+  int kept = 0;
   for (const bool tied : {false, true})
     for (const std::int64_t vocab : {16, 64, 512})
       for (int S = 1; S <= 8; ++S) {
@@ -120,7 +123,22 @@ TEST_CASE("plan_pipeline: never worse than the parameter-count split, for 1 to 8
           INFO("tied " << tied << ", vocab " << vocab << ", S " << S << ", budgets " << budgets);
           REQUIRE(p.stages.size() == static_cast<std::size_t>(S));
           REQUIRE(p.by_parameters.problem.empty());
-          CHECK(p.slowest() <= *std::max_element(p.by_parameters.seconds.begin(), p.by_parameters.seconds.end()) * (1 + 1e-12));
+          // The plan keeps the faster of the two once placed, so its slowest stage is never the
+          // slower by construction; what is checked is the time-balanced split itself. Where every
+          // stage fits its GPU the estimate is exact: that split is the plan, never slower. Past
+          // the GPU the planner may place a stage slower than the estimate priced it (it keeps the
+          // free input embedding on the GPU and streams layers): then, and only then, the
+          // parameter split, faster once placed, is kept.
+          const bool fits = std::string(budgets) == "0=1MiB,cpu=1MiB";
+          if (fits) CHECK_FALSE(p.parameter_split_kept);
+          const auto sizes = accel::compute_module_sizes(tree, accel::size_options(options(budgets)));
+          const accel::detail::StageUnits units(tree, sizes, options(budgets));
+          const auto capacity = accel::detail::stage_capacity(accel::parse_max_memory(budgets), 1.0);
+          const auto by_time = accel::detail::split_stages(units.size(), static_cast<std::size_t>(S), [&](auto, auto i, auto j) {
+            return accel::detail::estimate_stage_seconds(units.load(i, j), capacity, accel::Bandwidths{}, 2e12, 5e10, 1);
+          });
+          CHECK(bounds_of(p) == (p.parameter_split_kept ? p.by_parameters.bounds : by_time));
+          kept += p.parameter_split_kept;
           // Every unit in exactly one stage, in order.
           CHECK(p.stages.front().first_unit == 0);
           CHECK(p.stages.back().end_unit == p.units.size());
@@ -128,6 +146,7 @@ TEST_CASE("plan_pipeline: never worse than the parameter-count split, for 1 to 8
           for (const auto& st : p.stages) CHECK(st.first_unit < st.end_unit);
         }
       }
+  CHECK(kept <= 4);  // of the 48 tight cases (2 now: the 64-row vocabulary with 3 and 5 stages)
 }
 
 TEST_CASE("plan_pipeline: a no-split block is never split, and a split module's parts are units", "[plan][pipeline]") {
