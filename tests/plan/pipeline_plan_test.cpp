@@ -214,19 +214,44 @@ TEST_CASE("plan_pipeline: a stage past its GPUs streams, and the split moves uni
   CHECK(p.stages[0].plan.budgets.gpus.at(0) <= 3 * 1024);
 }
 
-TEST_CASE("plan_pipeline: the same inputs give the same plan", "[plan][pipeline]") {
-  const auto tree = llama({.layers = 20, .tied = true, .vocab = 200});
-  const auto opts = options("0=6KiB,1=4KiB,cpu=8KiB");
-  const auto a = accel::plan_pipeline(tree, opts, {.stages = 4});
-  const auto copy = tree;  // a copy of the tree (its own index) on "another rank"
-  const auto b = accel::plan_pipeline(copy, opts, {.stages = 4});
+TEST_CASE("plan_pipeline: the same model built in another order, and the same budgets written in another order, give the same plan",
+          "[plan][pipeline]") {
+  const Shape shape{.layers = 20, .tied = true, .vocab = 200};
+  const auto a_tree = llama(shape);
+  // The same modules, their tensors added afterwards from the last module to the first (other
+  // tensor ids, so another tie canonical unless model order decides it), the alias last.
+  accel::ModuleTree b_tree;
+  b_tree.add_module("model", "Model");
+  b_tree.add_module("model.embed_tokens", "Embedding");
+  for (int i = 0; i < shape.layers; ++i) {
+    b_tree.add_module("model.layers." + std::to_string(i), "Block");
+    b_tree.add_module("model.layers." + std::to_string(i) + ".mlp", "MLP");
+  }
+  b_tree.add_module("model.norm", "RMSNorm");
+  b_tree.add_module("lm_head", "Linear");
+  b_tree.add_parameter("model.norm.weight", DType::F32, {8});
+  for (int i = shape.layers; i-- > 0;) {
+    b_tree.add_parameter("model.layers." + std::to_string(i) + ".mlp.up.weight", DType::F32, {16, 8});
+    b_tree.add_parameter("model.layers." + std::to_string(i) + ".mlp.down.weight", DType::F32, {8, 16});
+  }
+  b_tree.add_parameter("model.embed_tokens.weight", DType::F32, {shape.vocab, 8});
+  b_tree.add_alias("lm_head.weight", "model.embed_tokens.weight");
+  REQUIRE(b_tree.tensors().front().name != a_tree.tensors().front().name);
+  const auto a = accel::plan_pipeline(a_tree, options("0=6KiB,1=4KiB,cpu=8KiB"), {.stages = 4});
+  const auto b = accel::plan_pipeline(b_tree, options("cpu=8KiB,1=4KiB,0=6KiB"), {.stages = 4});
   REQUIRE(a.stages.size() == b.stages.size());
   CHECK(a.units == b.units);
   CHECK(a.imbalance == b.imbalance);
+  CHECK(a.parameter_split_kept == b.parameter_split_kept);
+  CHECK(a.by_parameters.bounds == b.by_parameters.bounds);
+  CHECK(a.by_parameters.seconds == b.by_parameters.seconds);
   for (std::size_t s = 0; s < a.stages.size(); ++s) {
+    INFO("stage " << s);
     CHECK(a.stages[s].first_unit == b.stages[s].first_unit);
     CHECK(a.stages[s].plan.device_map.to_json_string() == b.stages[s].plan.device_map.to_json_string());
     CHECK(a.stages[s].seconds == b.stages[s].seconds);
+    CHECK(a.stages[s].bytes == b.stages[s].bytes);
+    CHECK(a.stages[s].tied_copies == b.stages[s].tied_copies);
   }
 }
 
