@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -30,14 +31,17 @@
 #include <accel/model/checkpoint_tree.hpp>
 #include <accel/model/module_tree.hpp>
 #include <accel/model/names.hpp>
+#include <accel/plan/map_names.hpp>
 #include <accel/plan/max_memory.hpp>
 #include <accel/plan/objective.hpp>
+#include <accel/plan/pipeline_plan.hpp>
 #include <accel/plan/plan_options.hpp>
 #include <accel/plan/planner.hpp>
 #include <accel/load/device_memory.hpp>
 #include <accel/load/dispatch.hpp>
 #include <accel/load/dispatched_model.hpp>
 #include <accel/load/load_plan.hpp>
+#include <accel/load/pipeline_load.hpp>
 
 ACCEL_NAMESPACE_BEGIN
 
@@ -61,6 +65,12 @@ struct AutoDispatchOptions {
   /// A user's catalog (tests/compat/gen_user_catalog.py) for an architecture newer than accel's,
   /// searched first (see CheckpointTreeOptions::catalog_file).
   std::optional<std::filesystem::path> catalog_file{};
+  /// Pipeline stages S (plan_pipeline_load): the model cut into S contiguous stages balanced for
+  /// the slowest stage's time, each placed on its process's budgets (`max_memory`, the same for
+  /// every stage's process). The state form of load_checkpoint_and_dispatch then loads only its
+  /// process's stage: stage = rank % S (rank = replica * S + stage, as grid_groups numbers them).
+  /// 1: the whole model.
+  int stages = 1;
   /// How to load. `load.dtype` unset: with a config.json the config's dtype (transformers'
   /// `dtype="auto"`), without one every tensor keeps its stored dtype. `load.keep_in_fp32` gets the
   /// catalog's keep-in-fp32 modules for that dtype added. `load.devices` are the GPUs planned for
@@ -221,16 +231,21 @@ inline std::vector<std::string> row_read_offloaded(const ModuleTree& tree, const
   return load;
 }
 
-/// @brief Plans the one-call load of a resolved checkpoint without reading any weight: the model
-///        from headers + config.json + catalog, the budgets, then the strategy's device map.
-/// @throws accel::usage_error for an unknown strategy or a no-split spec matching nothing;
-///         accel::unavailable_error for a budget naming an absent GPU; accel::planning_error when
-///         the model fits nowhere, or when no GPU has room for a fetch buffer of the largest layer
-///         the map offloads (naming the layer and each GPU's room); accel::checkpoint_error for an
-///         unreadable config.json
-[[nodiscard]] inline AutoDispatchPlan plan_auto_dispatch(const Checkpoint& checkpoint, const AutoDispatchOptions& options) {
-  const DeviceMapMode mode = parse_device_map_mode(options.device_map);
-  AutoDispatchPlan out;
+namespace detail {
+
+// What planning a checkpoint's load starts from: the model as `accel plan` builds it, the planner's
+// options (budgets, dtype, keep-in-fp32, no-split blocks) and the load options before the map.
+struct LoadPlanning {
+  CheckpointModel model;
+  PlanOptions plan;
+  DeviceMapMode mode = DeviceMapMode::automatic;
+  bool defaulted = false;  // the budgets were measured
+  LoadOptions load;
+};
+
+inline LoadPlanning load_planning(const Checkpoint& checkpoint, const AutoDispatchOptions& options) {
+  LoadPlanning out;
+  out.mode = parse_device_map_mode(options.device_map);
   out.load = options.load;
   out.load.devices = options.load.devices ? *options.load.devices : cuda_device_memories();
   const auto& devices = *out.load.devices;
@@ -239,11 +254,12 @@ inline std::vector<std::string> row_read_offloaded(const ModuleTree& tree, const
   tree_options.config_file = options.config_file;
   tree_options.catalog_file = options.catalog_file;
   tree_options.load_dtype = options.load.dtype;
-  auto model = model_from_checkpoint(checkpoint, tree_options);
-  out.architecture = model.architecture_note;
+  out.model = model_from_checkpoint(checkpoint, tree_options);
+  auto& model = out.model;
 
-  const bool defaulted = !options.max_memory;
-  PlanOptions plan = load_plan_options(defaulted ? measured_max_memory(devices) : *options.max_memory, devices, options.load);
+  out.defaulted = !options.max_memory;
+  PlanOptions& plan = out.plan;
+  plan = load_plan_options(out.defaulted ? measured_max_memory(devices) : *options.max_memory, devices, options.load);
   if (!plan.dtype && model.config) plan.dtype = model.auto_dtype;
   plan.budget_scale = model.budget_scale();
   plan.objective = options.objective;
@@ -258,15 +274,45 @@ inline std::vector<std::string> row_read_offloaded(const ModuleTree& tree, const
     plan.no_split = model.no_split_classes();
     plan.auto_no_split = false;
   }
-  out.plan = plan_device_map(model.tree, mode, plan, defaulted);
-
   out.load.config_file = options.config_file;
   out.load.dtype = plan.dtype;
   out.load.keep_in_fp32 = plan.keep_in_fp32;
-  out.load = planned_load_options(std::move(out.load), model.tree, model.names, out.plan);
+  return out;
+}
+
+// Hands the loader what the planner worked out: the names and the quantization (moved out of the
+// model, which is done with them), and that the maps are in model names (the tree's).
+inline void hand_naming_to_load(CheckpointModel& model, LoadOptions& load) {
+  load.naming = std::make_shared<const CheckpointNaming>(CheckpointNaming{std::move(model.names), std::move(model.quantization), nullptr});
+  load.map_names = MapNames::model;
+}
+
+}  // namespace detail
+
+/// @brief Plans the one-call load of a resolved checkpoint without reading any weight: the model
+///        from headers + config.json + catalog, the budgets, then the strategy's device map. The
+///        returned load options carry the names and quantization the model was built with
+///        (LoadOptions::naming), so loading this plan does not work them out again.
+/// @throws accel::usage_error for an unknown strategy, a no-split spec matching nothing, or
+///         `stages` other than 1 (see plan_pipeline_load); accel::unavailable_error for a budget
+///         naming an absent GPU; accel::planning_error when the model fits nowhere, or when no GPU has room for a fetch buffer of the largest layer
+///         the map offloads (naming the layer and each GPU's room); accel::checkpoint_error for an
+///         unreadable config.json
+[[nodiscard]] inline AutoDispatchPlan plan_auto_dispatch(const Checkpoint& checkpoint, const AutoDispatchOptions& options) {
+  if (options.stages != 1)
+    detail::throw_error<usage_error>("AutoDispatchOptions::stages is ", options.stages, ": a pipeline load plans every stage "
+                                     "(plan_pipeline_load) and loads one (load_stage, or load_checkpoint_and_dispatch with "
+                                     "a DistributedState, whose rank picks it); set stages = 1 for the whole model");
+  auto setup = detail::load_planning(checkpoint, options);
+  const auto& model = setup.model;
+  AutoDispatchPlan out;
+  out.architecture = model.architecture_note;
+  out.plan = plan_device_map(model.tree, setup.mode, setup.plan, setup.defaulted);
+  out.load = planned_load_options(std::move(setup.load), model.tree, model.names, out.plan);
   for (auto& tie : detail::tied_aliases(model.tree, model.names))
     if (std::none_of(out.load.tied.begin(), out.load.tied.end(), [&](const auto& t) { return t.first == tie.first; }))
       out.load.tied.push_back(std::move(tie));
+  detail::hand_naming_to_load(setup.model, out.load);
   return out;
 }
 
@@ -306,11 +352,99 @@ inline std::vector<std::string> row_read_offloaded(const ModuleTree& tree, const
   return detail::plan_and_load(resolved, planned.plan.device_map, planned.load, start);
 }
 
+/// @brief Plans a checkpoint's pipeline stages and what loading each needs, without reading any
+///        weight: the model and budgets as plan_auto_dispatch makes them, then plan_pipeline with
+///        `options.stages` stages (every stage's process with `max_memory`, its GPU keys indexing
+///        that process's group, the strategy `device_map`). The plan carries the names and the
+///        quantization the model was built with (LoadOptions::naming), so load_stage works neither
+///        out again. Pure given the budgets: every process computes the same plan.
+/// @throws accel::usage_error for stages < 1 or more stages than the model has units, and as
+///         plan_auto_dispatch; accel::planning_error when no split fits the budgets (naming a stage)
+/// @code
+/// auto ckpt = accel::resolve_checkpoint("ckpt/");
+/// auto plan = accel::plan_pipeline_load(ckpt, {.max_memory = accel::parse_max_memory("0=40GiB,cpu=64GiB"), .stages = 4});
+/// auto mine = accel::load_stage(ckpt, plan, 2);  // stage 2's tensors only
+/// @endcode
+[[nodiscard]] inline PipelineLoadPlan plan_pipeline_load(const Checkpoint& checkpoint, const AutoDispatchOptions& options) {
+  auto setup = detail::load_planning(checkpoint, options);
+  const auto& model = setup.model;
+  PipelineOptions pipeline;
+  pipeline.stages = options.stages;
+  pipeline.mode = setup.mode;
+  pipeline.budgets_defaulted = setup.defaulted;
+  const auto sizes = compute_module_sizes(model.tree, size_options(setup.plan));
+  PipelineLoadPlan out;
+  out.architecture = model.architecture_note;
+  out.pipeline = plan_pipeline(model.tree, sizes, setup.plan, pipeline);
+  const auto stored = detail::checkpoint_names_by_model(model.names);
+  for (const auto& st : out.pipeline.stages)
+    out.stage_loads.push_back(detail::stage_load(model.tree, sizes, stored, st.plan.device_map,
+                                                 setup.plan.objective == PlanObjective::speed));
+  out.load = std::move(setup.load);
+  detail::hand_naming_to_load(setup.model, out.load);
+  return out;
+}
+
+namespace detail {
+// A stage load's budgets must be given: measured ones differ from process to process, and every
+// process must compute the same plan. The ranks must fill whole replicas of the stages.
+inline void require_stage_job(const DistributedState& state, const AutoDispatchOptions& options) {
+  if (options.stages < 1)
+    throw_error<usage_error>("AutoDispatchOptions::stages is ", options.stages, "; ask for 1 or more");
+  if (state.num_processes() % options.stages != 0)
+    throw_error<usage_error>("AutoDispatchOptions::stages is ", options.stages, " but the job has ",
+                             text::plural(state.num_processes(), "process"), ", not a whole number of replicas of the stages; start a "
+                             "multiple of ", options.stages, " processes (rank = replica * stages + stage)");
+  if (!options.max_memory)
+    throw_error<usage_error>("a pipeline load (AutoDispatchOptions::stages = ", options.stages, ") needs the budgets of a "
+                             "stage's process (AutoDispatchOptions::max_memory): measured ones differ between processes, and "
+                             "every process must compute the same plan");
+}
+}  // namespace detail
+
+/// @brief Plans the pipeline stages as process `state` computes them (see plan_pipeline_load): its
+///        group of GPUs (DistributedState::devices()) is what `max_memory`'s GPU keys index, and the
+///        plan's `load.devices`. Every process of the job computes the same stages.
+/// @throws accel::usage_error when `max_memory` is unset, the job's process count is not a multiple
+///         of `stages`, or a budget is keyed past the group; as plan_pipeline_load otherwise
+[[nodiscard]] inline PipelineLoadPlan plan_pipeline_load(const Checkpoint& checkpoint, const DistributedState& state,
+                                                         AutoDispatchOptions options) {
+  detail::require_stage_job(state, options);
+  const std::size_t group_size = state.device().is_cuda() ? state.devices().size() : 0;
+  require_group_budgets(*options.max_memory, group_size, detail::describe_group(state));
+  options.load.devices = group_device_memories(state, options.load.devices ? *options.load.devices : cuda_device_memories());
+  return plan_pipeline_load(checkpoint, options);
+}
+
+/// @brief Loads one pipeline stage of a resolved checkpoint: only the tensors its map covers, plus
+///        its own copy of each tensor tied to one in another stage (loaded from the checkpoint
+///        tensor), onto the plan's devices (`plan.load.devices`, the map's GPU i being the i-th).
+///        What it loads is PipelineStage::bytes less StageLoad::computed_bytes.
+/// @param plan from plan_pipeline_load of this checkpoint
+/// @param stage 0 to plan.stages() - 1
+/// @throws accel::usage_error for a stage out of range or a plan made for another checkpoint; as
+///         the explicit-map load_checkpoint_and_dispatch otherwise
+/// @note blocking; the other stages' tensors are listed in LoadReport::unexpected (not loaded)
+[[nodiscard]] inline DispatchedModel load_stage(const Checkpoint& checkpoint, const PipelineLoadPlan& plan, int stage) {
+  const auto start = std::chrono::steady_clock::now();
+  const LoadOptions options = plan.stage_options(stage);
+  return detail::plan_and_load(checkpoint, plan.stage_map(stage), options, start);
+}
+
+/// @brief As above, resolving the checkpoint first (`path`: a file, an index or a folder).
+[[nodiscard]] inline DispatchedModel load_stage(const std::filesystem::path& path, const PipelineLoadPlan& plan, int stage) {
+  return load_stage(resolve_checkpoint(path), plan, stage);
+}
+
 /// @brief Plans and loads one process's copy of a model on its own group of GPUs, in one call (see
 ///        plan_auto_dispatch(checkpoint, state, options)): the map's GPU i is loaded onto
 ///        `state.devices()[i]`, and `DispatchedModel`'s placements and execution GPU index the group.
-/// @throws as plan_auto_dispatch(checkpoint, state, options), then as the explicit-map load
-/// @note blocking; every process of the job calls it for its own copy, independently
+///        With `options.stages` S > 1 it loads only the process's pipeline stage, stage = rank % S
+///        (plan_pipeline_load, then load_stage): every process computes the same plan, no message
+///        is exchanged.
+/// @throws as plan_auto_dispatch(checkpoint, state, options), then as the explicit-map load; with
+///         stages: as plan_pipeline_load(checkpoint, state, options) and load_stage
+/// @note blocking; every process of the job calls it for its own copy (or stage), independently
 /// @code
 /// accel::DistributedState state(accel::StateOptions{.gpus_per_process = 2});
 /// auto model = accel::load_checkpoint_and_dispatch(
@@ -321,6 +455,11 @@ inline std::vector<std::string> row_read_offloaded(const ModuleTree& tree, const
                                                                  const AutoDispatchOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   const Checkpoint resolved = resolve_checkpoint(checkpoint);
+  if (options.stages != 1) {
+    const auto plan = plan_pipeline_load(resolved, state, options);
+    const int stage = state.process_index() % options.stages;
+    return detail::plan_and_load(resolved, plan.stage_map(stage), plan.stage_options(stage), start);
+  }
   auto planned = plan_auto_dispatch(resolved, state, options);
   return detail::plan_and_load(resolved, planned.plan.device_map, planned.load, start);
 }

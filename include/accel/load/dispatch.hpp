@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <memory>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -27,6 +29,7 @@
 #include <accel/model/quantization.hpp>
 #include <accel/plan/device_map.hpp>
 #include <accel/plan/map_names.hpp>
+#include <accel/runtime/text.hpp>
 #include <accel/load/device_memory.hpp>
 #include <accel/load/dispatched_model.hpp>
 #include <accel/load/load_plan.hpp>
@@ -53,23 +56,58 @@ inline void require_quantized_together(const LoadPlan& plan, const QuantizedTens
   }
 }
 
-// Plan, then carry the plan out; `start` is when the caller's load began. A map in the model's
-// names (what accel plan writes by default and from_pretrained takes) is read in the checkpoint's;
-// a quantized checkpoint's quantized tensors are loaded as stored.
-inline DispatchedModel plan_and_load(const Checkpoint& checkpoint, const DeviceMap& map, const LoadOptions& options,
-                                     std::chrono::steady_clock::time_point start) {
-  auto devices = options.devices ? *options.devices : cuda_device_memories();
-  const auto naming = checkpoint_naming(checkpoint, options.config_file);
-  const bool model_names = detect_map_names(map, naming.names) == MapNames::model;
-  LoadOptions opts = options;
-  if (naming.quantization) {
-    for (auto& n : naming.quantization->stored_names(checkpoint.tensor_names)) opts.stored_dtype_tensors.push_back(std::move(n));
+// LoadOptions::naming must describe this checkpoint: the same tensor names in the same order
+// (views of the same headers compare by address, so a plan's own checkpoint costs no string compare).
+inline void require_naming_of(const CheckpointNaming& naming, const Checkpoint& checkpoint) {
+  const auto& names = naming.names.checkpoint;
+  const auto& held = checkpoint.tensor_names;
+  std::size_t differs = names.size() == held.size() ? names.size() : std::min(names.size(), held.size());
+  for (std::size_t i = 0; i < std::min(names.size(), held.size()); ++i)
+    if (names[i].data() != held[i].data() && names[i] != held[i]) {
+      differs = i;
+      break;
+    }
+  if (differs == names.size() && names.size() == held.size()) return;
+  throw_error<usage_error>(
+      "the plan was made for another checkpoint (", text::plural(static_cast<long long>(names.size()), "tensor"), ", this one has ",
+      held.size(),
+      differs < std::min(names.size(), held.size())
+          ? concat("; tensor ", differs, " is '", text::printable(names[differs]), "' there and '", text::printable(held[differs]), "' here")
+          : std::string(),
+      "); plan this checkpoint (plan_auto_dispatch, plan_pipeline_load) or leave LoadOptions::naming unset");
+}
+
+// What a load decides before it touches a byte: the plan, the options it runs with, the GPUs.
+struct DispatchDecision {
+  LoadPlan plan;
+  LoadOptions options;
+  std::vector<DeviceMemoryPtr> devices;
+};
+
+// A map in the model's names (what accel plan writes by default and from_pretrained takes) is read
+// in the checkpoint's; a quantized checkpoint's quantized tensors are loaded as stored. The names
+// and the quantization come from LoadOptions::naming when the planner worked them out, else from
+// config.json here.
+inline DispatchDecision decide_dispatch(const Checkpoint& checkpoint, const DeviceMap& map, const LoadOptions& options) {
+  DispatchDecision d{{}, options, options.devices ? *options.devices : cuda_device_memories()};
+  LoadOptions& opts = d.options;
+  if (opts.naming) require_naming_of(*opts.naming, checkpoint);
+  else opts.naming = std::make_shared<const CheckpointNaming>(checkpoint_naming(checkpoint, options.config_file));
+  const CheckpointNaming& naming = *opts.naming;
+  const MapNames names = opts.map_names ? *opts.map_names : detect_map_names(map, naming.names);
+  if (naming.quantization)
     for (const auto& k : naming.quantization->config.keep_in_fp32)
       if (std::find(opts.keep_in_fp32.begin(), opts.keep_in_fp32.end(), k) == opts.keep_in_fp32.end()) opts.keep_in_fp32.push_back(k);
-  }
-  LoadPlan plan = plan_load(checkpoint, model_names ? to_checkpoint_names(map, naming.names) : map, opts, devices.size());
-  if (naming.quantization) require_quantized_together(plan, *naming.quantization, checkpoint);
-  return LoadExecutor(checkpoint, std::move(plan), std::move(devices), opts, start).run();
+  d.plan = plan_load(checkpoint, names == MapNames::model ? to_checkpoint_names(map, naming.names) : map, opts, d.devices.size());
+  if (naming.quantization) require_quantized_together(d.plan, *naming.quantization, checkpoint);
+  return d;
+}
+
+// Plan, then carry the plan out; `start` is when the caller's load began.
+inline DispatchedModel plan_and_load(const Checkpoint& checkpoint, const DeviceMap& map, const LoadOptions& options,
+                                     std::chrono::steady_clock::time_point start) {
+  auto d = decide_dispatch(checkpoint, map, options);
+  return LoadExecutor(checkpoint, std::move(d.plan), std::move(d.devices), d.options, start).run();
 }
 
 }  // namespace detail
@@ -84,7 +122,8 @@ inline DispatchedModel plan_and_load(const Checkpoint& checkpoint, const DeviceM
 ///         that changes under the loader, or strict-mode missing/unexpected tensors
 /// @throws accel::unavailable_error when the map names an absent GPU
 /// @throws accel::cuda_error when a device runs out of memory (everything allocated is freed)
-/// @throws accel::usage_error for unsupported dtype changes or a missing offload folder
+/// @throws accel::usage_error for unsupported dtype changes, a missing offload folder, or
+///         LoadOptions::naming made for another checkpoint
 /// @note blocking; draws a progress bar on stderr when it is a terminal and options.progress is set
 /// @code
 /// auto map = accel::DeviceMap::from_json(R"({"model.embed": 0, "model.layers": 0, "lm_head": "cpu"})");

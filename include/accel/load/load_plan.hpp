@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -23,11 +24,13 @@
 #include <accel/runtime/config.hpp>
 #include <accel/load/convert.hpp>
 #include <accel/plan/device_map.hpp>
+#include <accel/plan/map_names.hpp>
 #include <accel/plan/plan_options.hpp>
 #include <accel/load/device_memory.hpp>
 #include <accel/load/offload.hpp>
 #include <accel/model/dtype.hpp>
 #include <accel/runtime/error.hpp>
+#include <accel/model/quantization.hpp>
 #include <accel/model/safetensors.hpp>
 #include <accel/runtime/text.hpp>
 
@@ -82,6 +85,20 @@ struct LoadOptions {
   std::vector<std::string> expected_tensors{};
   /// Tied names: {alias, source}; the alias resolves to the source's storage and is never missing.
   std::vector<std::pair<std::string, std::string>> tied{};
+  /// Tensors loaded under a name of their own from another checkpoint tensor's bytes: {name,
+  /// source}, the source in the checkpoint's names. The name is placed by the map's key covering it
+  /// (skipped when none does). A pipeline stage holding a weight tied to one another stage holds
+  /// (an LM head tied to the input embedding) loads its own copy this way (load_stage).
+  std::vector<std::pair<std::string, std::string>> tied_copies{};
+  /// The checkpoint's model names and quantization as the planner worked them out (CheckpointModel's
+  /// `names` and `quantization`): the loader reads the map and the quantized tensors through them
+  /// instead of reading config.json and classifying every tensor again. plan_auto_dispatch and
+  /// plan_pipeline_load set it; unset: the loader works them out. It must be this checkpoint's (its
+  /// tensor names are compared: a usage_error otherwise).
+  std::shared_ptr<const CheckpointNaming> naming{};
+  /// Which names the map's keys are in; unset: told from the keys (detect_map_names). A map the
+  /// planner made for this checkpoint is in model names (plan_auto_dispatch sets it).
+  std::optional<MapNames> map_names{};
   /// The model's config.json when it does not sit next to the checkpoint: its class's name rules
   /// let a map in the model's names be read (names.hpp). Unset: the one next to the checkpoint.
   std::optional<std::filesystem::path> config_file{};
@@ -147,7 +164,7 @@ struct PlannedArena {
 
 /// @brief The whole plan.
 struct LoadPlan {
-  std::vector<PlannedTensor> tensors;        ///< checkpoint order (shard, then file offset)
+  std::vector<PlannedTensor> tensors;        ///< checkpoint order (shard, then file offset), then LoadOptions::tied_copies
   std::vector<PlannedArena> arenas;          ///< in first-use order
   std::vector<std::string> unexpected;       ///< checkpoint tensors not loaded (no device, or not in the model)
   std::vector<std::string> missing;          ///< expected tensors the checkpoint lacks
@@ -333,24 +350,27 @@ inline void refuse_mismatch_when_strict(const LoadPlan& plan, const LoadOptions&
 /// @brief Decides how every checkpoint tensor is loaded (a pure function: nothing is read or allocated).
 /// @param checkpoint headers from resolve_checkpoint
 /// @param map the device map (keys are tensor names or dotted prefixes; "" covers everything)
-/// @param options dtype, keep-in-fp32, expected tensors, cpu memory kind, offload folder
+/// @param options dtype, keep-in-fp32, expected tensors, tied copies, cpu memory kind, offload folder
 /// @param gpu_count GPUs available (indexes 0 .. gpu_count-1)
 /// @return the plan
 /// @throws accel::unavailable_error when the map (or LoadOptions::execution) names a GPU index >= gpu_count
 /// @throws accel::planning_error when LoadOptions::execution kept no room, or too little, for the
 ///         largest layer this load leaves off the GPUs
 /// @throws accel::checkpoint_error in strict mode when tensors are missing or unexpected
-/// @throws accel::usage_error when a dtype change is unsupported, or disk tensors need conversion
-///         and no offload folder is given
+/// @throws accel::usage_error when a dtype change is unsupported, disk tensors need conversion
+///         and no offload folder is given, or a tied copy's source is not in the checkpoint
 [[nodiscard]] inline LoadPlan plan_load(const Checkpoint& checkpoint, const DeviceMap& map, const LoadOptions& options,
                                         std::size_t gpu_count) {
   LoadPlan plan;
   const std::unordered_set<std::string_view> expected(options.expected_tensors.begin(), options.expected_tensors.end());
   const std::unordered_set<std::string_view> stored(options.stored_dtype_tensors.begin(), options.stored_dtype_tensors.end());
+  // The quantization's stored tensors by checkpoint position (LoadOptions::naming), no name lookup.
+  const std::vector<bool>* stored_at =
+      options.naming && options.naming->quantization ? &options.naming->quantization->stored : nullptr;
   std::unordered_set<std::string_view> used_keys;
-  for (std::size_t s = 0; s < checkpoint.headers.size(); ++s) {
+  for (std::size_t s = 0, n = 0; s < checkpoint.headers.size(); ++s) {
     const auto& header = checkpoint.headers[s];
-    for (std::size_t e = 0; e < header.tensors.size(); ++e) {
+    for (std::size_t e = 0; e < header.tensors.size(); ++e, ++n) {
       const auto& name = header.tensors[e].name;
       const DeviceMap::Entry* covering = map.covering(name);
       if (!covering || (!expected.empty() && !expected.count(name))) {
@@ -363,9 +383,25 @@ inline void refuse_mismatch_when_strict(const LoadPlan& plan, const LoadOptions&
                                   ") both cover tensor '", text::printable(name), "'; a module and its child cannot go to "
                                   "different devices: remove one key or split the outer module into its children");
       used_keys.insert(covering->first);
-      plan.tensors.push_back(detail::plan_tensor(header, {s, e}, *covering, options, gpu_count, stored.count(name) > 0));
+      const bool keep_stored = (stored_at && n < stored_at->size() && (*stored_at)[n]) || stored.count(name) > 0;
+      plan.tensors.push_back(detail::plan_tensor(header, {s, e}, *covering, options, gpu_count, keep_stored));
       plan.total_bytes += plan.tensors.back().bytes;
     }
+  }
+  for (const auto& [name, source] : options.tied_copies) {
+    const DeviceMap::Entry* covering = map.covering(name);
+    if (!covering) continue;
+    const TensorLocation* at = checkpoint.find(source);
+    if (!at)
+      detail::throw_error<usage_error>("tied copy '", text::printable(name), "' is to be loaded from '", text::printable(source),
+                                       "', which the checkpoint lacks; name a tensor it holds (LoadOptions::tied_copies)");
+    used_keys.insert(covering->first);
+    const std::size_t n = static_cast<std::size_t>(at - checkpoint.locations.data());
+    const bool keep_stored = (stored_at && n < stored_at->size() && (*stored_at)[n]) || stored.count(source) > 0;
+    auto t = detail::plan_tensor(checkpoint.headers[at->shard], *at, *covering, options, gpu_count, keep_stored);
+    t.name = name;  // its own tensor, the bytes of `source`
+    plan.total_bytes += t.bytes;
+    plan.tensors.push_back(std::move(t));
   }
   detail::pack_arenas(plan);
   detail::plan_fetch_buffers(plan, map, options, gpu_count);
