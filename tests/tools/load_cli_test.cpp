@@ -411,3 +411,35 @@ TEST_CASE("accel load --gpus_per_process 2 --process 1 loads on that process's g
   CHECK(out_of_range.output.find("load: --process 1 is out of range: 2 visible GPUs hold 1 process of 2 GPUs (--process 0)") !=
         std::string::npos);
 }
+
+TEST_CASE("accel load --stages loads one rank's stage and reports its planned and loaded bytes", "[cli][load][stages]") {
+  const std::string ck =
+      " --checkpoint " + quoted(std::filesystem::path(ACCEL_TEST_SOURCE_DIR) / "tests/compat/fixtures/forward/llama");
+  std::uint64_t planned = 0, loaded = 0;
+  std::size_t tensors = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank);
+    auto r = accel_test::run_command(accel_test::accel_cli("load" + ck + " --stages 2 --replicas 2 --process " + std::to_string(rank + 2) +
+                                                           " --max-memory 0=4MiB,cpu=8MiB --simulate-gpus 8MiB --json"));
+    INFO(r.output);
+    REQUIRE(r.status == 0);
+    const auto j = nlohmann::json::parse(r.output);
+    CHECK(j["stage"] == rank);
+    CHECK(j["replica"] == 1);
+    CHECK(j["bytes_loaded"].get<std::uint64_t>() + j["computed_bytes"].get<std::uint64_t>() == j["planned_bytes"].get<std::uint64_t>());
+    CHECK(j["devices"]["0"]["bytes"] == j["bytes_loaded"]);
+    planned += j["planned_bytes"].get<std::uint64_t>();
+    loaded += j["bytes_loaded"].get<std::uint64_t>();
+    tensors += j["tensors"].get<std::size_t>();
+  }
+  CHECK(tensors == 39);  // the two stages hold the whole checkpoint
+  CHECK(loaded < planned);  // the rotary frequencies are computed, not loaded
+  SECTION("a rank past the job, or --replicas alone, is a usage error (2)") {
+    auto r = accel_test::run_command(accel_test::accel_cli("load" + ck + " --stages 2 --process 2 --max-memory cpu=8MiB 2>&1"));
+    CHECK(r.status == 2);
+    CHECK(r.output.find("--process 2 with --stages 2 and --replicas 1; ranks are 0 to 1") != std::string::npos);
+    r = accel_test::run_command(accel_test::accel_cli("load" + ck + " --replicas 2 --max-memory cpu=8MiB 2>&1"));
+    CHECK(r.status == 2);
+    CHECK(r.output.find("--replicas needs --stages S") != std::string::npos);
+  }
+}

@@ -31,6 +31,7 @@
 #include "args.hpp"
 #include "gpu_group.hpp"
 #include "model_args.hpp"
+#include "plan_stages.hpp"
 
 namespace accel_cli {
 
@@ -63,6 +64,8 @@ inline constexpr OptionSpec load_options[] = {
     {"json", OptionKind::flag, "", "print the load report as JSON"},
     gpus_per_process_option,
     process_option,
+    stages_option,
+    replicas_option,
 };
 
 inline constexpr const char* load_usage = R"(usage: accel load --checkpoint PATH [--device-map FILE|JSON|MODE] [options]
@@ -80,7 +83,12 @@ arguments; 3 bad device map or budgets; 4 GPU not available; 5 infeasible plan; 
 With --gpus_per_process K [--process R] it loads as local process R of a job with K GPUs per
 process would (load_checkpoint_and_dispatch with its DistributedState): on the visible GPUs R*K to
 R*K+K-1 only (of --simulate-gpus' when given), which the map's and --max-memory's GPU keys index
-(0 = the group's first).)";
+(0 = the group's first).)
+
+With --stages S [--replicas R] [--process P] it loads only rank P's pipeline stage, P % S (rank =
+replica*S + stage, as grid_groups numbers them; P < S*R): the stages as `accel plan --stages S`
+plans them with --max-memory as each stage's process's budgets, then that stage's tensors only
+(plan_pipeline_load, load_stage), and prints its units and its bytes, planned and loaded.)";
 
 namespace detail_load {
 
@@ -137,6 +145,78 @@ inline void dump_loaded_tensors(const accel::DispatchedModel& model, const std::
   accel::write_offload_index(dir, index);
 }
 
+// `accel load --stages S [--replicas R] [--process P]`: rank P's stage of the pipeline, alone.
+inline int run_load_stage(const ParsedArgs& a, const std::string& path, accel::LoadOptions opts) {
+  const int stages = *a.integer("stages"), replicas = a.integer("replicas").value_or(1), rank = a.integer("process").value_or(0);
+  if (rank >= stages * replicas)
+    throw accel::usage_error("load: --process " + std::to_string(rank) + " with --stages " + std::to_string(stages) + " and --replicas " +
+                             std::to_string(replicas) + "; ranks are 0 to " + std::to_string(stages * replicas - 1));
+  if (a.has("dump-dir") || a.has("strict"))
+    throw accel::usage_error("load: --stages loads one stage; --dump-dir and --strict are for the whole model");
+  if (a.has("gpus-per-process")) {  // local process P's group, as without --stages
+    const auto group = gpu_group(a, "load", static_cast<int>(opts.devices->size()),
+                                 accel::parse_visible_devices(accel::process_env()("CUDA_VISIBLE_DEVICES")),
+                                 "run it where the job's GPUs are, or give them with --simulate-gpus SIZES");
+    std::vector<accel::DeviceMemoryPtr> mine;
+    for (const auto& d : group->devices) mine.push_back((*opts.devices)[static_cast<std::size_t>(d.index())]);
+    opts.devices = std::move(mine);
+  }
+  opts.progress = !a.has("quiet") && !a.has("json");
+  accel::AutoDispatchOptions o;
+  o.stages = stages;
+  o.device_map = a.value("device-map").value_or("auto");
+  o.objective = accel::parse_plan_objective(a.value("objective").value_or("fit"));
+  if (auto m = a.value("max-memory")) o.max_memory = accel::parse_max_memory(*m);
+  if (auto c = a.value("config")) o.config_file = *c;
+  if (auto c = a.value("catalog")) o.catalog_file = *c;
+  else if (auto env = accel::process_env()("ACCEL_CATALOG"); env && !env->empty()) o.catalog_file = *env;
+  for (const auto& n : a.values("no-split"))
+    if (n != "none") o.no_split.push_back(n);
+  opts.dtype = explicit_dtype(a);
+  opts.keep_in_fp32 = a.values("keep-in-fp32");
+  o.load = std::move(opts);
+  const auto checkpoint = accel::resolve_checkpoint(path);
+  const auto plan = accel::plan_pipeline_load(checkpoint, o);
+  const int stage = rank % stages;
+  const auto& st = plan.pipeline.stages[static_cast<std::size_t>(stage)];
+  const auto& extra = plan.stage_loads[static_cast<std::size_t>(stage)];
+  const auto loaded = accel::load_stage(checkpoint, plan, stage);
+  const auto& r = loaded.report();
+  const std::string units = stage_units_text(plan.pipeline, st);
+  if (a.has("json")) {
+    nlohmann::ordered_json j;
+    j["checkpoint"] = path;
+    j["architecture"] = plan.architecture;
+    j["rank"] = rank;
+    j["stage"] = stage;
+    j["replica"] = rank / stages;
+    j["stages"] = stages;
+    j["units"] = units;
+    j["planned_bytes"] = st.bytes;
+    j["computed_bytes"] = extra.computed_bytes;
+    j["bytes_loaded"] = r.bytes_loaded;
+    j["tensors"] = loaded.tensors().size();
+    j["tied_copies"] = st.tied_copies;
+    j["device_map"] = st.plan.device_map.to_json();
+    for (const auto& [p, tot] : r.per_placement) j["devices"][p.to_string()] = {{"tensors", tot.tensors}, {"bytes", tot.bytes}};
+    j["seconds"] = r.seconds;
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  const auto bytes = [](std::uint64_t b) { return accel::text::format_bytes(b, accel::text::ByteStyle::significant3); };
+  std::printf("accel load: %s, rank %d: stage %d of %d (replica %d): %s\n", path.c_str(), rank, stage, stages, rank / stages,
+              units.c_str());
+  std::printf("architecture: %s\nplanned: %s (%s on GPUs, %s cpu, %s disk)", plan.architecture.c_str(), bytes(st.bytes).c_str(),
+              bytes(st.gpu_bytes).c_str(), bytes(st.cpu_bytes).c_str(), bytes(st.disk_bytes).c_str());
+  if (extra.computed_bytes) std::printf(", of which %s computed by the model (not loaded)", bytes(extra.computed_bytes).c_str());
+  std::printf("\nloaded: %zu tensors, %s in %.3f s\n", loaded.tensors().size(), bytes(r.bytes_loaded).c_str(), r.seconds);
+  for (const auto& [p, tot] : r.per_placement)
+    std::printf("  %-10s %8zu %12s\n", detail_load::placement_label(p).c_str(), tot.tensors, bytes(tot.bytes).c_str());
+  for (const auto& t : st.tied_copies) std::printf("tied: holds %s: its own copy, loaded from the checkpoint\n", t.c_str());
+  for (const auto& w : r.warnings) std::printf("warning: %s\n", w.c_str());
+  return 0;
+}
+
 inline int run_load(std::span<char*> argv) {
   namespace fs = std::filesystem;
   const auto a = parse_args(argv, {load_options});
@@ -158,6 +238,8 @@ inline int run_load(std::span<char*> argv) {
   if (auto c = a.value("config")) opts.config_file = *c;
   if (auto c = a.value("cpu-memory")) opts.cpu_memory = detail_load::parse_cpu_memory(*c);
   if (auto s = a.value("staging")) opts.staging_bytes = std::max<std::uint64_t>(accel::parse_byte_size(*s), 4096);
+  if (a.has("stages")) return run_load_stage(a, *path, std::move(opts));
+  if (a.has("replicas")) throw accel::usage_error("load: --replicas needs --stages S");
   const auto group = gpu_group(a, "load", static_cast<int>(opts.devices->size()),
                                accel::parse_visible_devices(accel::process_env()("CUDA_VISIBLE_DEVICES")),
                                "run it where the job's GPUs are, or give them with --simulate-gpus SIZES");
