@@ -36,20 +36,12 @@ COMPAT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "compat")
 sys.path.insert(0, COMPAT)
 from gen_golden_maps import read_fixture, write_checkpoint_files  # noqa: E402  (pure Python; needs no torch)
 
+sys.path.insert(0, HERE)
+from objective_bytes import quantile  # noqa: E402
+
 FIXTURES = os.path.join(COMPAT, "fixtures", "golden_maps_published")
 STAGES = (2, 4, 8)
 RATES = "cpu=25GB/s,disk=2GB/s"
-
-
-def quantile(values, q):
-    """The q-quantile by linear interpolation (numpy's default)."""
-    v = sorted(values)
-    if not v:
-        return float("nan")
-    pos = (len(v) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
 def run(cmd):
