@@ -135,6 +135,25 @@ TEST_CASE("p2p: the two ends' descriptors match or name both ranks and what each
   REQUIRE_THROWS_AS(accel::detail::decode_p2p_descriptor(std::vector<std::byte>(3), "rank 2"), accel::comm_error);
 }
 
+TEST_CASE("p2p: an object type name longer than a descriptor carries still matches on both ends", "[p2p]") {
+  using accel::detail::P2pDescriptor;
+  using accel::detail::P2pKind;
+  // A descriptor carries 960 characters of the name; each end compares the peer's cut name with its own.
+  const std::string name = "ns::Outer<" + std::string(3000, 'T') + ">";
+  const P2pDescriptor sent{P2pKind::object, accel::ElementType::uint8, 12, name, {}};
+  const P2pDescriptor wanted{P2pKind::object, accel::ElementType::uint8, 0, name, {}};
+  const auto over_wire = [](const P2pDescriptor& d) {
+    return accel::detail::decode_p2p_descriptor(accel::detail::encode_p2p_descriptor(d), "rank 0");
+  };
+  const std::string label = "message #1 from rank 0 to rank 1";
+  REQUIRE(over_wire(sent).object_type.size() == 960);
+  REQUIRE(accel::detail::p2p_mismatch(over_wire(sent), wanted, "rank 0", "rank 1", label).empty());  // the receiver's check
+  REQUIRE(accel::detail::p2p_mismatch(sent, over_wire(wanted), "rank 0", "rank 1", label).empty());  // the sender's
+  P2pDescriptor other = wanted;
+  other.object_type[5] = 'X';
+  REQUIRE_FALSE(accel::detail::p2p_mismatch(over_wire(sent), other, "rank 0", "rank 1", label).empty());
+}
+
 TEST_CASE("p2p: the store's word on a peer that left is reworded for the peer's name", "[p2p]") {
   REQUIRE(accel::detail::how_peer_left("group rank 1 (job rank 3) lost its connection to the store without saying goodbye (the process "
                                        "crashed), so it cannot join message #1") ==

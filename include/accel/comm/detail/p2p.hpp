@@ -53,10 +53,16 @@ struct P2pDescriptor {
 /// are cut to fit).
 inline constexpr std::size_t p2p_descriptor_max_bytes = 2048;
 
+/// @brief The part of an object's type name or a failure's text that a descriptor carries: the
+/// first p2p_descriptor_max_bytes / 2 - 64 characters (pure). Both ends compare type names cut so.
+[[nodiscard]] inline std::string_view p2p_descriptor_text(std::string_view s) noexcept {
+  return s.substr(0, p2p_descriptor_max_bytes / 2 - 64);
+}
+
 inline std::vector<std::byte> encode_p2p_descriptor(const P2pDescriptor& d) {
   WireWriter w;
-  const std::string type = d.object_type.substr(0, p2p_descriptor_max_bytes / 2 - 64);
-  const std::string failure = d.failure.substr(0, p2p_descriptor_max_bytes / 2 - 64);
+  const std::string type(p2p_descriptor_text(d.object_type));
+  const std::string failure(p2p_descriptor_text(d.failure));
   w.u8(static_cast<std::uint8_t>(d.kind)).u8(static_cast<std::uint8_t>(d.type)).u64(d.count).str(type).str(failure);
   return w.take();
 }
@@ -102,7 +108,8 @@ inline std::string p2p_mismatch(const P2pDescriptor& sent, const P2pDescriptor& 
                                 const std::string& receiver, const std::string& label) {
   bool same = sent.kind == wanted.kind;
   if (same && sent.kind == P2pKind::buffer) same = sent.type == wanted.type && sent.count == wanted.count;
-  if (same && sent.kind == P2pKind::object) same = sent.object_type == wanted.object_type;
+  // The peer's name arrived cut to what a descriptor carries: compare as much of each.
+  if (same && sent.kind == P2pKind::object) same = p2p_descriptor_text(sent.object_type) == p2p_descriptor_text(wanted.object_type);
   if (same) return {};
   return concat("send/recv mismatch in ", label, ": ", sender, " sends ", describe_p2p(sent, true), ", ", receiver, " expects ",
                 describe_p2p(wanted, false),
