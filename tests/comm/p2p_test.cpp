@@ -4,8 +4,14 @@
 // ranks as threads (shared-memory channels, and the store path as across machines); the solo
 // backend; the descriptor check as a pure function.
 #include <accel/comm/p2p.hpp>
+#include <accel/comm/detail/shm_p2p.hpp>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -459,4 +465,22 @@ TEST_CASE("p2p: through the store, a peer that closed its communicator but lives
     REQUIRE(error == std::string("[accel.comm] rank 1 closed its communicator without taking part in message #1 from ") +
                          (wait_in_recv ? "rank 1 to rank 0" : "rank 0 to rank 1"));
   }
+}
+
+TEST_CASE("p2p: a shared-memory channel that cannot be made names the OS error", "[p2p]") {
+  const std::string name = "/accel-p2p-test-dir-" + std::to_string(::getpid());
+  accel::detail::ShmP2pChannel ch(name, true, {1, "rank 1", 0}, 1s, {}, {});
+  // posix_fallocate returns its error instead of setting errno: the message names the returned one.
+  REQUIRE_THROWS_WITH(ch.open_failed(4096, ENOSPC), contains(std::strerror(ENOSPC)));
+  // A name taken by a directory: shm_open fails, and its errno is named.
+  REQUIRE(::mkdir(("/dev/shm" + name).c_str(), 0700) == 0);
+  std::string error;
+  try {
+    ch.open();
+  } catch (const accel::comm_error& e) {
+    error = e.what();
+  }
+  ::rmdir(("/dev/shm" + name).c_str());
+  REQUIRE_THAT(error, contains(std::strerror(EINVAL)));  // glibc's shm_open reports a directory so
+  REQUIRE_THAT(error, contains("to rank 1"));
 }

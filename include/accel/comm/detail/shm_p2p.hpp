@@ -134,14 +134,25 @@ class ShmP2pChannel {
     Fd fd(::shm_open(segment_.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600));
     struct stat st {};
     bool ok = fd && ::fstat(fd.get(), &st) == 0;
-    if (ok && static_cast<std::size_t>(st.st_size) < bytes)  // both ends size it alike: a second ftruncate changes nothing
-      ok = ::ftruncate(fd.get(), static_cast<off_t>(bytes)) == 0 && ::posix_fallocate(fd.get(), 0, static_cast<off_t>(bytes)) == 0;
-    if (ok) map_ = map_shared(fd.get(), bytes, true);
-    if (!map_)
-      throw_error<comm_error>("cannot create the ", text::format_bytes(bytes), " shared-memory channel ", segment_, " to ", peer_.name, ": ",
-                              os_error_text(errno), " (is /dev/shm full?); set ACCEL_CPU_SHM=0 to send messages through the store instead");
+    int err = ok ? 0 : errno;
+    if (ok && static_cast<std::size_t>(st.st_size) < bytes) {  // both ends size it alike: a second ftruncate changes nothing
+      ok = ::ftruncate(fd.get(), static_cast<off_t>(bytes)) == 0;
+      if (!ok) err = errno;
+      else if (const int rc = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(bytes)); rc != 0) ok = false, err = rc;  // returns, not errno
+    }
+    if (ok) {
+      map_ = map_shared(fd.get(), bytes, true);
+      if (!map_) err = errno;
+    }
+    if (!map_) open_failed(bytes, err);
   }
   [[nodiscard]] const std::string& segment() const noexcept { return segment_; }
+  /// @brief What open() throws when the channel cannot be made: `err` is the OS error number (for
+  /// posix_fallocate, its return value, which it does not store in errno).
+  [[noreturn]] void open_failed(std::size_t bytes, int err) const {
+    throw_error<comm_error>("cannot create the ", text::format_bytes(bytes), " shared-memory channel ", segment_, " to ", peer_.name, ": ",
+                            os_error_text(err), " (is /dev/shm full?); set ACCEL_CPU_SHM=0 to send messages through the store instead");
+  }
 
   /// @brief Sends message `number` (see the file's notes); returns once the receiver answered and
   /// the whole payload is in the ring, or when accepts() said no.
