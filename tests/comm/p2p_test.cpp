@@ -108,6 +108,26 @@ inline void from_json(const nlohmann::json& j, Fragile& f) { f.v = j.get<int>();
 template <>
 struct accel::force_json_serialization<Fragile> : std::true_type {};
 
+namespace {
+// A backend whose first send fails here, before anything reaches the peer (as a failed
+// shm_open, store connection or allocation would); it records the message numbers it is handed.
+class FailFirstSend final : public accel::Communicator {
+ public:
+  FailFirstSend() : Communicator(0, 2, 5s) {}
+  std::vector<std::uint64_t> numbers;
+  [[nodiscard]] std::string backend() const override { return "fail-first-send"; }
+
+ protected:
+  std::shared_ptr<Communicator> make_group(const accel::GroupSpec&) override { return nullptr; }
+  Round exchange(std::uint64_t, const std::string&, std::span<const std::byte>, const accel::Payload&) override { return {}; }
+  accel::CollectiveHandle p2p_send(const P2pSend& m) override {
+    numbers.push_back(m.number);
+    if (m.number == 1) throw std::runtime_error("cannot create the channel (simulated)");
+    return {};
+  }
+};
+}  // namespace
+
 TEST_CASE("p2p: the two ends' descriptors match or name both ranks and what each passed", "[p2p]") {
   using accel::detail::P2pDescriptor;
   using accel::detail::P2pKind;
@@ -139,6 +159,20 @@ TEST_CASE("p2p: the two ends' descriptors match or name both ranks and what each
   REQUIRE(encoded.size() <= accel::detail::p2p_descriptor_max_bytes);
   REQUIRE(accel::detail::decode_p2p_descriptor(encoded, "rank 0").failure == std::string(960, 'x'));
   REQUIRE_THROWS_AS(accel::detail::decode_p2p_descriptor(std::vector<std::byte>(3), "rank 2"), accel::comm_error);
+}
+
+TEST_CASE("p2p: after a message failed on one end, later ones that way fail at once naming the first error", "[p2p]") {
+  // Message #1 never reached the peer, which still waits for #1: sending #2 would put the pair out
+  // of step for good (the peer reads #2 as #1, or waits out the timeout on every later message).
+  FailFirstSend comm;
+  const std::vector<int> v = {1, 2};
+  REQUIRE_THROWS_WITH(accel::send(comm, std::span(v), 1), contains("simulated"));
+  REQUIRE_THROWS_WITH(accel::send(comm, std::span(v), 1),
+                      "[accel.comm] message #2 from rank 0 to rank 1: an earlier message #1 from rank 0 to rank 1 failed (cannot create the "
+                      "channel (simulated)), so the messages to rank 1 are out of step; create a new communicator");
+  REQUIRE(comm.numbers == std::vector<std::uint64_t>{1});  // #2 never reached the backend
+  auto h = accel::send_async(comm, std::span(v), 1);
+  REQUIRE_THROWS_WITH(h.wait(), contains("message #3 from rank 0 to rank 1: an earlier message #1"));
 }
 
 TEST_CASE("p2p: an object type name longer than a descriptor carries still matches on both ends", "[p2p]") {

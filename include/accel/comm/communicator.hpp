@@ -21,6 +21,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <span>
 #include <string>
@@ -262,7 +263,7 @@ class Communicator {
   /// which rethrows what the send threw, and returns once the transfer finished (with a
   /// `stream`: once the work enqueued on it finished).
   /// @throws usage_error at once when dst is this rank or not a rank
-  CollectiveHandle send_message_async(int dst, detail::P2pDescriptor d, Payload data, void* stream = nullptr) {
+  [[nodiscard]] CollectiveHandle send_message_async(int dst, detail::P2pDescriptor d, Payload data, void* stream = nullptr) {
     check_peer("send", dst);
     const std::uint64_t n = ++p2p_sent_[dst];
     auto device = std::make_shared<CollectiveHandle>();
@@ -300,7 +301,7 @@ class Communicator {
   }
   /// @brief recv_message, returning at once; `place` and what it returns must stay valid until the
   /// handle's wait(), which rethrows what the receive threw (see send_message_async for `stream`).
-  CollectiveHandle recv_message_async(int src, detail::P2pDescriptor d, std::function<std::byte*(std::uint64_t)> place,
+  [[nodiscard]] CollectiveHandle recv_message_async(int src, detail::P2pDescriptor d, std::function<std::byte*(std::uint64_t)> place,
                                       void* stream = nullptr) {
     check_peer("recv", src);
     const std::uint64_t n = ++p2p_received_[src];
@@ -519,7 +520,7 @@ class Communicator {
       mismatch = detail::p2p_mismatch(d, detail::decode_p2p_descriptor(theirs, rank_name(dst)), rank_name(rank_), rank_name(dst), m.label);
       return mismatch.empty();
     };
-    CollectiveHandle h = p2p_send(m);
+    CollectiveHandle h = in_step(false, dst, m.label, [&] { return p2p_send(m); });
     if (!mismatch.empty()) throw usage_error(mismatch);
     return h;
   }
@@ -544,10 +545,33 @@ class Communicator {
       std::byte* at = place(bytes);
       return at ? at : &nothing;
     };
-    CollectiveHandle h = p2p_recv(m);
+    CollectiveHandle h = in_step(true, src, m.label, [&] { return p2p_recv(m); });
     if (!failed.empty()) throw comm_error(failed);
     if (!mismatch.empty()) throw usage_error(mismatch);
     return h;
+  }
+
+  // Runs the backend's part of a message between this rank and `peer` in one direction. A message
+  // the backend fails (a local error before anything left, a peer gone, a timeout) may have been
+  // used up on one end only, so the pair's later message numbers no longer line up: every later
+  // call that way fails at once naming the first error, instead of waiting out the timeout or
+  // reading another message's data. (A mismatch or failure marker is not a backend failure: both
+  // ends see it, and the pair stays in step.)
+  template <class Fn>
+  CollectiveHandle in_step(bool receive, int peer, const std::string& label, Fn&& fn) {
+    {
+      std::lock_guard lock(p2p_broken_mutex_);
+      if (const auto it = p2p_broken_.find({receive, peer}); it != p2p_broken_.end())
+        detail::throw_error<comm_error>(label, ": ", it->second, ", so the messages ", receive ? "from " : "to ", rank_name(peer),
+                                        " are out of step; create a new communicator");
+    }
+    try {
+      return fn();
+    } catch (const std::exception& e) {
+      std::lock_guard lock(p2p_broken_mutex_);
+      p2p_broken_.emplace(std::pair{receive, peer}, detail::concat("an earlier ", label, " failed (", e.what(), ")"));
+      throw;
+    }
   }
 
   void expect_bytes(std::size_t got, std::size_t want, int from, const std::string& label) const {
@@ -614,6 +638,8 @@ class Communicator {
   std::map<int, std::uint64_t> p2p_received_;  ///< messages received from each peer so far
   std::map<std::pair<bool, int>, std::unique_ptr<detail::P2pQueue>> p2p_queues_;  ///< (receive?, peer): the async calls' queues
   std::atomic<bool> p2p_closing_{false};
+  std::mutex p2p_broken_mutex_;                               ///< guards p2p_broken_ (queue threads of different peers)
+  std::map<std::pair<bool, int>, std::string> p2p_broken_;  ///< (receive?, peer): the first failure that put the pair out of step
 };
 
 /// @brief The communicator of a one-process job: every collective returns this process's own data.

@@ -94,9 +94,13 @@ void send(Communicator& comm, std::span<T> data, int dst) {
   comm.send_message(dst, detail::buffer_descriptor<T>(data.size()), Payload(std::as_bytes(data)));
 }
 /// @brief send, returning at once; `data` must stay valid until wait(), which rethrows its error.
+/// Dropping the handle does not cancel the call: it still runs later and reads `data`, so keep the
+/// handle and wait() before `data` goes (hence [[nodiscard]]).
+/// @param comm the communicator; @param data what to send; @param dst the receiving rank
+/// @return a handle whose wait() returns once the message was taken (rethrowing the send's error)
 /// @throws usage_error at once when dst is this rank or not a rank
 template <class T>
-CollectiveHandle send_async(Communicator& comm, std::span<T> data, int dst) {
+[[nodiscard]] CollectiveHandle send_async(Communicator& comm, std::span<T> data, int dst) {
   return comm.send_message_async(dst, detail::buffer_descriptor<T>(data.size()), Payload(std::as_bytes(data)));
 }
 /// @brief Receives the next message from rank `src` into `data` (sent with send() from a span of
@@ -108,9 +112,13 @@ void recv(Communicator& comm, std::span<T> data, int src) {
   comm.recv_message(src, detail::buffer_descriptor<T>(data.size()), [&](std::uint64_t) { return reinterpret_cast<std::byte*>(data.data()); });
 }
 /// @brief recv, returning at once; `data` must stay valid until wait(), which rethrows its error.
+/// Dropping the handle does not cancel the call: it still runs later and writes `data`, so keep
+/// the handle and wait() before `data` goes (hence [[nodiscard]]).
+/// @param comm the communicator; @param data where the message goes; @param src the sending rank
+/// @return a handle whose wait() returns once `data` holds the message (rethrowing the receive's error)
 /// @throws usage_error at once when src is this rank or not a rank
 template <class T>
-CollectiveHandle recv_async(Communicator& comm, std::span<T> data, int src) {
+[[nodiscard]] CollectiveHandle recv_async(Communicator& comm, std::span<T> data, int src) {
   static_assert(!std::is_const_v<T>, "accel::recv_async writes into its span: pass a span of non-const elements");
   return comm.recv_message_async(src, detail::buffer_descriptor<T>(data.size()),
                                  [data](std::uint64_t) { return reinterpret_cast<std::byte*>(data.data()); });
@@ -176,7 +184,7 @@ void send(Communicator& comm, std::span<T> data, int dst, cudaStream_t stream) {
 }
 /// @copydoc send(Communicator&, std::span<T>, int, cudaStream_t)
 template <class T>
-CollectiveHandle send_async(Communicator& comm, std::span<T> data, int dst, cudaStream_t stream) {
+[[nodiscard]] CollectiveHandle send_async(Communicator& comm, std::span<T> data, int dst, cudaStream_t stream) {
   return comm.send_message_async(dst, detail::buffer_descriptor<T>(data.size()), Payload(std::as_bytes(data)),
                                  detail::p2p_stream(comm, stream));
 }
@@ -189,7 +197,7 @@ void recv(Communicator& comm, std::span<T> data, int src, cudaStream_t stream) {
 }
 /// @copydoc send(Communicator&, std::span<T>, int, cudaStream_t)
 template <class T>
-CollectiveHandle recv_async(Communicator& comm, std::span<T> data, int src, cudaStream_t stream) {
+[[nodiscard]] CollectiveHandle recv_async(Communicator& comm, std::span<T> data, int src, cudaStream_t stream) {
   static_assert(!std::is_const_v<T>, "accel::recv_async writes into its span: pass a span of non-const elements");
   return comm.recv_message_async(src, detail::buffer_descriptor<T>(data.size()),
                                  [data](std::uint64_t) { return reinterpret_cast<std::byte*>(data.data()); },
@@ -202,7 +210,7 @@ void send(DistributedState& state, std::span<T> data, int dst, cudaStream_t stre
 }
 /// @copydoc send(Communicator&, std::span<T>, int, cudaStream_t)
 template <class T>
-CollectiveHandle send_async(DistributedState& state, std::span<T> data, int dst, cudaStream_t stream) {
+[[nodiscard]] CollectiveHandle send_async(DistributedState& state, std::span<T> data, int dst, cudaStream_t stream) {
   return send_async(communicator(state), data, dst, stream);
 }
 /// @copydoc send(Communicator&, std::span<T>, int, cudaStream_t)
@@ -212,7 +220,7 @@ void recv(DistributedState& state, std::span<T> data, int src, cudaStream_t stre
 }
 /// @copydoc send(Communicator&, std::span<T>, int, cudaStream_t)
 template <class T>
-CollectiveHandle recv_async(DistributedState& state, std::span<T> data, int src, cudaStream_t stream) {
+[[nodiscard]] CollectiveHandle recv_async(DistributedState& state, std::span<T> data, int src, cudaStream_t stream) {
   return recv_async(communicator(state), data, src, stream);
 }
 #endif
@@ -224,7 +232,7 @@ void send(DistributedState& state, std::span<T> data, int dst) {
 }
 /// @copydoc send_async(Communicator&, std::span<T>, int)
 template <class T>
-CollectiveHandle send_async(DistributedState& state, std::span<T> data, int dst) {
+[[nodiscard]] CollectiveHandle send_async(DistributedState& state, std::span<T> data, int dst) {
   return send_async(communicator(state), data, dst);
 }
 /// @copydoc recv(Communicator&, std::span<T>, int)
@@ -234,7 +242,7 @@ void recv(DistributedState& state, std::span<T> data, int src) {
 }
 /// @copydoc recv_async(Communicator&, std::span<T>, int)
 template <class T>
-CollectiveHandle recv_async(DistributedState& state, std::span<T> data, int src) {
+[[nodiscard]] CollectiveHandle recv_async(DistributedState& state, std::span<T> data, int src) {
   return recv_async(communicator(state), data, src);
 }
 /// @copydoc send_object(Communicator&, const T&, int)
