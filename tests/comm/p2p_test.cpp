@@ -501,6 +501,70 @@ TEST_CASE("p2p: through the store, a peer that closed its communicator but lives
   }
 }
 
+TEST_CASE("p2p: through the store, a receiver that fails midway fails its sender at once", "[p2p]") {
+  // 1 MiB in pieces of 128 KiB: without a marker the sender would wait in piece 2 until the 60 s timeout.
+  const auto start = std::chrono::steady_clock::now();
+  std::promise<void> sender_done;
+  auto sender_finished = sender_done.get_future().share();
+  const auto errors = run(Backend::cpu_store, 2, [&](accel::Communicator& comm) {
+    std::vector<std::uint8_t> v(1 << 20, 7);
+    if (comm.rank() == 0) {
+      struct Done {
+        std::promise<void>& p;
+        ~Done() { p.set_value(); }
+      } done{sender_done};
+      comm.send_message(1, accel::detail::buffer_descriptor<std::uint8_t>(v.size()), accel::Payload(std::as_bytes(std::span(v))));
+    } else {
+      try {
+        comm.recv_message(0, accel::detail::buffer_descriptor<std::uint8_t>(v.size()),
+                          [](std::uint64_t) -> std::byte* { throw std::runtime_error("no room here"); });
+      } catch (...) {
+        sender_finished.wait_for(30s);  // stays connected: its leaving must not be what ends the sender's wait
+        throw;
+      }
+    }
+  }, 60s);
+  REQUIRE(std::chrono::steady_clock::now() - start < 15s);
+  REQUIRE(errors[1] == "no room here");
+  REQUIRE(errors[0] == "[accel.comm] rank 1 gave up on message #1 from rank 0 to rank 1 midway (rank 1: no room here)");
+}
+
+TEST_CASE("p2p: destroying a communicator with an unmatched send_async or recv_async pending does not wait out the timeout", "[p2p]") {
+  for (Backend b : {Backend::cpu_shm, Backend::cpu_store}) {
+    for (bool receive : {false, true}) {
+      INFO(name_of(b) << (receive ? ", recv_async" : ", send_async"));
+      accel_test::LocalStore job;
+      accel::CpuCommOptions o;
+      o.use_shm = b == Backend::cpu_shm;
+      auto c0 = job.client(0, 2, 60s), c1 = job.client(1, 2, 60s);
+      std::promise<void> done;
+      auto rank1 = std::async(std::launch::async, [&] {
+        accel::CpuCommunicator comm(c1, 1, 2, o);  // lives on, never answers
+        done.get_future().wait();
+      });
+      std::string error;
+      const auto start = std::chrono::steady_clock::now();
+      std::vector<int> v(4);
+      accel::CollectiveHandle h;
+      {
+        accel::CpuCommunicator comm(c0, 0, 2, o);
+        h = receive ? accel::recv_async(comm, std::span(v), 1) : accel::send_async(comm, std::span(v), 1);
+        std::this_thread::sleep_for(200ms);  // the call is waiting for rank 1
+      }  // destroyed here, the call still pending
+      const auto took = std::chrono::steady_clock::now() - start;
+      try {
+        h.wait();
+      } catch (const accel::comm_error& e) {
+        error = e.what();
+      }
+      done.set_value();
+      rank1.get();
+      REQUIRE(took < 15s);
+      REQUIRE_THAT(error, contains("the communicator is being destroyed"));
+    }
+  }
+}
+
 TEST_CASE("p2p: a shared-memory channel that cannot be made names the OS error", "[p2p]") {
   const std::string name = "/accel-p2p-test-dir-" + std::to_string(::getpid());
   accel::detail::ShmP2pChannel ch(name, true, {1, "rank 1", 0}, 1s, {}, {});

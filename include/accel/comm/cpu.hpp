@@ -179,6 +179,11 @@ class CpuCommunicator final : public Communicator {
   /// @brief Says this rank is done; if its last round went through shared memory, first waits
   /// (bounded) until every rank is done too, so nobody is left reading a segment being unlinked.
   ~CpuCommunicator() override {
+    {
+      std::lock_guard lock(p2p_mutex_);
+      p2p_abandoned_ = true;
+      if (store_p2p_) store_p2p_->abandon();  // a queued send or receive waiting in the store ends now
+    }
     stop_p2p();
     std::unique_ptr<detail::StoreP2p> store_p2p;
     {
@@ -473,6 +478,7 @@ class CpuCommunicator final : public Communicator {
   // The store path of point-to-point messages, made on first use.
   detail::StoreP2p& store_p2p() {
     std::lock_guard lock(p2p_mutex_);
+    if (p2p_abandoned_) detail::throw_error<comm_error>("point-to-point: the communicator is being destroyed");
     if (!store_p2p_)
       store_p2p_ = std::make_unique<detail::StoreP2p>(
           store_, key(""), options_.store_round_bytes, rank(), timeout(),
@@ -540,6 +546,7 @@ class CpuCommunicator final : public Communicator {
   std::mutex p2p_mutex_;                                  ///< guards channels_, store_p2p_, watch_store_ (async calls run on queue threads)
   std::map<std::pair<bool, int>, std::unique_ptr<detail::ShmP2pChannel>> channels_;  ///< (sending?, peer)
   std::unique_ptr<detail::StoreP2p> store_p2p_;                                       ///< see store_p2p()
+  bool p2p_abandoned_ = false;  ///< set by the destructor: no store path is made any more
   std::shared_ptr<StoreClient> watch_store_;  ///< see watch_store()
   std::atomic<std::uint64_t> p2p_inquiries_{0};
 };

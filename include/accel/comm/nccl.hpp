@@ -227,7 +227,12 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
-    stop_p2p();
+    {
+      std::lock_guard lock(p2p_mutex_);
+      p2p_abandoned_ = true;
+      if (store_p2p_) store_p2p_->abandon();  // a queued send or receive waiting in the store ends now
+    }
+    stop_p2p();  // one waiting on the GPU sees p2p_closing() (wait_until)
 #if ACCEL_HAS_NCCL()
     release();
 #endif
@@ -607,6 +612,7 @@ class NcclCommunicator final : public Communicator {
   // The store path of point-to-point messages (descriptors, objects), made on first use.
   detail::StoreP2p& store_p2p() {
     std::lock_guard lock(p2p_mutex_);
+    if (p2p_abandoned_) detail::throw_error<comm_error>("point-to-point: the communicator is being destroyed");
     if (!store_p2p_) {
       ACCEL_EXPECTS(store_, "NcclCommunicator: point-to-point needs the job's store");
       store_p2p_ = std::make_unique<detail::StoreP2p>(
@@ -725,6 +731,9 @@ class NcclCommunicator final : public Communicator {
     const auto deadline = std::chrono::steady_clock::now() + timeout();
     for (auto pause = std::chrono::microseconds(5);; pause = std::min(pause * 2, std::chrono::microseconds(1000))) {
       throw_if_aborted(label);
+      // A point-to-point transfer waited for on a queue thread while the communicator is destroyed
+      // (its peer may never come): the destructor must not wait out the timeout for it.
+      if (c && c != comm_ && p2p_closing()) detail::throw_error<comm_error>(label, ": the communicator is being destroyed");
       const cudaError_t q = query();
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) cuda(q, "cudaStreamQuery/cudaEventQuery");
@@ -787,8 +796,9 @@ class NcclCommunicator final : public Communicator {
   NcclCommOptions options_;
   int device_;
   std::vector<int> members_;  ///< a group's: the job rank of each rank (empty: the job's ranks)
-  std::mutex p2p_mutex_;  ///< guards store_p2p_
+  std::mutex p2p_mutex_;  ///< guards store_p2p_, p2p_abandoned_
   std::unique_ptr<detail::StoreP2p> store_p2p_;
+  bool p2p_abandoned_ = false;  ///< set by the destructor: no store path is made any more
 };
 
 ACCEL_NAMESPACE_END

@@ -9,9 +9,11 @@
 /// the two ends reach the same verdict and throw the same message without another round trip.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -136,6 +138,18 @@ inline std::string how_peer_left(std::string_view store_message) {
   if (store_message.find(" exited without joining ") != std::string_view::npos) return "exited";
   if (store_message.find(" never joined the job") != std::string_view::npos) return "never joined the job";
   return {};
+}
+
+/// @brief Copies bytes [at, at + n) of the two-piece payload (head, body) to `out` (both backends'
+/// paths stream a Payload in pieces this way).
+inline void copy_payload_range(std::byte* out, std::span<const std::byte> head, std::span<const std::byte> body, std::size_t at,
+                               std::size_t n) noexcept {
+  if (at < head.size()) {
+    const std::size_t k = std::min(n, head.size() - at);
+    std::memcpy(out, head.data() + at, k);
+    out += k, at += k, n -= k;
+  }
+  if (n) std::memcpy(out, body.data() + (at - head.size()), n);
 }
 
 /// @brief The outcome of one queued point-to-point call: wait() blocks until it ran and rethrows

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -75,6 +76,15 @@ class StoreP2p {
     if (watcher_.joinable()) watcher_.join();
   }
 
+  /// @brief Ends every exchange in progress (each throws comm_error at once) and refuses later
+  /// ones: the communicator is being destroyed, and its queue threads must not wait out the
+  /// timeout for a peer that never comes.
+  void abandon() noexcept {
+    std::lock_guard lock(mutex_);
+    abandoned_ = true;
+    for (Waiting* w : waiting_) w->connection->interrupt();
+  }
+
   /// @brief Sends message `number` to `peer`; with `with_payload` false only the descriptors travel
   /// (the caller moves the data itself once accepts() agreed).
   /// @return accepts()'s verdict
@@ -86,7 +96,7 @@ class StoreP2p {
     const std::uint64_t total = head.size() + body.size();
     const auto first = with_payload ? static_cast<std::size_t>(std::min<std::uint64_t>(total, piece_)) : 0;
     std::vector<std::byte> buffer(first);
-    if (first) copy_range(buffer.data(), head, body, 0, first);
+    if (first) copy_payload_range(buffer.data(), head, body, 0, first);
     WireWriter w;
     w.bytes(descriptor).u64(total).bytes(buffer);
     const Blobs both = exchange(st, k, peer, true, w.take(), label);
@@ -98,14 +108,20 @@ class StoreP2p {
     } catch (const wire_error& e) {
       throw_error<comm_error>(names_.name(peer), " sent a malformed answer for ", label, " (", e.what(), ")");
     }
-    if (!accepts(theirs)) return false;
-    if (!with_payload) return true;
-    const std::uint64_t pieces = (total + piece_ - 1) / piece_;
+    const std::uint64_t pieces = with_payload ? (total + piece_ - 1) / piece_ : 0;
+    try {
+      if (!accepts(theirs)) return false;
+    } catch (const std::exception& e) {
+      give_up(st, k, 1, pieces, peer, true, e.what(), label);
+      throw;
+    }
     for (std::uint64_t i = 1; i < pieces; ++i) {
       const auto [from, length] = piece_range(total, i, piece_);
-      buffer.resize(static_cast<std::size_t>(length));
-      copy_range(buffer.data(), head, body, static_cast<std::size_t>(from), buffer.size());
-      exchange(st, concat(k, ".", i), peer, true, buffer, concat(label, ", piece ", i + 1, " of ", pieces));
+      buffer.resize(1 + static_cast<std::size_t>(length));
+      buffer[0] = std::byte{0};  // a piece (1: this end gave up, its error follows)
+      copy_payload_range(buffer.data() + 1, head, body, static_cast<std::size_t>(from), buffer.size() - 1);
+      const Blobs got = exchange(st, concat(k, ".", i), peer, true, buffer, concat(label, ", piece ", i + 1, " of ", pieces));
+      if (!got[1].empty()) peer_gave_up(peer, got[1], label);
     }
     return true;
   }
@@ -134,28 +150,61 @@ class StoreP2p {
     } catch (const wire_error& e) {
       throw_error<comm_error>(names_.name(peer), " sent a malformed message for ", label, " (", e.what(), ")");
     }
-    std::byte* out = place(theirs, total);
+    const std::uint64_t pieces = with_payload ? (total + piece_ - 1) / piece_ : 0;
+    std::byte* out = nullptr;
+    try {
+      out = place(theirs, total);
+    } catch (const std::exception& e) {  // the sender, if it accepted, waits for piece 2
+      give_up(st, k, 1, pieces, peer, false, e.what(), label);
+      throw;
+    }
     if (!out || !with_payload) return out;
     if (!first.empty()) std::memcpy(out, first.data(), first.size());
-    const std::uint64_t pieces = (total + piece_ - 1) / piece_;
     for (std::uint64_t i = 1; i < pieces; ++i) {
       const auto [from, length] = piece_range(total, i, piece_);
       const std::string what = concat(label, ", piece ", i + 1, " of ", pieces);
       const Blobs got = exchange(st, concat(k, ".", i), peer, false, {}, what);
-      if (got[0].size() != length) throw_error<comm_error>(names_.name(peer), " sent ", got[0].size(), " bytes for ", what, ", ", length, " expected");
-      std::memcpy(out + from, got[0].data(), got[0].size());
+      const std::span<const std::byte> piece = got[0];
+      if (!piece.empty() && piece[0] == std::byte{1}) peer_gave_up(peer, piece.subspan(1), label);
+      if (piece.size() != 1 + length) {
+        const std::string why = concat(names_.name(peer), " sent ", piece.size() ? piece.size() - 1 : 0, " bytes for ", what, ", ", length, " expected");
+        give_up(st, k, i + 1, pieces, peer, false, why, label);
+        throw comm_error(why);
+      }
+      std::memcpy(out + from, piece.data() + 1, length);
     }
     return out;
   }
 
+  /// @brief How long an end that gave up mid-message waits for its peer to collect the marker.
+  static constexpr std::chrono::milliseconds give_up_wait{5000};
+
  private:
-  static void copy_range(std::byte* out, std::span<const std::byte> head, std::span<const std::byte> body, std::size_t at, std::size_t n) {
-    if (at < head.size()) {
-      const std::size_t k = std::min(n, head.size() - at);
-      std::memcpy(out, head.data() + at, k);
-      out += k, at += k, n -= k;
+  // This end failed after the pair agreed on message `k` and before piece `next` (of `pieces`):
+  // the peer, waiting in piece `next`'s exchange, gets this end's error there instead of waiting
+  // out the timeout (the sender's entry is tagged 1 and carries the error; the receiver's is
+  // non-empty, which a piece's answer never is). Best effort, and bounded: a peer that is not
+  // there (it failed too, or stopped after the descriptors) is not waited for long.
+  void give_up(StoreClient& st, const std::string& k, std::uint64_t next, std::uint64_t pieces, int peer, bool sending,
+               const std::string& why, const std::string& label) noexcept {
+    if (next >= pieces) return;
+    try {
+      WireWriter w;
+      if (sending) w.u8(1);
+      w.str(why);
+      exchange(st, concat(k, ".", next), peer, sending, w.take(), concat(label, " (giving up)"), give_up_wait);
+    } catch (...) {  // the caller throws its own error
     }
-    if (n) std::memcpy(out, body.data() + (at - head.size()), n);
+  }
+  [[noreturn]] void peer_gave_up(int peer, std::span<const std::byte> marker, const std::string& label) {
+    std::string why;
+    try {
+      WireReader rd(marker);
+      why = rd.str();
+    } catch (const wire_error& e) {
+      why = concat("a malformed marker: ", e.what());
+    }
+    throw_error<comm_error>(names_.name(peer), " gave up on ", label, " midway (", names_.name(peer), ": ", why, ")");
   }
 
   StoreClient& connection(bool sending, int peer) {
@@ -192,7 +241,8 @@ class StoreP2p {
 
   // One exchange between this rank and `peer`, the sender's entry first. The store names the two
   // by their places in it ("group rank 1"): its errors are reworded with the peer's name here.
-  Blobs exchange(StoreClient& st, const std::string& k, int peer, bool sending, std::span<const std::byte> value, const std::string& label) {
+  Blobs exchange(StoreClient& st, const std::string& k, int peer, bool sending, std::span<const std::byte> value, const std::string& label,
+                 std::optional<std::chrono::milliseconds> timeout = std::nullopt) {
     const int sender = sending ? rank_ : peer, receiver = sending ? peer : rank_;
     const int members[2] = {names_.job_rank(sender), names_.job_rank(receiver)};
     Waiting me{&st, peer};
@@ -206,16 +256,18 @@ class StoreP2p {
     };
     {
       std::lock_guard lock(mutex_);
+      if (abandoned_) throw_error<comm_error>(label, ": the communicator is being destroyed");
       waiting_.push_back(&me);
       if (names_.closed && !watcher_.joinable()) watcher_ = std::thread([this] { watch(); });
     }
     Unlisted unlisted{*this, &me};
     try {
-      return st.exchange(k, sending ? 0 : 1, 2, value, label, std::nullopt, members);
+      return st.exchange(k, sending ? 0 : 1, 2, value, label, timeout, members);
     } catch (const comm_error& e) {
       bool closed = false;
       {
         std::lock_guard lock(mutex_);
+        if (abandoned_) throw_error<comm_error>(label, ": the communicator is being destroyed");
         closed = me.peer_closed;
         if (closed) connections_.erase({sending, peer});  // interrupted for good; the next message connects again
       }
@@ -235,10 +287,11 @@ class StoreP2p {
   int rank_;
   std::chrono::milliseconds timeout_;
   Names names_;
-  std::mutex mutex_;  ///< guards connections_, waiting_, stopping_
+  std::mutex mutex_;  ///< guards connections_, waiting_, stopping_, abandoned_
   std::map<std::pair<bool, int>, std::shared_ptr<StoreClient>> connections_;  ///< (sending?, peer)
   std::vector<Waiting*> waiting_;  ///< the exchanges in progress (see watch())
   bool stopping_ = false;
+  bool abandoned_ = false;  ///< see abandon()
   std::condition_variable wake_;
   std::thread watcher_;  ///< started with the first exchange when Names::closed is given
 };

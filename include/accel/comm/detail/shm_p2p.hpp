@@ -85,17 +85,6 @@ static_assert(sizeof(ShmP2pControl) <= p2p_area_bytes);
   return bytes == 0 ? 1 : (bytes + p2p_chunk_bytes - 1) / p2p_chunk_bytes;
 }
 
-/// @brief Copies bytes [at, at + n) of the two-piece payload (head, body) to `out`.
-inline void copy_payload_range(std::byte* out, std::span<const std::byte> head, std::span<const std::byte> body, std::size_t at,
-                               std::size_t n) noexcept {
-  if (at < head.size()) {
-    const std::size_t k = std::min(n, head.size() - at);
-    std::memcpy(out, head.data() + at, k);
-    out += k, at += k, n -= k;
-  }
-  if (n) std::memcpy(out, body.data() + (at - head.size()), n);
-}
-
 /// @brief One end of one channel.
 class ShmP2pChannel {
  public:
