@@ -6,12 +6,15 @@
 #include <accel/comm/p2p.hpp>
 #include <accel/comm/detail/shm_p2p.hpp>
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
@@ -574,11 +577,85 @@ TEST_CASE("p2p: a shared-memory channel that cannot be made names the OS error",
   REQUIRE(::mkdir(("/dev/shm" + name).c_str(), 0700) == 0);
   std::string error;
   try {
-    ch.open();
+    ch.open("message #1 from rank 0 to rank 1");
   } catch (const accel::comm_error& e) {
     error = e.what();
   }
   ::rmdir(("/dev/shm" + name).c_str());
   REQUIRE_THAT(error, contains(std::strerror(EINVAL)));  // glibc's shm_open reports a directory so
   REQUIRE_THAT(error, contains("to rank 1"));
+}
+
+namespace {
+// The point-to-point channel segments of this process's communicators in /dev/shm.
+std::vector<std::string> channel_segments() {
+  std::vector<std::string> out;
+  const std::string pid = "." + std::to_string(::getpid()) + ".";
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("accel.", 0) == 0 && name.find(pid) != std::string::npos && name.find(".p.") != std::string::npos) out.push_back(name);
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("p2p: a sender whose receiver already closed its communicator leaves no shared-memory channel behind", "[p2p]") {
+  accel_test::LocalStore job;
+  accel::CpuCommOptions o;
+  auto c0 = job.client(0, 2, 60s), c1 = job.client(1, 2, 60s);
+  std::promise<void> done;
+  auto rank1 = std::async(std::launch::async, [&] {
+    { accel::CpuCommunicator comm(c1, 1, 2, o); }  // made, then closed (its channels unlinked) at once
+    done.get_future().wait();                         // the process lives on
+  });
+  std::string error;
+  {
+    accel::CpuCommunicator comm(c0, 0, 2, o);
+    REQUIRE(comm.uses_shared_memory_p2p());
+    std::this_thread::sleep_for(300ms);
+    std::vector<int> v(4);
+    try {
+      accel::send(comm, std::span(v), 1);
+    } catch (const accel::comm_error& e) {
+      error = e.what();
+    }
+  }
+  done.set_value();
+  rank1.get();
+  REQUIRE_THAT(error, contains("rank 1 closed its communicator"));
+  REQUIRE(channel_segments().empty());  // a segment the sender made would outlive both communicators
+}
+
+TEST_CASE("p2p: a leftover segment under a channel's name is not reused", "[p2p]") {
+  // A process that had this pid died unswept and left channels whose names this process's next
+  // communicators will use, their counters and offers garbage.
+  const std::string base = "/accel." + std::to_string(accel::detail::pid_namespace_id()) + "." + std::to_string(::getpid()) + ".";
+  std::vector<std::string> planted;
+  for (int c = 0; c < 64; ++c)
+    for (int sender : {0, 1}) {
+      const std::string name = base + std::to_string(c) + ".p." + std::to_string(sender);
+      const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd < 0) continue;
+      std::vector<unsigned char> junk(4096, 0x5A);
+      REQUIRE(::write(fd, junk.data(), junk.size()) == static_cast<ssize_t>(junk.size()));
+      ::close(fd);
+      planted.push_back(name);
+    }
+  REQUIRE(!planted.empty());
+  const auto errors = run(Backend::cpu_shm, 2, [](accel::Communicator& comm) {
+    const int peer = 1 - comm.rank();
+    std::vector<int> mine(100, comm.rank()), got(100);
+    for (int i = 0; i < 3; ++i) {
+      if (comm.rank() == 0) {
+        accel::send(comm, std::span(mine), peer);
+        accel::recv(comm, std::span(got), peer);
+      } else {
+        accel::recv(comm, std::span(got), peer);
+        accel::send(comm, std::span(mine), peer);
+      }
+      ACCEL_TEST_ENSURE(got == std::vector<int>(100, peer));
+    }
+  }, 10s);
+  for (const auto& name : planted) ::shm_unlink(name.c_str());
+  REQUIRE(errors == std::vector<std::string>{"", ""});
 }

@@ -123,7 +123,12 @@ class CpuCommunicator final : public Communicator {
       if (!slots_->create()) slots_.reset();  // no shared memory here: the store carries every round
     }
     w.str(slots_ ? slots_->segment() : std::string());
-    w.str(shm_prefix + ".p");  // point-to-point channels to this rank are named <this>.<sender>
+    // Point-to-point channels to this rank are named <this>.<sender>, made by this rank: a
+    // leftover of the same name (a process that had this pid died unswept) goes before anyone
+    // learns the names, so no sender maps it (detail/shm_p2p.hpp).
+    if (options_.use_shm)
+      for (int r = 0; r < size; ++r) ::shm_unlink(detail::concat(shm_prefix, ".p.", r).c_str());
+    w.str(shm_prefix + ".p");
     const Blobs all = store_exchange(base_key() + "setup", w.take(), "communicator setup (" + options_.name + ")");
     same_machine_ = true;
     std::vector<detail::ShmBufferEngine::Peer> peers;
@@ -198,7 +203,7 @@ class CpuCommunicator final : public Communicator {
     }
     if (!p2p_prefixes_.empty())
       for (int r = 0; r < size(); ++r)
-        if (r != rank()) ::shm_unlink(channel_name(r, rank()).c_str());  // the channels to this rank, if a sender made them
+        if (r != rank()) ::shm_unlink(channel_name(r, rank()).c_str());  // the channels to this rank that it made
     try {
       store_->set(key("closed/" + std::to_string(rank())), std::string_view("1"));
       if (!segments_.empty() && last_shm_round_ != 0 && last_shm_round_ == collectives_entered()) {
@@ -251,9 +256,8 @@ class CpuCommunicator final : public Communicator {
   /// so a send waiting for its receiver never holds up another message of this process.
   CollectiveHandle p2p_send(const P2pSend& m) override {
     if (!p2p_prefixes_.empty()) {
-      detail::ShmP2pChannel& ch = channel(true, m.peer);
       try {
-        ch.send(m.number, m.label, m.descriptor, m.data.head, m.data.body, m.accepts);
+        channel(true, m.peer, m.label).send(m.number, m.label, m.descriptor, m.data.head, m.data.body, m.accepts);
       } catch (const detail::shm_peer_left& e) {
         peer_left(m.peer, m.label, e.what());
       }
@@ -265,9 +269,8 @@ class CpuCommunicator final : public Communicator {
 
   CollectiveHandle p2p_recv(const P2pRecv& m) override {
     if (!p2p_prefixes_.empty()) {
-      detail::ShmP2pChannel& ch = channel(false, m.peer);
       try {
-        ch.recv(m.number, m.label, m.descriptor, m.place);
+        channel(false, m.peer, m.label).recv(m.number, m.label, m.descriptor, m.place);
       } catch (const detail::shm_peer_left& e) {
         peer_left(m.peer, m.label, e.what());
       }
@@ -460,18 +463,24 @@ class CpuCommunicator final : public Communicator {
   // Point-to-point: the channel name of messages from `from` to `to` (made in `to`'s name).
   std::string channel_name(int from, int to) const { return detail::concat(p2p_prefixes_[static_cast<std::size_t>(to)], ".", from); }
 
-  // This end of the channel to (sending) or from `peer`, opened on first use.
-  detail::ShmP2pChannel& channel(bool sending, int peer) {
-    std::lock_guard lock(p2p_mutex_);
-    auto& ch = channels_[{sending, peer}];
-    if (!ch) {
-      const pid_t pid = peer_pids_[static_cast<std::size_t>(peer)];
-      auto made = std::make_unique<detail::ShmP2pChannel>(sending ? channel_name(rank(), peer) : channel_name(peer, rank()), sending,
-                                                          detail::ShmP2pChannel::Peer{peer, rank_name(peer), pid}, timeout(),
-                                                          [this] { return p2p_closing(); }, [this, peer] { return closed(peer); });
-      made->open();
-      ch = std::move(made);
+  // This end of the channel to (sending) or from `peer`, opened on first use. Opened outside
+  // p2p_mutex_: a sender waits there for its receiver to make the channel, asking closed() (which
+  // takes the mutex) meanwhile, and other peers' messages must not wait for it. Only one call per
+  // direction and peer runs at a time (the Communicator's queues), so no two threads open one.
+  detail::ShmP2pChannel& channel(bool sending, int peer, const std::string& label) {
+    detail::ShmP2pChannel* ch = nullptr;
+    {
+      std::lock_guard lock(p2p_mutex_);
+      auto& made = channels_[{sending, peer}];
+      if (!made) {
+        const pid_t pid = peer_pids_[static_cast<std::size_t>(peer)];
+        made = std::make_unique<detail::ShmP2pChannel>(sending ? channel_name(rank(), peer) : channel_name(peer, rank()), sending,
+                                                       detail::ShmP2pChannel::Peer{peer, rank_name(peer), pid}, timeout(),
+                                                       [this] { return p2p_closing(); }, [this, peer] { return closed(peer); });
+      }
+      ch = made.get();
     }
+    if (!ch->is_open()) ch->open(label);
     return *ch;
   }
 

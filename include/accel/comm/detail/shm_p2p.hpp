@@ -5,9 +5,11 @@
 ///        shared-memory channel per ordered pair of ranks, with a ring of chunks that sender and
 ///        receiver copy through at the same time.
 ///
-/// A channel (sender s, receiver d) is one segment named after d's prefix and s, created by
-/// whichever end comes first (both open it with O_CREAT and size it alike), unlinked by d's
-/// communicator when it ends (a killed d's is swept like its other segments, by its pid). It holds
+/// A channel (sender s, receiver d) is one segment named after d's prefix and s, created by d on
+/// its first receive from s (O_EXCL; s waits for it to appear, as it would wait for d anyway),
+/// unlinked by d's communicator when it ends (a killed d's is swept like its other segments, by
+/// its pid). d's communicator removes leftovers of its channels' names before it tells anyone
+/// the names, so neither end maps a stale segment, and a sender never makes one nobody unlinks. It holds
 /// a control block (counters `posted`, `consumed`, `answered`, a `sleeping` and a `left` flag per
 /// end, each on its own cache line), an offer area (the sender's descriptor, message number and
 /// payload size), an answer area (the receiver's descriptor) and a ring of `slots` chunks.
@@ -44,6 +46,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <accel/runtime/bytes.hpp>
@@ -116,25 +119,38 @@ class ShmP2pChannel {
     wake_all();
   }
 
-  /// @brief Opens the channel, creating it if the peer has not yet.
-  /// @throws comm_error when shared memory is unavailable or full
-  void open() {
+  /// @brief Opens the channel. The receiver creates it (O_EXCL: a segment of that name is a
+  /// leftover, which the receiver's communicator removed before it told anyone the name, so only
+  /// a same-named segment made since can be there); the sender waits for it to appear, sized, as
+  /// it would wait for the receiver in its first message. So no sender ever makes a segment that
+  /// nobody unlinks (a receiver whose communicator already ended made none), and no end maps a
+  /// stale one.
+  /// @param label the first message's, for errors
+  /// @throws comm_error when shared memory is unavailable or full, or (sender) as send() when the
+  ///         receiver leaves or closes first; timeout_error after the timeout
+  void open(const std::string& label) {
     const std::size_t bytes = p2p_channel_bytes();
-    Fd fd(::shm_open(segment_.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600));
-    struct stat st {};
-    bool ok = fd && ::fstat(fd.get(), &st) == 0;
-    int err = ok ? 0 : errno;
-    if (ok && static_cast<std::size_t>(st.st_size) < bytes) {  // both ends size it alike: a second ftruncate changes nothing
-      ok = ::ftruncate(fd.get(), static_cast<off_t>(bytes)) == 0;
-      if (!ok) err = errno;
-      else if (const int rc = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(bytes)); rc != 0) ok = false, err = rc;  // returns, not errno
+    if (me_ == 0) return open_existing(bytes, label);
+    Fd fd(::shm_open(segment_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600));
+    if (!fd && errno == EEXIST) {  // made since by something else under this name: not ours to trust
+      ::shm_unlink(segment_.c_str());
+      fd.reset(::shm_open(segment_.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600));
     }
-    if (ok) {
+    if (!fd) open_failed(bytes, errno);
+    int err = 0;
+    if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) err = errno;
+    else if (const int rc = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(bytes)); rc != 0) err = rc;  // returns, not errno
+    if (!err) {
       map_ = map_shared(fd.get(), bytes, true);
       if (!map_) err = errno;
     }
-    if (!map_) open_failed(bytes, err);
+    if (err) {
+      ::shm_unlink(segment_.c_str());
+      open_failed(bytes, err);
+    }
   }
+  /// @brief Whether open() succeeded.
+  [[nodiscard]] bool is_open() const noexcept { return static_cast<bool>(map_); }
   [[nodiscard]] const std::string& segment() const noexcept { return segment_; }
   /// @brief What open() throws when the channel cannot be made: `err` is the OS error number (for
   /// posix_fallocate, its return value, which it does not store in errno).
@@ -224,6 +240,39 @@ class ShmP2pChannel {
 
  private:
   ShmP2pControl& control() noexcept { return *reinterpret_cast<ShmP2pControl*>(map_.get()); }
+  // The sender's open(): the segment once the receiver made and sized it (the receiver sizes it
+  // right after creating it; its pages are reserved before it maps them).
+  void open_existing(std::size_t bytes, const std::string& label) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (auto pause = std::chrono::microseconds(50);; pause = std::min(pause * 2, std::chrono::microseconds(20'000))) {
+      Fd fd(::shm_open(segment_.c_str(), O_RDWR | O_CLOEXEC, 0600));
+      if (!fd && errno != ENOENT) open_failed(bytes, errno);
+      struct stat st {};
+      if (fd && ::fstat(fd.get(), &st) != 0) open_failed(bytes, errno);
+      if (fd && static_cast<std::size_t>(st.st_size) >= bytes) {
+        map_ = map_shared(fd.get(), bytes, true);
+        if (!map_) open_failed(bytes, errno);
+        return;
+      }
+      check_before_open(label, deadline);
+      std::this_thread::sleep_for(pause);
+    }
+  }
+  // check() for a sender whose channel the receiver has not made yet (no control block to read).
+  void check_before_open(const std::string& label, std::chrono::steady_clock::time_point deadline) {
+    if (closing_ && closing_()) throw_error<comm_error>(label, ": the communicator is being destroyed");
+    if (peer_.pid > 0 && peer_.pid != ::getpid() && process_gone(peer_.pid))
+      throw shm_peer_left(peer_.rank, concat(peer_.name, " (pid ", peer_.pid, ") exited or died during ", label));
+    const auto now = std::chrono::steady_clock::now();
+    if (peer_closed_ && now - last_probe_ >= std::chrono::milliseconds(500)) {
+      last_probe_ = now;
+      if (peer_closed_()) throw_error<comm_error>(peer_.name, " closed its communicator without taking part in ", label);
+    }
+    if (now >= deadline)
+      throw_error<timeout_error>("timed out after ", text::format_ms(static_cast<std::uint64_t>(timeout_.count())), " in ", label, ": ",
+                                 peer_.name, " did not receive it");
+  }
+
   std::byte* slot(std::uint32_t step) noexcept { return map_.get() + 3 * p2p_area_bytes + (step % p2p_ring_slots) * p2p_chunk_bytes; }
   int them() const noexcept { return 1 - me_; }
 
