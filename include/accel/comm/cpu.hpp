@@ -498,9 +498,16 @@ class CpuCommunicator final : public Communicator {
 
   // The connection for questions about peers while messages wait on channels (not the main
   // one: a collective may hold it while it waits for a peer that waits for this message).
+  // Connected outside p2p_mutex_ (connecting may take a while; channels and other questions
+  // must not wait for it); two threads that both find none connect twice, and one is kept.
   StoreClient& watch_store() {
+    {
+      std::lock_guard lock(p2p_mutex_);
+      if (watch_store_) return *watch_store_;
+    }
+    std::shared_ptr<StoreClient> made = store_->connect_again();
     std::lock_guard lock(p2p_mutex_);
-    if (!watch_store_) watch_store_ = store_->connect_again();
+    if (!watch_store_) watch_store_ = std::move(made);
     return *watch_store_;
   }
 

@@ -207,10 +207,19 @@ class StoreP2p {
     throw_error<comm_error>(names_.name(peer), " gave up on ", label, " midway (", names_.name(peer), ": ", why, ")");
   }
 
+  // The connection of messages to (sending) or from `peer`, made on first use. Made outside
+  // mutex_: connecting may take a while, and the exchanges of other peers (and the watcher)
+  // must not wait for it. Only one call per direction and peer runs at a time, so nobody else
+  // makes the same one meanwhile.
   StoreClient& connection(bool sending, int peer) {
+    {
+      std::lock_guard lock(mutex_);
+      if (const auto it = connections_.find({sending, peer}); it != connections_.end() && it->second) return *it->second;
+    }
+    std::shared_ptr<StoreClient> made = store_->connect_again();
     std::lock_guard lock(mutex_);
     auto& st = connections_[{sending, peer}];
-    if (!st) st = store_->connect_again();
+    if (!st) st = std::move(made);
     return *st;
   }
 
