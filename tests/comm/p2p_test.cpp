@@ -547,23 +547,34 @@ TEST_CASE("p2p: destroying a communicator with an unmatched send_async or recv_a
       });
       std::string error;
       const auto start = std::chrono::steady_clock::now();
-      std::vector<int> v(4);
-      accel::CollectiveHandle h;
+      std::vector<int> v(4), w(4);
+      accel::CollectiveHandle h, queued;
       {
         accel::CpuCommunicator comm(c0, 0, 2, o);
         h = receive ? accel::recv_async(comm, std::span(v), 1) : accel::send_async(comm, std::span(v), 1);
+        queued = receive ? accel::recv_async(comm, std::span(w), 1) : accel::send_async(comm, std::span(w), 1);  // waits behind h
         std::this_thread::sleep_for(200ms);  // the call is waiting for rank 1
-      }  // destroyed here, the call still pending
+      }  // destroyed here, the calls still pending
       const auto took = std::chrono::steady_clock::now() - start;
+      std::string queued_error;
       try {
         h.wait();
       } catch (const accel::comm_error& e) {
         error = e.what();
       }
+      try {
+        queued.wait();
+      } catch (const accel::comm_error& e) {
+        queued_error = e.what();
+      }
       done.set_value();
       rank1.get();
       REQUIRE(took < 15s);
       REQUIRE_THAT(error, contains("the communicator is being destroyed"));
+      // The call that never ran says which message it was.
+      REQUIRE(queued_error == std::string("[accel.comm] message #2 from ") + (receive ? "rank 1 to rank 0" : "rank 0 to rank 1") +
+                                  ": the communicator was destroyed before this point-to-point call ran (it waited behind earlier calls "
+                                  "to the same peer), so nothing of it moved");
     }
   }
 }

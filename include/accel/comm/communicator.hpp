@@ -257,7 +257,7 @@ class Communicator {
   void send_message(int dst, const detail::P2pDescriptor& d, Payload data, void* stream = nullptr) {
     check_peer("send", dst);
     const std::uint64_t n = ++p2p_sent_[dst];
-    run_in_order(p2p_queue(false, dst), [&] { settle(do_send(dst, n, d, data, stream), stream); });
+    run_in_order(p2p_queue(false, dst), p2p_label(rank_, dst, n), [&] { settle(do_send(dst, n, d, data, stream), stream); });
   }
   /// @brief send_message, returning at once; `data` must stay valid until the handle's wait(),
   /// which rethrows what the send threw, and returns once the transfer finished (with a
@@ -269,7 +269,7 @@ class Communicator {
     auto device = std::make_shared<CollectiveHandle>();
     auto outcome = p2p_queue(false, dst).push([this, dst, n, d = std::move(d), data, stream, device] {
       *device = settle(do_send(dst, n, d, data, stream), stream);
-    });
+    }, p2p_label(rank_, dst, n));
     return CollectiveHandle([outcome, device] {
       outcome->wait();
       device->wait();
@@ -286,7 +286,7 @@ class Communicator {
     const std::uint64_t n = ++p2p_sent_[dst];
     d.count = 0, d.failure = why.empty() ? std::string("an unnamed error") : std::move(why);
     try {
-      run_in_order(p2p_queue(false, dst), [&] { settle(do_send(dst, n, d, Payload()), nullptr); });
+      run_in_order(p2p_queue(false, dst), p2p_label(rank_, dst, n), [&] { settle(do_send(dst, n, d, Payload()), nullptr); });
     } catch (const error&) {  // the marker did not reach dst (gone, timed out): the caller's error says more
     }
   }
@@ -297,7 +297,7 @@ class Communicator {
                     void* stream = nullptr) {
     check_peer("recv", src);
     const std::uint64_t n = ++p2p_received_[src];
-    run_in_order(p2p_queue(true, src), [&] { settle(do_recv(src, n, d, place, stream), stream); });
+    run_in_order(p2p_queue(true, src), p2p_label(src, rank_, n), [&] { settle(do_recv(src, n, d, place, stream), stream); });
   }
   /// @brief recv_message, returning at once; `place` and what it returns must stay valid until the
   /// handle's wait(), which rethrows what the receive threw (see send_message_async for `stream`).
@@ -308,7 +308,7 @@ class Communicator {
     auto device = std::make_shared<CollectiveHandle>();
     auto outcome = p2p_queue(true, src).push([this, src, n, d = std::move(d), place = std::move(place), stream, device] {
       *device = settle(do_recv(src, n, d, place, stream), stream);
-    });
+    }, p2p_label(src, rank_, n));
     return CollectiveHandle([outcome, device] {
       outcome->wait();
       device->wait();
@@ -497,9 +497,9 @@ class Communicator {
   }
   // A plain call runs here unless async calls of its queue are pending: then after them, in order.
   template <class Fn>
-  static void run_in_order(detail::P2pQueue& q, Fn&& fn) {
+  static void run_in_order(detail::P2pQueue& q, std::string label, Fn&& fn) {
     if (q.idle()) return fn();
-    q.push(std::function<void()>(std::forward<Fn>(fn)))->wait();
+    q.push(std::function<void()>(std::forward<Fn>(fn)), std::move(label))->wait();
   }
   std::string p2p_label(int from, int to, std::uint64_t n) const {
     return detail::concat("message #", n, " from ", rank_name(from), " to ", rank_name(to));
@@ -521,7 +521,7 @@ class Communicator {
       return mismatch.empty();
     };
     CollectiveHandle h = in_step(false, dst, m.label, [&] { return p2p_send(m); });
-    if (!mismatch.empty()) throw usage_error(mismatch);
+    if (!mismatch.empty()) detail::throw_error<usage_error>(mismatch);
     return h;
   }
   CollectiveHandle do_recv(int src, std::uint64_t n, const detail::P2pDescriptor& d, const std::function<std::byte*(std::uint64_t)>& place,
@@ -546,8 +546,8 @@ class Communicator {
       return at ? at : &nothing;
     };
     CollectiveHandle h = in_step(true, src, m.label, [&] { return p2p_recv(m); });
-    if (!failed.empty()) throw comm_error(failed);
-    if (!mismatch.empty()) throw usage_error(mismatch);
+    if (!failed.empty()) detail::throw_error<comm_error>(failed);
+    if (!mismatch.empty()) detail::throw_error<usage_error>(mismatch);
     return h;
   }
 

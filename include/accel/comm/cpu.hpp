@@ -534,7 +534,7 @@ class CpuCommunicator final : public Communicator {
     } catch (const comm_error& e) {
       how = detail::how_peer_left(e.what());
     }
-    if (how.empty()) throw comm_error(local);
+    if (how.empty()) detail::throw_error<comm_error>(local);
     const pid_t pid = peer_pids_[static_cast<std::size_t>(peer)];
     detail::throw_error<comm_error>(rank_name(peer), " (pid ", pid, ") ", how, " during ", label);
   }

@@ -189,11 +189,13 @@ class P2pQueue {
   ~P2pQueue() { stop(); }
 
   /// @brief Queues `fn`; its outcome says when it ran.
-  std::shared_ptr<P2pOutcome> push(std::function<void()> fn) {
+  /// @param label the call's message ("message #3 from rank 0 to rank 1"), named when the queue
+  ///        stops before it ran
+  std::shared_ptr<P2pOutcome> push(std::function<void()> fn, std::string label) {
     auto outcome = std::make_shared<P2pOutcome>();
     {
       std::lock_guard lock(m_);
-      tasks_.push_back({std::move(fn), outcome});
+      tasks_.push_back({std::move(fn), outcome, std::move(label)});
       if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
     }
     cv_.notify_all();
@@ -218,6 +220,7 @@ class P2pQueue {
   struct Task {
     std::function<void()> fn;
     std::shared_ptr<P2pOutcome> outcome;
+    std::string label;
   };
   void loop() {
     std::unique_lock lock(m_);
@@ -227,7 +230,9 @@ class P2pQueue {
       Task t = std::move(tasks_.front());
       tasks_.pop_front();
       if (stopping_) {
-        t.outcome->finish(std::make_exception_ptr(comm_error("the communicator was destroyed before this point-to-point call ran")));
+        t.outcome->finish(std::make_exception_ptr(
+            comm_error(concat(t.label, ": the communicator was destroyed before this point-to-point call ran (it waited behind earlier "
+                              "calls to the same peer), so nothing of it moved"))));
         continue;
       }
       running_ = true;

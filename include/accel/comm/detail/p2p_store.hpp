@@ -169,7 +169,7 @@ class StoreP2p {
       if (piece.size() != 1 + length) {
         const std::string why = concat(names_.name(peer), " sent ", piece.size() ? piece.size() - 1 : 0, " bytes for ", what, ", ", length, " expected");
         give_up(st, k, i + 1, pieces, peer, false, why, label);
-        throw comm_error(why);
+        throw_error<comm_error>(why);
       }
       std::memcpy(out + from, piece.data() + 1, length);
     }
