@@ -184,19 +184,13 @@ class CpuCommunicator final : public Communicator {
   /// @brief Says this rank is done; if its last round went through shared memory, first waits
   /// (bounded) until every rank is done too, so nobody is left reading a segment being unlinked.
   ~CpuCommunicator() override {
-    {
-      std::lock_guard lock(p2p_mutex_);
-      p2p_abandoned_ = true;
-      if (store_p2p_) store_p2p_->abandon();  // a queued send or receive waiting in the store ends now
-    }
+    store_p2p_.abandon();  // a queued send or receive waiting in the store ends now
     stop_p2p();
-    std::unique_ptr<detail::StoreP2p> store_p2p;
     {
       std::lock_guard lock(p2p_mutex_);
       channels_.clear();  // tells peers waiting on a channel that this end closed
-      store_p2p = std::move(store_p2p_);
     }
-    store_p2p.reset();  // outside the lock: its watcher asks closed(), which takes it
+    store_p2p_.release().reset();  // outside p2p_mutex_: its watcher asks closed(), which takes it
     {
       std::lock_guard lock(p2p_mutex_);
       watch_store_.reset();
@@ -486,14 +480,7 @@ class CpuCommunicator final : public Communicator {
 
   // The store path of point-to-point messages, made on first use.
   detail::StoreP2p& store_p2p() {
-    std::lock_guard lock(p2p_mutex_);
-    if (p2p_abandoned_) detail::throw_error<comm_error>("point-to-point: the communicator is being destroyed");
-    if (!store_p2p_)
-      store_p2p_ = std::make_unique<detail::StoreP2p>(
-          store_, key(""), options_.store_round_bytes, rank(), timeout(),
-          detail::StoreP2p::Names{[this](int r) { return rank_name(r); }, [this](int r) { return job_rank(r); },
-                                  [this](int r) { return closed(r); }});
-    return *store_p2p_;
+    return store_p2p_.get(*this, store_, key(""), options_.store_round_bytes, [this](int r) { return closed(r); });
   }
 
   // The connection for questions about peers while messages wait on channels (not the main
@@ -559,10 +546,9 @@ class CpuCommunicator final : public Communicator {
   std::unique_ptr<detail::ShmSlotExchange> slots_;       ///< null: every round travels through the store
   std::vector<pid_t> peer_pids_;                          ///< every rank's process id
   std::vector<std::string> p2p_prefixes_;                 ///< every rank's channel prefix; empty: messages go through the store
-  std::mutex p2p_mutex_;                                  ///< guards channels_, store_p2p_, watch_store_ (async calls run on queue threads)
+  std::mutex p2p_mutex_;                                  ///< guards channels_, watch_store_ (async calls run on queue threads)
   std::map<std::pair<bool, int>, std::unique_ptr<detail::ShmP2pChannel>> channels_;  ///< (sending?, peer)
-  std::unique_ptr<detail::StoreP2p> store_p2p_;                                       ///< see store_p2p()
-  bool p2p_abandoned_ = false;  ///< set by the destructor: no store path is made any more
+  detail::StoreP2pSlot store_p2p_;                                                    ///< see store_p2p()
   std::shared_ptr<StoreClient> watch_store_;  ///< see watch_store()
   std::atomic<std::uint64_t> p2p_inquiries_{0};
 };

@@ -227,11 +227,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   ~NcclCommunicator() override {
-    {
-      std::lock_guard lock(p2p_mutex_);
-      p2p_abandoned_ = true;
-      if (store_p2p_) store_p2p_->abandon();  // a queued send or receive waiting in the store ends now
-    }
+    store_p2p_.abandon();  // a queued send or receive waiting in the store ends now
     stop_p2p();  // one waiting on the GPU sees p2p_closing() (wait_until)
 #if ACCEL_HAS_NCCL()
     release();
@@ -611,15 +607,8 @@ class NcclCommunicator final : public Communicator {
   }
   // The store path of point-to-point messages (descriptors, objects), made on first use.
   detail::StoreP2p& store_p2p() {
-    std::lock_guard lock(p2p_mutex_);
-    if (p2p_abandoned_) detail::throw_error<comm_error>("point-to-point: the communicator is being destroyed");
-    if (!store_p2p_) {
-      ACCEL_EXPECTS(store_, "NcclCommunicator: point-to-point needs the job's store");
-      store_p2p_ = std::make_unique<detail::StoreP2p>(
-          store_, prefix_, std::size_t{16} << 20, rank(), timeout(),
-          detail::StoreP2p::Names{[this](int r) { return rank_name(r); }, [this](int r) { return job_rank(r); }, {}});
-    }
-    return *store_p2p_;
+    ACCEL_EXPECTS(store_, "NcclCommunicator: point-to-point needs the job's store");
+    return store_p2p_.get(*this, store_, prefix_, std::size_t{16} << 20, {});
   }
   // The 2-rank communicator and stream of messages from `from` to `to` (see p2p_send).
   struct PairComm {
@@ -796,9 +785,7 @@ class NcclCommunicator final : public Communicator {
   NcclCommOptions options_;
   int device_;
   std::vector<int> members_;  ///< a group's: the job rank of each rank (empty: the job's ranks)
-  std::mutex p2p_mutex_;  ///< guards store_p2p_, p2p_abandoned_
-  std::unique_ptr<detail::StoreP2p> store_p2p_;
-  bool p2p_abandoned_ = false;  ///< set by the destructor: no store path is made any more
+  detail::StoreP2pSlot store_p2p_;  ///< see store_p2p()
 };
 
 ACCEL_NAMESPACE_END

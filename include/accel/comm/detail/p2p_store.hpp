@@ -305,5 +305,45 @@ class StoreP2p {
   std::thread watcher_;  ///< started with the first exchange when Names::closed is given
 };
 
+/// @brief A backend's store path, made on first use, abandoned when its communicator is being
+/// destroyed (the CPU and NCCL backends each hold one).
+class StoreP2pSlot {
+ public:
+  /// @brief The store path, made on the first call.
+  /// @param comm the communicator (names its ranks; its rank and timeout)
+  /// @param prefix store keys of the communicator instance; @param round_bytes see StoreP2p
+  /// @param closed StoreP2p::Names::closed (null: peers that close are not watched for)
+  /// @throws comm_error once abandon() ran
+  template <class Comm>
+  StoreP2p& get(const Comm& comm, const std::shared_ptr<StoreClient>& store, const std::string& prefix, std::size_t round_bytes,
+                std::function<bool(int)> closed) {
+    std::lock_guard lock(m_);
+    if (abandoned_) throw_error<comm_error>("point-to-point: the communicator is being destroyed");
+    if (!p_)
+      p_ = std::make_unique<StoreP2p>(store, prefix, round_bytes, comm.rank(), comm.timeout(),
+                                      StoreP2p::Names{[&comm](int r) { return comm.rank_name(r); }, [&comm](int r) { return comm.job_rank(r); },
+                                                      std::move(closed)});
+    return *p_;
+  }
+  /// @brief Ends the exchanges in progress and refuses later ones (StoreP2p::abandon), and makes
+  /// no store path any more: the first step of the communicator's destructor.
+  void abandon() noexcept {
+    std::lock_guard lock(m_);
+    abandoned_ = true;
+    if (p_) p_->abandon();
+  }
+  /// @brief Hands the store path over (once no call uses it), for the caller to destroy outside
+  /// its own locks (the watcher may take them).
+  std::unique_ptr<StoreP2p> release() noexcept {
+    std::lock_guard lock(m_);
+    return std::move(p_);
+  }
+
+ private:
+  std::mutex m_;  ///< guards p_, abandoned_
+  std::unique_ptr<StoreP2p> p_;
+  bool abandoned_ = false;
+};
+
 }  // namespace detail
 ACCEL_NAMESPACE_END
