@@ -264,7 +264,7 @@ class NcclCommunicator final : public Communicator {
     const bool device = mine.kind == detail::P2pKind::buffer;
     if (!store_p2p().send(m.peer, m.number, m.label, m.descriptor, m.data.head, m.data.body, m.accepts, !device) || !device) return {};
     if (mine.count == 0) return {};
-    return transfer(true, m.peer, const_cast<std::byte*>(m.data.head.data()), mine, m.label, m.stream);
+    return transfer(true, m.peer, m.data.head.data(), nullptr, mine, m.label, m.stream);
 #else
     (void)m;
     detail::throw_error<unavailable_error>("NCCL is not compiled in");
@@ -276,7 +276,7 @@ class NcclCommunicator final : public Communicator {
     const bool device = mine.kind == detail::P2pKind::buffer;
     std::byte* out = store_p2p().recv(m.peer, m.number, m.label, m.descriptor, m.place, !device);
     if (!out || !device || mine.count == 0) return {};
-    return transfer(false, m.peer, out, mine, m.label, m.stream);
+    return transfer(false, m.peer, nullptr, out, mine, m.label, m.stream);
 #else
     (void)m;
     detail::throw_error<unavailable_error>("NCCL is not compiled in");
@@ -685,9 +685,10 @@ class NcclCommunicator final : public Communicator {
     }
   }
 
-  // One ncclSend / ncclRecv of a matched message on the caller's stream or the direction's own,
-  // an event after it (followed by the watchdog); the handle waits for the event.
-  CollectiveHandle transfer(bool sending, int peer, std::byte* data, const detail::P2pDescriptor& d, const std::string& label,
+  // One ncclSend of `in` (sending) or ncclRecv into `out` of a matched message on the caller's
+  // stream or the direction's own, an event after it (followed by the watchdog); the handle waits
+  // for the event.
+  CollectiveHandle transfer(bool sending, int peer, const void* in, void* out, const detail::P2pDescriptor& d, const std::string& label,
                             void* user_stream) {
     const PairComm pc = pair_comm(sending, peer, label);
     std::unique_lock lock(mutex_);
@@ -697,8 +698,8 @@ class NcclCommunicator final : public Communicator {
     const cudaStream_t s = user_stream ? static_cast<cudaStream_t>(user_stream) : pc.stream;
     const auto count = static_cast<std::size_t>(d.count);
     // In the pair's communicator the sender is rank 0 and the receiver rank 1.
-    if (sending) enqueued(api.send(data, count, detail::nccl_data_type(d.type), 1, pc.comm, s), "ncclSend");
-    else enqueued(api.recv(data, count, detail::nccl_data_type(d.type), 0, pc.comm, s), "ncclRecv");
+    if (sending) enqueued(api.send(in, count, detail::nccl_data_type(d.type), 1, pc.comm, s), "ncclSend");
+    else enqueued(api.recv(out, count, detail::nccl_data_type(d.type), 0, pc.comm, s), "ncclRecv");
     cudaEvent_t raw = nullptr;
     cuda(api.event_create(&raw, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     const std::shared_ptr<CUevent_st> event(raw, [api = options_.api](cudaEvent_t e) { (void)api->event_destroy(e); });
