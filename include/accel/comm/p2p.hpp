@@ -15,7 +15,11 @@
 /// - order: the n-th message rank a sends to rank b is the n-th that b receives from a;
 /// - matching: both ends state what the message is (element type and length, or the object's
 ///   type); when they differ, both throw usage_error naming both ranks and what each passed, and
-///   no data is delivered;
+///   nothing is delivered into the receiver's memory (the payload's first piece, up to 256 KiB
+///   through shared memory or one store piece, travels with the sender's descriptor and is dropped);
+/// - a message that fails otherwise (a local error, a peer gone, a timeout) leaves that direction
+///   between the two out of step: later calls that way throw comm_error at once naming the first
+///   error; an end that fails midway tells its peer, which throws at once naming it;
 /// - synchronous sends: send returns once the receiver took the message, so two ranks that both
 ///   send to each other first wait for each other (until the timeout): use send_async on one side,
 ///   or let one side receive first;
@@ -84,6 +88,9 @@ P2pDescriptor object_descriptor(std::uint64_t bytes) {
 /// element type and length.
 ///
 /// In: rank 0 sends {1, 2, 3} to rank 1.   Out: rank 1's recv span holds {1, 2, 3}.
+/// @param comm the communicator (a group's: dst is a group rank)
+/// @param data the elements to send (host memory; device memory of this rank's GPU under NCCL)
+/// @param dst the receiving rank
 /// @throws usage_error when dst is this rank or not a rank (nothing is sent), or on both ends when
 ///         the receiver's span has another element type or length (naming both ranks)
 /// @throws comm_error naming dst when it exits, dies or closes its communicator first;
@@ -105,6 +112,8 @@ template <class T>
 }
 /// @brief Receives the next message from rank `src` into `data` (sent with send() from a span of
 /// the same element type and length).
+/// @param comm the communicator; @param data where the message goes (its length must be the
+///        sender's); @param src the sending rank
 /// @throws as send(), with src for dst
 template <class T>
 void recv(Communicator& comm, std::span<T> data, int src) {
@@ -126,6 +135,7 @@ template <class T>
 
 /// @brief Sends `value` (anything gather_object carries) to rank `dst`, which receives it with
 /// recv_object<T>() of the same T.
+/// @param comm the communicator; @param value what to send; @param dst the receiving rank
 /// @throws serialization_error when the value does not encode: dst's recv_object then throws
 ///         comm_error naming this rank and the error instead of waiting (a failure marker takes
 ///         the message's place, so later messages stay in step); otherwise as send()
@@ -144,6 +154,8 @@ void send_object(Communicator& comm, const T& value, int dst) {
   comm.send_message(dst, detail::object_descriptor<T>(data.size()), data);
 }
 /// @brief The next value rank `src` sent with send_object() of the same T.
+/// @param comm the communicator; @param src the sending rank
+/// @return the value, decoded as T
 /// @throws serialization_error naming src when its bytes do not decode as T; comm_error naming
 ///         src and its error when its value did not encode; otherwise as send()
 template <class T>
