@@ -10,8 +10,12 @@
 
 #include <chrono>
 #include <fstream>
+#include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include <accel/comm/detail/shm.hpp>
 
 #include "support/catch.hpp"
 #include "support/launchers.hpp"
@@ -166,15 +170,33 @@ TEST_CASE("a rank killed while its peer waits in recv or send is named by the pe
 }
 
 TEST_CASE("accel launch: a rank killed while its peer waits fails the job and leaves nothing running", "[p2p][mp]") {
-  // A marker in every rank's command line, to look for leftovers.
-  const std::string marker = "p2p-kill-" + std::to_string(::getpid());
-  Processes p;
-  const auto start = std::chrono::steady_clock::now();
-  p.start({ACCEL_TEST_CLI, "launch", "--cpu", "--num_processes", "2", "--timeout", "300", child, "kill", "recv", marker}, {});
-  const auto codes = p.wait(60);
-  INFO("stderr: " << p.err(0));
-  REQUIRE(std::chrono::steady_clock::now() - start < 20s);
-  REQUIRE(codes[0] != 0);
-  REQUIRE_THAT(p.err(0), contains("rank 1"));
-  REQUIRE_FALSE(running_with(marker));
+  for (const char* where : {"recv", "send"}) {
+    INFO("rank 0 waits in " << where);
+    // A marker in every rank's command line, to look for leftovers.
+    const std::string marker = "p2p-kill-" + std::to_string(::getpid());
+    Processes p;
+    const auto start = std::chrono::steady_clock::now();
+    p.start({ACCEL_TEST_CLI, "launch", "--cpu", "--num_processes", "2", "--timeout", "300", child, "kill", where, marker}, {});
+    const auto codes = p.wait(60);
+    INFO("stderr: " << p.err(0));
+    REQUIRE(std::chrono::steady_clock::now() - start < 20s);
+    REQUIRE(codes[0] != 0);
+    REQUIRE_THAT(p.err(0), contains("rank 1"));
+    REQUIRE_FALSE(running_with(marker));
+    // Nothing left in /dev/shm by either rank: the survivor unlinked its segments and channels, the
+    // launcher the killed rank's.
+    std::vector<int> pids;
+    std::istringstream out(p.out(0));
+    for (std::string word; out >> word;)
+      if (word == "pid") pids.push_back(0), out >> pids.back();
+    REQUIRE(pids.size() == 2);
+    for (const int pid : pids) {
+      const std::string prefix = "accel." + std::to_string(accel::detail::pid_namespace_id()) + "." + std::to_string(pid) + ".";
+      std::vector<std::string> left;
+      for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+        if (e.path().filename().string().rfind(prefix, 0) == 0) left.push_back(e.path().filename().string());
+      INFO("pid " << pid);
+      CHECK(left.empty());
+    }
+  }
 }

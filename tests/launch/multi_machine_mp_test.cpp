@@ -145,19 +145,23 @@ TEST_CASE("on two machines, a rank of machine 1 that exits with 7 fails machine 
   CHECK((*r)[1].err.find("rank 3") != std::string::npos);
 }
 
-TEST_CASE("on two machines, point-to-point messages cross between them (shared memory per machine, and the store)",
+TEST_CASE("on two machines, point-to-point messages run with shared memory allowed and through the store",
           "[launch][mp][multinode][p2p]") {
-  // The namespaces share /dev/shm and the machine identity, so by default ranks on both talk through
-  // shared memory; with ACCEL_CPU_SHM=0 every message crosses the veth pair through the store.
+  // The two namespaces share /dev/shm, the PID namespace and the machine identity, so with shared
+  // memory allowed every rank sees one machine and uses shared-memory channels: no message crosses
+  // the veth pair then (a job that truly spans machines sends every message through the store).
+  // With ACCEL_CPU_SHM=0 every message crosses the veth pair through the store. Each rank's line
+  // says which way its messages went.
   for (const char* shm : {"ACCEL_CPU_SHM=1", "ACCEL_CPU_SHM=0"}) {
     INFO(shm);
-    const auto r = run_on_two_machines({p2p_child, "ring"}, {shm});
+    const auto r = run_on_two_machines({p2p_child, "ring", "path"}, {shm});
     if (!r) return;
     INFO("machine 0 stderr:\n" << (*r)[0].err << "\nmachine 1 stderr:\n" << (*r)[1].err);
     CHECK((*r)[0].code == 0);
     CHECK((*r)[1].code == 0);
-    CHECK((*r)[0].out == "rank 0 got 'hello from rank 3'\nrank 1 got 'hello from rank 0'\nrank 2 got 'hello from rank 1'\n"
-                         "rank 3 got 'hello from rank 2'\n");
+    const std::string path = std::string(shm) == "ACCEL_CPU_SHM=1" ? " (shared memory)\n" : " (store)\n";
+    CHECK((*r)[0].out == "rank 0 got 'hello from rank 3'" + path + "rank 1 got 'hello from rank 0'" + path +
+                             "rank 2 got 'hello from rank 1'" + path + "rank 3 got 'hello from rank 2'" + path);
     const auto g = run_on_two_machines({p2p_child, "grid"}, {shm});
     REQUIRE(g);
     INFO("grid: machine 0 stderr:\n" << (*g)[0].err << "\nmachine 1 stderr:\n" << (*g)[1].err);

@@ -13,13 +13,17 @@
 //   self      every rank sends to itself and to rank <world size>: prints the usage errors
 //   grid      4 ranks in a 2 x 2 grid: ping-pong in the stage group and the replica group, a ring
 //             in the world; a mismatch in the replica group names group and job ranks
+//   (any mode) "path" as a later argument: each rank's line ends with the way its messages went,
+//             " (shared memory)" or " (store)" (CPU backend)
 //   kill      rank 1 SIGKILLs itself while rank 0 waits in recv from it (and argv[2] == "send":
 //             while rank 0 waits in a send to it); rank 0 reports the error and how long it took
 // Arguments the scenario does not use are ignored: tests pass a tag there to find the job's
 // processes afterwards.
+#include <accel/comm/cpu.hpp>
 #include <accel/comm/p2p.hpp>
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -217,6 +221,8 @@ int main(int argc, char** argv) {
     rank = state.process_index();
     accel::Communicator& comm = accel::communicator(state);
     if (mode == "kill") {
+      std::printf("pid %d\n", static_cast<int>(::getpid()));  // for tests that look for its leftovers
+      std::fflush(stdout);
       accel::wait_for_everyone(state);
       std::vector<std::uint8_t> buf(1000);
       if (rank == 1) {
@@ -248,6 +254,12 @@ int main(int argc, char** argv) {
     else if (mode == "self") line = self(comm);
     else if (mode == "grid") line = grid(state);
     else throw accel::usage_error("unknown mode " + mode);
+    // "path" after the mode: each line also says which way this rank's messages went.
+    for (int i = 2; i < argc; ++i)
+      if (std::strcmp(argv[i], "path") == 0) {
+        const auto* cpu = dynamic_cast<const accel::CpuCommunicator*>(&comm);
+        line += !cpu ? " (" + comm.backend() + ")" : cpu->uses_shared_memory_p2p() ? " (shared memory)" : " (store)";
+      }
     for (const auto& l : accel::gather_object(state, line)) accel::print(state, l);
     return 0;
   } catch (const accel::error& e) {
