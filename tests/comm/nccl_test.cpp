@@ -453,4 +453,39 @@ TEST_CASE("simulated nccl: point-to-point checks on the host, then moves spans w
           "expects 5 float32 elements (recv); both ends must pass the same element type and length (send/recv), or the same type "
           "(send_object/recv_object)");
 }
+
+TEST_CASE("simulated nccl: destroying a communicator with an unmatched send_async pending does not wait out the timeout", "[nccl][p2p]") {
+  accel::StoreServerOptions quiet;
+  quiet.log = [](const std::string&) {};
+  accel::StoreServer server("127.0.0.1", 0, "tok", quiet);
+  std::shared_ptr<accel::StoreClient> clients[2];
+  for (int r = 0; r < 2; ++r)
+    clients[r] = std::make_shared<accel::StoreClient>("127.0.0.1", server.port(), "tok", std::chrono::seconds(60), r, 2);
+  fake::take();
+  std::promise<void> done;
+  auto rank1 = std::async(std::launch::async, [&] {
+    accel::NcclCommunicator comm(clients[1], 1, 2, 1, std::chrono::seconds(60), fake::options("p2p-destroy"));
+    done.get_future().wait();  // lives on, never receives
+  });
+  std::vector<float> v(8);
+  accel::CollectiveHandle h;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    accel::NcclCommunicator comm(clients[0], 0, 2, 0, std::chrono::seconds(60), fake::options("p2p-destroy"));
+    h = accel::send_async(comm, std::span(v), 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // waiting for rank 1's descriptor
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  std::string error;
+  try {
+    h.wait();
+  } catch (const accel::comm_error& e) {
+    error = e.what();
+  }
+  done.set_value();
+  rank1.get();
+  fake::take();
+  CHECK(took < std::chrono::seconds(15));
+  CHECK(error.find("the communicator is being destroyed") != std::string::npos);
+}
 #endif

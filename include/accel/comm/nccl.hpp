@@ -634,11 +634,10 @@ class NcclCommunicator final : public Communicator {
       nccl(api.get_unique_id(&id), "ncclGetUniqueId");
     }
     ACCEL_EXPECTS(store_, "NcclCommunicator: point-to-point needs the job's store");
-    const int members[2] = {job_rank(from), job_rank(to)};
     const std::string what = detail::concat("the NCCL communicator of messages from ", rank_name(from), " to ", rank_name(to), " (", label, ")");
-    const Blobs both = store_->connect_again()->exchange(detail::concat(prefix_, "p2p-comm/", from, ">", to), sending ? 0 : 1, 2,
-                                                         std::as_bytes(std::span<const char>(id.internal, sizeof id.internal)), what,
-                                                         std::nullopt, members);
+    // Through the store path's connection of this direction: the destructor's abandon() ends it.
+    const Blobs both = store_p2p().handshake(peer, sending, detail::concat("p2p-comm/", from, ">", to),
+                                             std::as_bytes(std::span<const char>(id.internal, sizeof id.internal)), what);
     if (both[0].size() != sizeof id.internal)
       detail::throw_error<comm_error>("the ncclUniqueId for ", what, " has ", both[0].size(), " bytes, ", sizeof id.internal, " expected");
     std::memcpy(id.internal, both[0].data(), sizeof id.internal);

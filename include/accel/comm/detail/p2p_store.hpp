@@ -85,6 +85,14 @@ class StoreP2p {
     for (Waiting* w : waiting_) w->connection->interrupt();
   }
 
+  /// @brief One exchange of `value` with `peer` under key `what` (of this communicator's), on the
+  /// connection of that direction, so abandon() and a peer that leaves end it as they end a
+  /// message's (the NCCL backend hands a pair communicator's unique id over this way).
+  /// @return both entries, the sender's first
+  Blobs handshake(int peer, bool sending, const std::string& what, std::span<const std::byte> value, const std::string& label) {
+    return exchange(connection(sending, peer), concat(prefix_, what), peer, sending, value, label);
+  }
+
   /// @brief Sends message `number` to `peer`; with `with_payload` false only the descriptors travel
   /// (the caller moves the data itself once accepts() agreed).
   /// @return accepts()'s verdict
