@@ -488,4 +488,34 @@ TEST_CASE("simulated nccl: destroying a communicator with an unmatched send_asyn
   CHECK(took < std::chrono::seconds(15));
   CHECK(error.find("the communicator is being destroyed") != std::string::npos);
 }
+
+TEST_CASE("simulated nccl: a peer that closed its communicator but lives on is named within seconds, not waited for", "[nccl][p2p]") {
+  accel::StoreServerOptions quiet;
+  quiet.log = [](const std::string&) {};
+  accel::StoreServer server("127.0.0.1", 0, "tok", quiet);
+  std::shared_ptr<accel::StoreClient> clients[2];
+  for (int r = 0; r < 2; ++r)
+    clients[r] = std::make_shared<accel::StoreClient>("127.0.0.1", server.port(), "tok", std::chrono::seconds(60), r, 2);
+  fake::take();
+  std::promise<void> done;
+  auto rank1 = std::async(std::launch::async, [&] {
+    { accel::NcclCommunicator comm(clients[1], 1, 2, 1, std::chrono::seconds(60), fake::options("p2p-closed")); }  // made, then closed
+    done.get_future().wait();  // lives on, keeping its store connection
+  });
+  std::string error;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    accel::NcclCommunicator comm(clients[0], 0, 2, 0, std::chrono::seconds(60), fake::options("p2p-closed"));
+    std::vector<float> v(8);
+    accel::recv(comm, std::span(v), 1);
+  } catch (const accel::comm_error& e) {
+    error = e.what();
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  done.set_value();
+  rank1.get();
+  fake::take();
+  CHECK(took < std::chrono::seconds(15));
+  CHECK(error == "[accel.comm] rank 1 closed its communicator without taking part in message #1 from rank 1 to rank 0");
+}
 #endif

@@ -230,6 +230,11 @@ class NcclCommunicator final : public Communicator {
     store_p2p_.abandon();  // a queued send or receive waiting in the store ends now
     stop_p2p();  // one waiting on the GPU sees p2p_closing() (wait_until)
 #if ACCEL_HAS_NCCL()
+    // Peers waiting in the store for a message with this rank learn that it will not come (closed()).
+    if (store_) try {
+        store_->set(prefix_ + "closed/" + std::to_string(rank()), std::string_view("1"));
+      } catch (...) {  // a dead store: nobody is left to ask
+      }
     release();
 #endif
   }
@@ -608,7 +613,23 @@ class NcclCommunicator final : public Communicator {
   // The store path of point-to-point messages (descriptors, objects), made on first use.
   detail::StoreP2p& store_p2p() {
     ACCEL_EXPECTS(store_, "NcclCommunicator: point-to-point needs the job's store");
-    return store_p2p_.get(*this, store_, prefix_, std::size_t{16} << 20, {});
+    return store_p2p_.get(*this, store_, prefix_, std::size_t{16} << 20, [this](int r) { return closed(r); });
+  }
+  // Whether `peer`'s communicator has ended (its destructor sets the key); false when unsure.
+  // Asked by the store path's watcher on a connection of its own (a collective may hold the main one).
+  bool closed(int peer) {
+    try {
+      std::shared_ptr<StoreClient> watch;
+      {
+        std::lock_guard lock(watch_mutex_);
+        if (!watch_store_) watch_store_ = store_->connect_again();
+        watch = watch_store_;
+      }
+      watch->wait({prefix_ + "closed/" + std::to_string(peer)}, std::chrono::milliseconds(1));
+      return true;
+    } catch (const comm_error&) {  // not set (timeout_error), or the store cannot say now
+      return false;
+    }
   }
   // The 2-rank communicator and stream of messages from `from` to `to` (see p2p_send).
   struct PairComm {
@@ -785,7 +806,9 @@ class NcclCommunicator final : public Communicator {
   NcclCommOptions options_;
   int device_;
   std::vector<int> members_;  ///< a group's: the job rank of each rank (empty: the job's ranks)
-  detail::StoreP2pSlot store_p2p_;  ///< see store_p2p()
+  std::mutex watch_mutex_;                    ///< guards watch_store_
+  std::shared_ptr<StoreClient> watch_store_;  ///< see closed()
+  detail::StoreP2pSlot store_p2p_;            ///< see store_p2p() (destroyed first: its watcher asks closed())
 };
 
 ACCEL_NAMESPACE_END
