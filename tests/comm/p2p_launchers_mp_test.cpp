@@ -23,6 +23,7 @@
 #include "support/catch.hpp"
 #include "support/files.hpp"
 #include "support/launchers.hpp"
+#include "support/p2p_expected.hpp"
 
 using namespace std::chrono_literals;
 
@@ -46,23 +47,6 @@ accel_test::JobResult run_p2p_job(const accel_test::RealLauncher& launcher, cons
   job.out = accel_test::without_torchrun_prefixes(job.out);
   job.err = accel_test::without_torchrun_prefixes(job.err);
   return job;
-}
-
-std::string mismatch_lines(int r) {
-  const std::string tail = "; both ends must pass the same element type and length (send/recv), or the same type (send_object/recv_object)";
-  return "rank " + std::to_string(r) +
-         ":\n"
-         "  usage_error: [accel.usage] send/recv mismatch in message #1 from rank 0 to rank 1: rank 0 sends 4 float32 elements (send), "
-         "rank 1 expects 5 float32 elements (recv)" +
-         tail +
-         "\n"
-         "  usage_error: [accel.usage] send/recv mismatch in message #2 from rank 0 to rank 1: rank 0 sends 4 float32 elements (send), "
-         "rank 1 expects 4 int32 elements (recv)" +
-         tail +
-         "\n"
-         "  usage_error: [accel.usage] send/recv mismatch in message #3 from rank 0 to rank 1: rank 0 sends an object of type int (36 "
-         "encoded bytes, send_object), rank 1 expects 4 float32 elements (recv)" +
-         tail + "\n";
 }
 
 // The job's launcher and its ranks, as a launcher function of the world size.
@@ -106,7 +90,7 @@ void check_mismatch(LauncherOf launcher_of) {
   const auto job = run_p2p_job(launcher, dir, {"mismatch"});
   INFO(launcher.name << " stderr:\n" << job.err << "\nstdout:\n" << job.out);
   CHECK(job.code == 0);
-  CHECK(job.out == mismatch_lines(0) + mismatch_lines(1));
+  CHECK(job.out == accel_test::p2p_mismatch_lines(0) + accel_test::p2p_mismatch_lines(1));
   accel_test::require_nothing_left(dir.path);
 }
 

@@ -19,6 +19,7 @@
 
 #include "support/catch.hpp"
 #include "support/launchers.hpp"
+#include "support/p2p_expected.hpp"
 #include "support/processes.hpp"
 
 using accel_test::contains;
@@ -44,23 +45,6 @@ Launched launch(int n, const std::string& mode, const Env& env = {}) {
 
 const Env shm_on = {};
 const Env shm_off = {{"ACCEL_CPU_SHM", "0"}};
-
-std::string mismatch_lines(int r) {
-  const std::string tail = "; both ends must pass the same element type and length (send/recv), or the same type (send_object/recv_object)";
-  return "rank " + std::to_string(r) +
-         ":\n"
-         "  usage_error: [accel.usage] send/recv mismatch in message #1 from rank 0 to rank 1: rank 0 sends 4 float32 elements (send), "
-         "rank 1 expects 5 float32 elements (recv)" +
-         tail +
-         "\n"
-         "  usage_error: [accel.usage] send/recv mismatch in message #2 from rank 0 to rank 1: rank 0 sends 4 float32 elements (send), "
-         "rank 1 expects 4 int32 elements (recv)" +
-         tail +
-         "\n"
-         "  usage_error: [accel.usage] send/recv mismatch in message #3 from rank 0 to rank 1: rank 0 sends an object of type int (36 "
-         "encoded bytes, send_object), rank 1 expects 4 float32 elements (recv)" +
-         tail + "\n";
-}
 
 // Whether some process's command line holds `needle`.
 bool running_with(const std::string& needle) {
@@ -105,7 +89,7 @@ TEST_CASE("accel launch: a size or type mismatch fails both ends naming both ran
     const auto r = launch(2, "mismatch", env);
     INFO("stderr: " << r.err);
     REQUIRE(r.code == 0);
-    REQUIRE(r.out == mismatch_lines(0) + mismatch_lines(1));
+    REQUIRE(r.out == accel_test::p2p_mismatch_lines(0) + accel_test::p2p_mismatch_lines(1));
   }
 }
 
