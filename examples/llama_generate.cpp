@@ -24,14 +24,20 @@
 // prompt order; the main process prints them. Every process checks the same inputs the same way,
 // so a bad prompt is refused by all of them alike, before any loads anything.
 //
-// The arithmetic of one step of one sequence is split in three (Decoder::embed, run_layers over a
-// range of layers, head), so that a pipeline driver can give each stage its own range of layers.
+// With --stages S the P processes are P / S replicas of S pipeline stages (process = replica × S +
+// stage): every process computes the same stage plan (plan_pipeline_load), loads only its stage
+// (load_stage), and the stages of a replica work on different sequences at once, passing hidden
+// states on with accel::send_async / accel::recv and the last stage's token back to the first
+// (generate_pipelined). The arithmetic of one step is split accordingly (Decoder::embed, run_layers
+// over a range of layers, final_norm, logits).
 //
 //   llama_generate --checkpoint DIR --prompt 1,17,254 --new-tokens 8
 //   llama_generate --checkpoint tests/compat/fixtures/forward/llama --simulate-gpus 1MiB,1MiB
 //       --max-memory 0=300KiB,1=300KiB,cpu=400KiB --expect tests/compat/fixtures/forward/llama/golden.json
 //   accel launch --cpu --num_processes 2 llama_generate --checkpoint DIR --prompts prompts.txt --no-gpu
+//   accel launch --cpu --num_processes 4 llama_generate --checkpoint DIR --prompts prompts.txt --no-gpu --stages 2
 #include <accel/comm/collectives.hpp>
+#include <accel/comm/p2p.hpp>
 #include <accel/load/auto_dispatch.hpp>
 #include <accel/model/json.hpp>
 #include <accel/state.hpp>
@@ -39,6 +45,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -53,6 +60,7 @@
 #include <map>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -71,8 +79,8 @@ Greedy decoding with a Llama-architecture model (config.json + safetensors) plac
                           blank lines and lines starting with '#' are skipped
   --new-tokens N          tokens to generate per prompt, N >= 1 (default: the --expect file's count, else 8)
   --stages S              pipeline stages per replica: under a launcher of P processes, P / S replicas
-                          share the prompts (default 1: every process is a replica; S > 1 is not
-                          implemented yet)
+                          of S stages share the prompts; each process loads only its stage (default 1:
+                          every process is a replica with the whole model)
   --max-memory SPEC       budgets as accel plan takes them ('0=2GiB,1=2GiB,cpu=8GiB'); default: measured
   --simulate-gpus SIZES   host-simulated GPUs of these sizes ('1MiB,1MiB') instead of CUDA
   --no-gpu                no GPU at all, even where CUDA has some: CPU and disk only
@@ -92,12 +100,16 @@ Greedy decoding with a Llama-architecture model (config.json + safetensors) plac
 Under a launcher (accel launch --num_processes P [--cpu | --gpus_per_process K], mpirun, torchrun,
 srun), each process loads its own copy on its own GPUs (with --simulate-gpus, its own simulated
 ones) and generates for its share of the prompts; the main process prints every prompt's line in
-prompt order.
+prompt order. With --stages S, process p is stage p % S of replica p / S: the stages of a replica
+work on different prompts at once, hidden states passing from stage to stage, and the report shows
+each process's share of the weights and how busy it was. Without --max-memory the stages are
+planned under the budgets the main process measures.
 
 Exit status (docs/exit-codes.md): 0 done (and matched --expect); 1 differs from --expect; 2 bad
 command line (an option's value, a --prompts file, a prompt outside the vocabulary or the positions,
---stages that does not divide the processes); 3 a bad --expect file, or bad budgets; 4 what this
-example does not implement (another architecture, a quantized weight, rope scaling, --stages > 1);
+--stages that does not divide the processes or exceeds the model's parts); 3 a bad --expect file, or
+bad budgets; 4 what this example does not implement (another architecture, a quantized weight, rope
+scaling);
 5 no placement fits the budgets; 6 a bad config.json or checkpoint, one that contradicts the other,
 or weights whose logits are not finite; 7 a collective failed (another process died); 70 a bug.
 )";
@@ -824,7 +836,7 @@ class Decoder {
   // run_layers over the stage's own layers, head on the last.
   std::vector<float> step(KvCache& cache, const std::vector<std::int64_t>& ids, StepStats& stats) {
     std::vector<float> h = embed(ids, stats);
-    run_layers(cache, 0, c_.layers, h, ids.size(), stats);
+    run_layers(cache, 0, c_.layers, h, ids.size(), stats, c_.layers);
     return head(h, ids.size(), stats);
   }
 
@@ -866,13 +878,14 @@ class Decoder {
   // Layers [first, last) over `h`, the hidden states of the sequence's next `n` positions, in
   // place; each layer appends those positions' keys and values to its entry of `cache` (whose
   // length gives the positions). While a layer computes, the next module is prefetched: the next
-  // layer of the range, then the final norm when the range ends the model, else the range's first
-  // layer again (the next sequence or step on this stage starts there).
-  void run_layers(KvCache& cache, std::size_t first, std::size_t last, std::vector<float>& h, std::size_t n, StepStats& stats) {
+  // layer of the range, then module `after` (the final norm when the whole model runs here; on a
+  // pipeline stage what it runs next: its norm or head, else its first layer again).
+  void run_layers(KvCache& cache, std::size_t first, std::size_t last, std::vector<float>& h, std::size_t n, StepStats& stats,
+                  std::size_t after) {
     for (std::size_t m = first; m < last; ++m) {
       accel::FetchedModule module = model_.fetch(order_[m]);
       stats.streamed += offloaded_bytes(module);
-      if (overlap()) model_.prefetch(order_[m + 1 < last ? m + 1 : last == c_.layers ? last : first]);
+      if (overlap()) model_.prefetch(order_[m + 1 < last ? m + 1 : after]);
       layer(m, module, cache, h, n);
       views_.clear();
     }
@@ -882,23 +895,36 @@ class Decoder {
   // token): the logits. `next` is the layer the next call on this process starts with, prefetched
   // meanwhile: 0, or a last stage's first layer.
   std::vector<float> head(std::vector<float>& h, std::size_t n, StepStats& stats, std::size_t next = 0) {
+    final_norm(h, n, stats, head_);
+    return logits(h, n, stats, order_[next]);
+  }
+
+  // The final norm on the last of the `n` positions of `h`, in place (the other positions predict
+  // nothing); `prefetch`: the module this process runs next (the head, or a stage's first layer).
+  void final_norm(std::vector<float>& h, std::size_t n, StepStats& stats, const std::string& prefetch) {
     float* last = &h[(n - 1) * c_.hidden];
-    {
-      accel::FetchedModule module = model_.fetch(order_[c_.layers]);  // model.norm
-      stats.streamed += offloaded_bytes(module);
-      if (overlap()) model_.prefetch(head_);
-      const auto norm = weight_of(module, "model.norm.weight", views_, model_.execution_device()).to_floats();
-      rms_norm(last, norm, c_.eps, last);
-      views_.clear();
-    }
+    accel::FetchedModule module = model_.fetch(order_[c_.layers]);  // model.norm
+    stats.streamed += offloaded_bytes(module);
+    if (overlap()) model_.prefetch(prefetch);
+    const auto norm = weight_of(module, "model.norm.weight", views_, model_.execution_device()).to_floats();
+    rms_norm(last, norm, c_.eps, last);
+    views_.clear();
+  }
+
+  // The head on the last of the `n` positions of `h` (normed): the logits; `prefetch`: the module
+  // this process runs next.
+  std::vector<float> logits(const std::vector<float>& h, std::size_t n, StepStats& stats, const std::string& prefetch) {
     accel::FetchedModule module = model_.fetch(head_);
     stats.streamed += offloaded_bytes(module);
-    if (overlap()) model_.prefetch(order_[next]);
-    std::vector<float> logits(c_.vocab);
-    weight_of(module, head_ + ".weight", views_, model_.execution_device()).matvec(last, logits.data());
+    if (overlap()) model_.prefetch(prefetch);
+    std::vector<float> out(c_.vocab);
+    weight_of(module, head_ + ".weight", views_, model_.execution_device()).matvec(&h[(n - 1) * c_.hidden], out.data());
     views_.clear();
-    return logits;
+    return out;
   }
+
+  // The execution order's module `m`: layer m, the final norm (m = layers), the head (layers + 1).
+  [[nodiscard]] const std::string& module(std::size_t m) const { return order_.at(m); }
 
  private:
   // Prefetching needs a second fetch buffer: with one, the prefetch would wait for the module in use.
@@ -1013,7 +1039,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PromptResult, tokens, prefill_ms, prefill_str
 
 // Greedy decoding of one prompt, `new_tokens` steps, with a KV cache of its own; each step's logits
 // compared with `expected`'s when given. The driver of one sequence on one process holding every
-// layer; a pipeline driver would run the same steps with each stage's run_layers in turn.
+// layer (generate_pipelined runs the same steps split over stages).
 PromptResult generate(Decoder& decoder, const LlamaConfig& config, const Prompt& prompt, std::size_t new_tokens,
                       const GoldenRun* expected) {
   PromptResult r;
@@ -1044,10 +1070,194 @@ PromptResult generate(Decoder& decoder, const LlamaConfig& config, const Prompt&
   return r;
 }
 
-// The GPUs this process plans and loads on: with --simulate-gpus its own simulated ones (each
-// process of a job makes its own), with --no-gpu none; otherwise alone every visible CUDA GPU, and
-// under a launcher its own group (accel launch --gpus_per_process K; none with --cpu).
-accel::AutoDispatchPlan plan_load(const Args& args, const accel::Checkpoint& checkpoint, const accel::DistributedState& state) {
+// ---------------------------------------------------------------------------------------------
+// Pipeline stages
+
+// What one pipeline stage runs of the execution order (the input embedding, then layers, the final
+// norm, the head), read from its device map: a module is the stage's when the map places it.
+struct StageRole {
+  bool embed = false, norm = false, head = false;
+  std::optional<std::size_t> first_layer, end_layer;  // its layers [first, end); unset: none
+
+  [[nodiscard]] std::string describe() const {
+    std::vector<std::string> parts;
+    if (embed) parts.emplace_back("embedding");
+    if (first_layer && *first_layer < *end_layer)
+      parts.push_back(*end_layer - *first_layer == 1 ? "layer " + std::to_string(*first_layer)
+                                                     : "layers " + std::to_string(*first_layer) + "-" + std::to_string(*end_layer - 1));
+    if (norm) parts.emplace_back("final norm");
+    if (head) parts.emplace_back("head");
+    std::string out;
+    for (const auto& p : parts) out += (out.empty() ? "" : ", ") + p;
+    return out.empty() ? "no weights (passes the hidden states on)" : out;
+  }
+};
+
+StageRole stage_role(const accel::DeviceMap& map, const LlamaConfig& c) {
+  StageRole r;
+  r.embed = map.placement_of("model.embed_tokens.weight").has_value();
+  r.norm = map.placement_of("model.norm.weight").has_value();
+  r.head = map.placement_of("lm_head.weight").has_value();  // a tied head: the stage's own copy
+  for (std::size_t l = 0; l < c.layers; ++l) {
+    if (!map.placement_of("model.layers." + std::to_string(l) + ".input_layernorm.weight")) continue;
+    if (!r.first_layer) r.first_layer = l;
+    if (r.end_layer && *r.end_layer != l)
+      not_implemented("the pipeline plan gives one stage layers ", *r.first_layer, "-", *r.end_layer - 1, " and ", l,
+                      ", not one contiguous run; this example runs a stage's layers in one run");
+    r.end_layer = l + 1;
+  }
+  return r;
+}
+
+// The stages must take the model in execution order, each module once: the embedding on the first,
+// layers in contiguous runs that follow each other, the final norm after the last layer, the head
+// on the last stage (it sends the token back to the first). plan_pipeline cuts the execution order
+// so; checked, since the driver relies on it. Returns the stages' roles with empty layer runs set
+// to where the previous run ended.
+std::vector<StageRole> stage_roles(const accel::PipelineLoadPlan& plan, const LlamaConfig& c) {
+  std::vector<StageRole> roles;
+  std::size_t next_layer = 0;
+  bool normed = false;
+  for (int s = 0; s < plan.stages(); ++s) {
+    StageRole r = stage_role(plan.stage_map(s), c);
+    auto wrong = [&](const std::string& what) {
+      not_implemented("the pipeline plan's stage ", s, " holds ", r.describe(), ": ", what,
+                      "; this example runs the embedding on the first stage, then the layers in order, the final norm and the "
+                      "head on the last");
+    };
+    if (r.embed != (s == 0)) wrong(s == 0 ? "not the embedding" : "the embedding, which the first stage needs");
+    if (r.head != (s + 1 == plan.stages())) wrong(r.head ? "the head before the last stage" : "not the head");
+    if (r.first_layer) {
+      if (normed || *r.first_layer != next_layer)
+        wrong("layers out of order (the next is layer " + std::to_string(next_layer) + (normed ? ", after the final norm)" : ")"));
+      next_layer = *r.end_layer;
+    } else {
+      r.first_layer = r.end_layer = next_layer;
+    }
+    if (r.norm) {
+      if (next_layer != c.layers) wrong("the final norm before layer " + std::to_string(next_layer));
+      normed = true;
+    }
+    roles.push_back(r);
+  }
+  if (!normed) not_implemented("the pipeline plan places no stage on the final norm");
+  return roles;
+}
+
+// What each process of a pipelined run did, for the report.
+struct StageReport {
+  std::size_t replica = 0, stage = 0;
+  std::string role;                // StageRole::describe()
+  std::uint64_t weight_bytes = 0;  // the weights it holds
+  double busy_s = 0;               // computing
+  double wall_s = 0;               // from the start of the generation to its last message
+  std::uint64_t streamed = 0;      // bytes streamed to its execution device
+  std::size_t steps = 0;           // sequence steps it computed
+};
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(StageReport, replica, stage, role, weight_bytes, busy_s, wall_s, streamed, steps)
+
+// A replica's prompts generated over its S stages: this process is stage group.rank() of
+// group.size(), the replica's stage group. Each sequence is one micro-batch, and every stage takes
+// them in the same order, a step at a time: step t of sequence 0, 1, ..., then step t + 1 of each.
+// The first stage embeds the step's input (the prompt, then the token the last stage sent back),
+// runs its layers and sends the hidden states ([n][hidden], n the step's positions, which every
+// stage knows from the prompts) to the next; a middle stage receives, runs its layers, sends on; the
+// last runs its layers, the norm and the head, picks the token, compares the logits with --expect,
+// and sends {token, error} back to the first. Sends are asynchronous (send_async), so no stage waits
+// for its successor to take a message, and the first stage computes the other sequences' steps while
+// a token comes back: with at least S sequences every stage has work, with fewer the pipeline has
+// bubbles. Returns every sequence's result on the first stage (tokens, errors, and as step times
+// the time from the step's start there to its token's return), nothing on the others.
+std::vector<PromptResult> generate_pipelined(Decoder& decoder, const LlamaConfig& config, const StageRole& role, accel::Communicator& group,
+                                             std::span<const Prompt> prompts, std::size_t new_tokens,
+                                             const std::vector<const GoldenRun*>& expected, StageReport& report) {
+  using clock = std::chrono::steady_clock;
+  const int stage = group.rank(), stages = group.size();
+  const bool first = stage == 0;
+  const std::size_t m = prompts.size(), layers = config.layers;
+  // The module this process runs first in a step, and what it prefetches after each part.
+  const std::size_t cycle = *role.first_layer < *role.end_layer ? *role.first_layer : role.norm ? layers : layers + 1;
+  const std::size_t after_layers = role.norm ? layers : role.head ? layers + 1 : cycle;
+  std::vector<KvCache> caches(m, KvCache(layers));
+  std::vector<PromptResult> results(first ? m : 0);
+  std::vector<clock::time_point> started(m);
+  StepStats stats;
+  auto timed = [&](auto&& work) {
+    const auto t0 = clock::now();
+    work();
+    report.busy_s += std::chrono::duration<double>(clock::now() - t0).count();
+  };
+  // Messages in flight: their data lives here until the send's wait() (a deque keeps elements in
+  // place). A sequence has one step in the pipeline at a time, so when this process received step t
+  // of sequence i, the message it sent for step t - 1 has been taken: keeping the last m sends
+  // bounds the memory and never waits.
+  struct InFlight {
+    std::vector<float> hidden;
+    std::array<double, 2> token{};
+    accel::CollectiveHandle handle;
+  };
+  std::deque<InFlight> sends;
+  auto settle = [&](std::size_t keep) {
+    for (; sends.size() > keep; sends.pop_front()) sends.front().handle.wait();
+  };
+  // On the first stage: the token of sequence i's step t, back from the last stage.
+  auto take_token = [&](std::size_t i, std::size_t t) {
+    std::array<double, 2> message{};
+    accel::recv(group, std::span<double>(message), stages - 1);
+    PromptResult& r = results[i];
+    r.tokens.push_back(static_cast<std::int64_t>(message[0]));
+    const double ms = std::chrono::duration<double, std::milli>(clock::now() - started[i]).count();
+    if (t == 0) r.prefill_ms = ms;
+    else r.decode_ms.push_back(ms);
+    if (message[1] > r.worst_error) {
+      r.worst_error = message[1];
+      r.worst_step = t;
+    }
+  };
+  for (std::size_t t = 0; t < new_tokens; ++t)
+    for (std::size_t i = 0; i < m; ++i) {
+      const Prompt& prompt = prompts[i];
+      const std::size_t n = t == 0 ? prompt.ids.size() : 1;
+      std::vector<float> h;
+      if (first) {
+        if (t > 0) take_token(i, t - 1);
+        const std::vector<std::int64_t> ids = t == 0 ? prompt.ids : std::vector<std::int64_t>{results[i].tokens.back()};
+        started[i] = clock::now();
+        timed([&] { h = decoder.embed(ids, stats); });
+      } else {
+        h.resize(n * config.hidden);
+        accel::recv(group, std::span<float>(h), stage - 1);
+      }
+      std::vector<float> logits;
+      timed([&] {
+        decoder.run_layers(caches[i], *role.first_layer, *role.end_layer, h, n, stats, after_layers);
+        if (role.norm) decoder.final_norm(h, n, stats, decoder.module(role.head ? layers + 1 : cycle));
+        if (role.head) logits = decoder.logits(h, n, stats, decoder.module(cycle));
+      });
+      ++report.steps;
+      InFlight& out = sends.emplace_back();
+      if (role.head) {
+        const std::int64_t token = greedy_token(logits, prompt, t, prompt.ids.size() + t - 1);
+        out.token = {static_cast<double>(token), expected[i] ? logit_error(logits, expected[i]->logits[t]) : 0.0};
+        out.handle = accel::send_async(group, std::span<double>(out.token), 0);
+      } else {
+        out.hidden = std::move(h);
+        out.handle = accel::send_async(group, std::span<float>(out.hidden), stage + 1);
+      }
+      settle(m);
+    }
+  if (first)
+    for (std::size_t i = 0; i < m; ++i) take_token(i, new_tokens - 1);
+  settle(0);
+  report.streamed = stats.streamed;
+  return results;
+}
+
+// The options of this process's plan and load. The GPUs it plans and loads on: with
+// --simulate-gpus its own simulated ones (each process of a job makes its own), with --no-gpu none;
+// unset otherwise (every visible CUDA GPU alone, and under a launcher its own group: accel launch
+// --gpus_per_process K; none with --cpu).
+accel::AutoDispatchOptions dispatch_options(const Args& args) {
   accel::AutoDispatchOptions options;
   options.device_map = args.device_map;
   options.objective = args.objective;
@@ -1061,12 +1271,58 @@ accel::AutoDispatchPlan plan_load(const Args& args, const accel::Checkpoint& che
     options.load.devices = accel::host_simulated_devices(sizes);
   } else if (args.no_gpu) {
     options.load.devices = std::vector<accel::DeviceMemoryPtr>{};
-  } else if (state.use_distributed()) {
-    return accel::plan_auto_dispatch(checkpoint, state, options);
-  } else {
-    options.load.devices = accel::cuda_device_memories();
   }
+  return options;
+}
+
+accel::AutoDispatchPlan plan_load(const Args& args, const accel::Checkpoint& checkpoint, const accel::DistributedState& state) {
+  accel::AutoDispatchOptions options = dispatch_options(args);
+  if (!options.load.devices && state.use_distributed()) return accel::plan_auto_dispatch(checkpoint, state, options);
+  if (!options.load.devices) options.load.devices = accel::cuda_device_memories();
   return accel::plan_auto_dispatch(checkpoint, options);
+}
+
+// Every process must compute the same stages, so they plan under the same budgets: --max-memory,
+// or else the budgets process 0 measures over its own GPUs and RAM (measured ones differ a little
+// from process to process), sent to all. Encoded as {GPU count, each GPU's bytes, cpu, disk}, with
+// no_budget for an unset cpu or disk; empty when process 0 could not measure them (it throws its
+// error, the others one naming it).
+accel::MaxMemory agreed_budgets(accel::DistributedState& state, const std::vector<accel::DeviceMemoryPtr>& devices) {
+  constexpr std::uint64_t no_budget = std::numeric_limits<std::uint64_t>::max();
+  std::vector<std::uint64_t> mine;
+  std::exception_ptr failed;
+  if (state.is_main_process()) {
+    try {
+      const accel::MaxMemory measured = accel::measured_max_memory(devices);
+      mine.push_back(measured.gpus.size());
+      for (const auto& [index, bytes] : measured.gpus) mine.push_back(bytes);  // keys 0..n-1: the devices' order
+      mine.push_back(measured.cpu.value_or(no_budget));
+      mine.push_back(measured.disk.value_or(no_budget));
+    } catch (const accel::error&) {
+      failed = std::current_exception();
+    }
+  }
+  const auto all = accel::broadcast_object(state, mine);
+  if (failed) std::rethrow_exception(failed);
+  if (all.empty()) not_implemented("process 0 could not measure the budgets the stages are planned under; give --max-memory");
+  accel::MaxMemory budgets;
+  const std::size_t gpus = static_cast<std::size_t>(all.at(0));
+  for (std::size_t i = 0; i < gpus; ++i) budgets.gpus[static_cast<int>(i)] = all.at(1 + i);
+  if (all.at(1 + gpus) != no_budget) budgets.cpu = all[1 + gpus];
+  if (all.at(2 + gpus) != no_budget) budgets.disk = all[2 + gpus];
+  return budgets;
+}
+
+// The pipeline's stages, as every process of the job computes them (AutoDispatchOptions::stages).
+accel::PipelineLoadPlan plan_stages(const Args& args, const accel::Checkpoint& checkpoint, accel::DistributedState& state) {
+  accel::AutoDispatchOptions options = dispatch_options(args);
+  options.stages = static_cast<int>(args.stages);
+  const bool own_gpus = !options.load.devices;  // the process's CUDA group
+  if (!options.max_memory)
+    options.max_memory = agreed_budgets(state, own_gpus ? accel::group_device_memories(state, accel::cuda_device_memories())
+                                                        : *options.load.devices);
+  if (own_gpus) return accel::plan_pipeline_load(checkpoint, state, options);
+  return accel::plan_pipeline_load(checkpoint, options);
 }
 
 void print_placement(const Args& args, const accel::AutoDispatchPlan& plan, const accel::DispatchedModel& model, std::size_t replicas) {
@@ -1085,8 +1341,12 @@ void print_placement(const Args& args, const accel::AutoDispatchPlan& plan, cons
               model.execution_device() ? ("cuda:" + std::to_string(*model.execution_device())).c_str() : "the host (no GPU)");
 }
 
-// Prefill and decode times over every prompt, and the throughput of the whole generation.
-void print_stats(const std::vector<Prompt>& prompts, const std::vector<PromptResult>& results, double seconds, std::size_t replicas) {
+// Prefill and decode times over every prompt, and the throughput of the whole generation. `job`
+// says how the processes divided the work ("2 replicas", "1 replica x 2 stages"). In a pipeline a
+// step's time runs from its start on the first stage to its token's return there, and what each
+// stage streamed is in its own line (print_stage_reports), not here.
+void print_stats(const std::vector<Prompt>& prompts, const std::vector<PromptResult>& results, double seconds, const std::string& job,
+                 bool pipelined) {
   std::vector<double> decode;
   std::uint64_t prefill_streamed = 0, decode_streamed = 0;
   std::size_t prompt_tokens = 0, generated = 0;
@@ -1100,14 +1360,48 @@ void print_stats(const std::vector<Prompt>& prompts, const std::vector<PromptRes
     generated += results[i].tokens.size();
   }
   std::sort(decode.begin(), decode.end());
-  std::printf("prefill %.2f ms %s(%zu tokens, %llu bytes streamed); decode median %.2f ms/token (p90 %.2f), "
-              "%llu bytes streamed/token\n",
-              prefill_ms, results.size() > 1 ? ("for " + std::to_string(results.size()) + " prompts ").c_str() : "", prompt_tokens,
-              static_cast<unsigned long long>(prefill_streamed), decode.empty() ? 0.0 : decode[decode.size() / 2],
-              decode.empty() ? 0.0 : decode[decode.size() * 9 / 10],
-              static_cast<unsigned long long>(decode.empty() ? 0 : decode_streamed / decode.size()));
-  std::printf("generated %zu tokens for %zu prompts in %.3f s: %.1f tokens/s (%zu replica%s)\n", generated, results.size(), seconds,
-              seconds > 0 ? static_cast<double>(generated) / seconds : 0.0, replicas, replicas == 1 ? "" : "s");
+  const double median = decode.empty() ? 0.0 : decode[decode.size() / 2], p90 = decode.empty() ? 0.0 : decode[decode.size() * 9 / 10];
+  const std::string for_prompts = results.size() > 1 ? "for " + std::to_string(results.size()) + " prompts " : "";
+  if (pipelined)
+    std::printf("prefill %.2f ms %s(%zu tokens); decode median %.2f ms/token (p90 %.2f), first stage to token back\n", prefill_ms,
+                for_prompts.c_str(), prompt_tokens, median, p90);
+  else
+    std::printf("prefill %.2f ms %s(%zu tokens, %llu bytes streamed); decode median %.2f ms/token (p90 %.2f), "
+                "%llu bytes streamed/token\n",
+                prefill_ms, for_prompts.c_str(), prompt_tokens, static_cast<unsigned long long>(prefill_streamed), median, p90,
+                static_cast<unsigned long long>(decode.empty() ? 0 : decode_streamed / decode.size()));
+  std::printf("generated %zu tokens for %zu prompts in %.3f s: %.1f tokens/s (%s)\n", generated, results.size(), seconds,
+              seconds > 0 ? static_cast<double>(generated) / seconds : 0.0, job.c_str());
+}
+
+// The pipeline's stages as planned: what each runs, its weights and where they are, its estimated
+// time per forward pass, and the imbalance (slowest / mean).
+void print_pipeline(const Args& args, const accel::PipelineLoadPlan& plan, const std::vector<StageRole>& roles, std::size_t replicas) {
+  const accel::PipelinePlan& p = plan.pipeline;
+  std::printf("pipeline (%s, objective %s): %d stages per replica, %zu replica%s; estimated imbalance %.3f (slowest stage / mean)%s\n",
+              args.device_map.c_str(), std::string(accel::plan_objective_name(args.objective)).c_str(), plan.stages(), replicas,
+              replicas == 1 ? "" : "s", p.imbalance, p.parameter_split_kept ? ", the parameter-count split" : "");
+  for (std::size_t s = 0; s < p.stages.size(); ++s) {
+    const accel::PipelineStage& st = p.stages[s];
+    std::printf("  stage %zu: %s; %llu bytes (gpu %llu, cpu %llu, disk %llu), estimated %.3g ms per pass\n", s, roles[s].describe().c_str(),
+                static_cast<unsigned long long>(st.bytes), static_cast<unsigned long long>(st.gpu_bytes),
+                static_cast<unsigned long long>(st.cpu_bytes), static_cast<unsigned long long>(st.disk_bytes), st.seconds * 1e3);
+  }
+}
+
+// What each process did in a pipelined run: its stage, its weights against the whole model's, how
+// busy it was (computing / wall time: the rest is waiting for its predecessor, or bubbles), and
+// what it streamed.
+void print_stage_reports(const std::vector<StageReport>& reports, std::uint64_t model_bytes) {
+  for (std::size_t rank = 0; rank < reports.size(); ++rank) {
+    const StageReport& r = reports[rank];
+    std::printf("  process %zu (replica %zu, stage %zu: %s): %llu weight bytes (%.2f of the model's %llu), busy %.0f%% of %.3f s, "
+                "%zu steps, %llu bytes streamed\n",
+                rank, r.replica, r.stage, r.role.c_str(), static_cast<unsigned long long>(r.weight_bytes),
+                model_bytes ? static_cast<double>(r.weight_bytes) / static_cast<double>(model_bytes) : 0.0,
+                static_cast<unsigned long long>(model_bytes), r.wall_s > 0 ? 100.0 * r.busy_s / r.wall_s : 0.0, r.wall_s, r.steps,
+                static_cast<unsigned long long>(r.streamed));
+  }
 }
 
 // Every prompt's tokens against the --expect file's, and the largest logit error of any step:
@@ -1174,8 +1468,6 @@ Inputs check_inputs(const Args& args, std::size_t processes) {
   check_config_against_checkpoint(in.config, in.checkpoint);
   for (const Prompt& p : in.prompts) check_prompt(p, in.new_tokens, !args.new_tokens, in.checkpoint, in.config);
   if (in.golden) check_golden_against_model(*in.golden, in.config.vocab, in.new_tokens);
-  if (args.stages > 1)
-    not_implemented("--stages ", args.stages, ": pipeline stages are not implemented yet; use --stages 1 (every process a replica)");
   return in;
 }
 
@@ -1210,6 +1502,78 @@ int agree(accel::DistributedState& state, std::exception_ptr refused) {
   return 0;
 }
 
+// The main process prints every prompt's line, the statistics (with a pipeline's `reports`) and the
+// check; every process returns the check's status (each decides alike from the same gathered results).
+int finish(const Args& args, const accel::DistributedState& state, const Inputs& in, const std::vector<PromptResult>& results,
+           double seconds, const std::string& job, const std::vector<StageReport>* reports = nullptr) {
+  const Check check = in.golden ? check_results(in.prompts, results, *in.golden, in.expected, in.new_tokens, args.tolerance) : Check{true, ""};
+  if (state.is_main_process()) {
+    for (std::size_t i = 0; i < in.prompts.size(); ++i)
+      std::printf("prompt %s -> tokens %s\n", join(in.prompts[i].ids).c_str(), join(results[i].tokens).c_str());
+    if (!args.quiet) print_stats(in.prompts, results, seconds, job, reports != nullptr);
+    if (!args.quiet && reports) {
+      std::uint64_t model_bytes = 0;
+      for (const std::string_view name : in.checkpoint.tensor_names) model_bytes += in.checkpoint.entry(*in.checkpoint.find(name)).size_bytes();
+      print_stage_reports(*reports, model_bytes);
+    }
+    if (in.golden) std::printf("%s\n", check.line.c_str());
+    std::fflush(stdout);
+  }
+  return check.ok ? 0 : 1;
+}
+
+// R replicas of S stages (process = replica x S + stage): each process loads its stage of the model
+// (load_stage of the plan every process computes alike) and runs it over its replica's prompts
+// (generate_pipelined); the first stages' results are gathered to every process in prompt order.
+int run_pipelined(const Args& args, accel::DistributedState& state, const Inputs& in) {
+  const auto stages = static_cast<int>(args.stages), replicas = state.num_processes() / stages;
+  const accel::GridGroups grid = accel::grid_groups(state, replicas, stages);
+  // Every process plans alike, so a plan it refuses (more stages than the model has parts, budgets
+  // too small) is refused by all, before any loads.
+  accel::PipelineLoadPlan plan;
+  std::vector<StageRole> roles;
+  std::exception_ptr refused;
+  try {
+    plan = plan_stages(args, in.checkpoint, state);
+    roles = stage_roles(plan, in.config);
+  } catch (const accel::error&) {
+    refused = std::current_exception();
+  }
+  if (const int status = agree(state, refused)) return status;
+  accel::DispatchedModel model = accel::load_stage(in.checkpoint, plan, grid.stage);
+  if (!args.quiet && state.is_main_process()) {
+    print_pipeline(args, plan, roles, static_cast<std::size_t>(replicas));
+    std::fflush(stdout);  // before generating: a watcher sees the job reached its stages
+  }
+
+  HostViews views(plan.load.devices.value_or(std::vector<accel::DeviceMemoryPtr>{}), args.copy_back);
+  Decoder decoder(model, in.config, views);
+  const accel::Shard shard =
+      accel::split_between_processes(in.prompts, static_cast<std::size_t>(grid.replica), static_cast<std::size_t>(replicas)).shard();
+  const std::span<const Prompt> mine(in.prompts.data() + shard.first_index, shard.real_count);
+  std::vector<const GoldenRun*> expected;
+  for (std::size_t i = shard.first_index; i < shard.first_index + shard.real_count; ++i)
+    expected.push_back(in.golden ? &in.golden->runs[in.expected[i]] : nullptr);
+  StageReport report{static_cast<std::size_t>(grid.replica), static_cast<std::size_t>(grid.stage), roles[static_cast<std::size_t>(grid.stage)].describe()};
+  for (const auto& [where, totals] : model.report().per_placement) report.weight_bytes += totals.bytes;
+
+  accel::wait_for_everyone(state);  // time the generation, not the loads
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<PromptResult> done =
+      generate_pipelined(decoder, in.config, roles[static_cast<std::size_t>(grid.stage)], *grid.stage_group, mine, in.new_tokens, expected, report);
+  report.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // The first stages hold the results, replica after replica: in rank order, prompt order.
+  std::vector<PromptResult> results;
+  for (auto& part : accel::gather_object(state, done)) results.insert(results.end(), part.begin(), part.end());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const std::vector<StageReport> reports = accel::gather_object(state, report);
+  if (results.size() != in.prompts.size())  // every replica's first stage returns its whole share
+    throw std::logic_error("the replicas returned " + std::to_string(results.size()) + " results for " +
+                           std::to_string(in.prompts.size()) + " prompts");
+  return finish(args, state, in, results, seconds, accel::text::plural(replicas, "replica") + " x " + accel::text::plural(stages, "stage"),
+                &reports);
+}
+
 int run(const Args& args) {
   // The job: P processes are R replicas of S stages (process = replica × S + stage).
   accel::StateOptions state_options;
@@ -1224,14 +1588,13 @@ int run(const Args& args) {
     refused = std::current_exception();
   }
   if (const int status = agree(state, refused)) return status;
-  const std::vector<Prompt>& prompts = in.prompts;
-  const std::optional<Golden>& golden = in.golden;
+  if (args.stages > 1) return run_pipelined(args, state, in);
 
   // Each replica takes a contiguous share of the prompts, plans and loads its own copy on its own
   // devices.
-  const std::size_t replicas = processes / args.stages;
-  const std::size_t replica = static_cast<std::size_t>(state.process_index()) / args.stages;
-  const accel::Shard shard = accel::split_between_processes(prompts, replica, replicas).shard();
+  const std::size_t replicas = processes;
+  const std::size_t replica = static_cast<std::size_t>(state.process_index());
+  const accel::Shard shard = accel::split_between_processes(in.prompts, replica, replicas).shard();
   const accel::AutoDispatchPlan plan = plan_load(args, in.checkpoint, state);
   accel::DispatchedModel model = accel::load_checkpoint_and_dispatch(in.checkpoint, plan.plan.device_map, plan.load);
   if (!args.quiet && state.is_main_process()) print_placement(args, plan, model, replicas);
@@ -1242,20 +1605,11 @@ int run(const Args& args) {
   const auto start = std::chrono::steady_clock::now();
   std::vector<PromptResult> mine;
   for (std::size_t i = shard.first_index; i < shard.first_index + shard.real_count; ++i)
-    mine.push_back(generate(decoder, in.config, prompts[i], in.new_tokens, golden ? &golden->runs[in.expected[i]] : nullptr));
+    mine.push_back(generate(decoder, in.config, in.prompts[i], in.new_tokens, in.golden ? &in.golden->runs[in.expected[i]] : nullptr));
   // Every prompt's result on every process, in prompt order.
   const std::vector<PromptResult> results = state.use_distributed() ? accel::gather_object(state, mine, shard) : std::move(mine);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-
-  const Check check = golden ? check_results(prompts, results, *golden, in.expected, in.new_tokens, args.tolerance) : Check{true, ""};
-  if (state.is_main_process()) {
-    for (std::size_t i = 0; i < prompts.size(); ++i)
-      std::printf("prompt %s -> tokens %s\n", join(prompts[i].ids).c_str(), join(results[i].tokens).c_str());
-    if (!args.quiet) print_stats(prompts, results, seconds, replicas);
-    if (golden) std::printf("%s\n", check.line.c_str());
-    std::fflush(stdout);
-  }
-  return check.ok ? 0 : 1;
+  return finish(args, state, in, results, seconds, std::to_string(replicas) + (replicas == 1 ? " replica" : " replicas"));
 }
 
 }  // namespace
