@@ -1362,9 +1362,14 @@ void print_stats(const std::vector<Prompt>& prompts, const std::vector<PromptRes
   std::sort(decode.begin(), decode.end());
   const double median = decode.empty() ? 0.0 : decode[decode.size() / 2], p90 = decode.empty() ? 0.0 : decode[decode.size() * 9 / 10];
   const std::string for_prompts = results.size() > 1 ? "for " + std::to_string(results.size()) + " prompts " : "";
-  if (pipelined)
-    std::printf("prefill %.2f ms %s(%zu tokens); decode median %.2f ms/token (p90 %.2f), first stage to token back\n", prefill_ms,
-                for_prompts.c_str(), prompt_tokens, median, p90);
+  if (pipelined) {  // the prompts' steps overlap: a sum of their times would exceed the whole run's
+    std::vector<double> prefill;
+    for (const auto& r : results) prefill.push_back(r.prefill_ms);
+    std::sort(prefill.begin(), prefill.end());
+    std::printf("prefill median %.2f ms per prompt (%zu prompts, %zu tokens); decode median %.2f ms/token (p90 %.2f); "
+                "from the first stage to the token's return there, other prompts' steps in flight meanwhile\n",
+                prefill.empty() ? 0.0 : prefill[prefill.size() / 2], results.size(), prompt_tokens, median, p90);
+  }
   else
     std::printf("prefill %.2f ms %s(%zu tokens, %llu bytes streamed); decode median %.2f ms/token (p90 %.2f), "
                 "%llu bytes streamed/token\n",

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: accel contributors
-"""Tokens per second of examples/llama_generate with its prompts split between replicas, against one
-process and against the ceiling: two independent single-process runs side by side, each with half
-of the prompts, which is what two replicas would reach if splitting and gathering cost nothing.
+"""Tokens per second of examples/llama_generate with its prompts split between 2 replicas, or pipelined
+over 2 stages, against one process and against the ceiling: two independent single-process runs
+side by side, each with half of the prompts, which is what two processes would reach if splitting,
+passing hidden states and gathering cost nothing.
 
 Makes a Llama of about 150 MB (make_demo_checkpoint.py: 148.5 MiB bfloat16, 16 layers, untied
 32000 x 512 embedding) in WORK, and a file of PROMPTS prompts of 8 token ids each. Each run
@@ -11,13 +12,16 @@ generates TOKENS new tokens per prompt on the CPU (--no-gpu), in three configura
 
   1 process    llama_generate --prompts all.txt
   2 replicas   accel launch --cpu --num_processes 2 llama_generate --prompts all.txt
+  2 stages     accel launch --cpu --num_processes 2 llama_generate --prompts all.txt --stages 2
   ceiling      llama_generate --prompts first-half.txt & llama_generate --prompts second-half.txt
 
 one after the other in each round, the order rotating between rounds, after one warm-up round
 (page cache). Two rates per configuration: `generation`, the tokens over the time from the loaded
 model to the gathered results, as the example prints it (for the ceiling: both runs' tokens over
 the longer of the two runs' times); `end to end`, the tokens over the wall time of the whole
-command (starting the processes, loading, generating). Medians over the rounds.
+command (starting the processes, loading, generating). Medians over the rounds. For the stages,
+also each stage's share of the model's weight bytes and its busy fraction (computing / generation
+time), as the example reports them, medians over the rounds.
 
 usage: generate_throughput.py BUILD_DIR [--work DIR] [--runs N] [--prompts N] [--tokens N]
        (BUILD_DIR has bin/accel and examples/llama_generate; build it with -DCMAKE_BUILD_TYPE=Release)
@@ -37,6 +41,7 @@ MODEL = ["--layers", "16", "--hidden", "512", "--intermediate", "1408", "--vocab
          "--kv-heads", "2", "--untied"]
 PROMPT_TOKENS = 8
 GENERATED = re.compile(r"generated (\d+) tokens for (\d+) prompts in ([\d.]+) s")
+STAGE = re.compile(r"process (\d+) \(replica \d+, stage (\d+): ([^)]*)\): \d+ weight bytes \(([\d.]+) of the model's \d+\), busy (\d+)%")
 
 
 def start(cmd):
@@ -50,16 +55,19 @@ def finish(proc, cmd):
     m = GENERATED.search(out)
     if not m:
         sys.exit(f"no 'generated ... tokens' line in the output of {' '.join(cmd)}:\n{out}")
-    return int(m.group(1)), float(m.group(3)), [line for line in out.splitlines() if line.startswith("prompt ")]
+    stages = [(int(s.group(2)), s.group(3), float(s.group(4)), int(s.group(5))) for s in STAGE.finditer(out)]
+    return int(m.group(1)), float(m.group(3)), [line for line in out.splitlines() if line.startswith("prompt ")], stages
 
 
 def measure(commands):
-    """Runs `commands` side by side: (tokens, generation seconds (the longest), wall seconds, prompt lines)."""
+    """Runs `commands` side by side: (tokens, generation seconds (the longest), wall seconds, prompt lines,
+    stage reports [(stage, role, weight share, busy %)])."""
     t0 = time.monotonic()
     procs = [start(c) for c in commands]
     results = [finish(p, c) for p, c in zip(procs, commands)]
     wall = time.monotonic() - t0
-    return sum(r[0] for r in results), max(r[1] for r in results), wall, [line for r in results for line in r[2]]
+    return (sum(r[0] for r in results), max(r[1] for r in results), wall, [line for r in results for line in r[2]],
+            [s for r in results for s in r[3]])
 
 
 def write_prompts(path, prompts):
@@ -98,6 +106,7 @@ def main():
     configs = {
         "1 process": [[generate, *common, "--prompts", files["all"]]],
         "2 replicas": [[accel, "launch", "--cpu", "--num_processes", "2", generate, *common, "--prompts", files["all"]]],
+        "2 stages": [[accel, "launch", "--cpu", "--num_processes", "2", generate, *common, "--prompts", files["all"], "--stages", "2"]],
         "ceiling": [[generate, *common, "--prompts", files["first"]], [generate, *common, "--prompts", files["second"]]],
     }
     names = list(configs)
@@ -112,10 +121,13 @@ def main():
         elif lines != reference:
             sys.exit(f"{name} produced other tokens than {names[0]}:\n" + "\n".join(lines))
     samples = {name: [] for name in names}
+    stage_samples = {}
     for r in range(args.runs):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            tokens, gen_s, wall_s, _ = measure(configs[name])
+            tokens, gen_s, wall_s, _, stages = measure(configs[name])
             samples[name].append((tokens / gen_s, tokens / wall_s))
+            for stage, role, share, busy in stages:
+                stage_samples.setdefault((stage, role, share), []).append(busy)
     med = {name: (statistics.median(s[0] for s in samples[name]), statistics.median(s[1] for s in samples[name])) for name in names}
     print(f"{'configuration':<12} {'generation tok/s':>17} {'end to end tok/s':>17}   runs (generation tok/s)")
     for name in names:
@@ -123,8 +135,13 @@ def main():
         print(f"{name:<12} {med[name][0]:>17.1f} {med[name][1]:>17.1f}   {runs}")
     for i, what in enumerate(("generation", "end to end")):
         print(f"{what}: 2 replicas / ceiling {med['2 replicas'][i] / med['ceiling'][i]:.2f}x, "
+              f"2 stages / ceiling {med['2 stages'][i] / med['ceiling'][i]:.2f}x, "
               f"2 replicas / 1 process {med['2 replicas'][i] / med['1 process'][i]:.2f}x, "
+              f"2 stages / 1 process {med['2 stages'][i] / med['1 process'][i]:.2f}x, "
               f"ceiling / 1 process {med['ceiling'][i] / med['1 process'][i]:.2f}x")
+    for (stage, role, share), busy in sorted(stage_samples.items()):
+        print(f"2 stages: stage {stage} ({role}) holds {share:.2f} of the weights, busy median {statistics.median(busy):.0f}% "
+              f"(runs: {', '.join(f'{b}%' for b in busy)})")
 
 
 if __name__ == "__main__":
