@@ -289,6 +289,33 @@ TEST_CASE("speed: host before disk", "[objective]") {
   CHECK(roomy.objectives->speed.from_disk == 0);
 }
 
+TEST_CASE("speed without a GPU: cpu holds the layers read whole, the row-read embedding goes to disk first", "[objective]") {
+  const auto t = llama();
+  const auto o = options("cpu=3700");
+  const auto fit = plan(t, o, accel::PlanObjective::fit);
+  const auto speed = plan(t, o, accel::PlanObjective::speed);
+  REQUIRE(speed.objectives);
+  const auto& c = *speed.objectives;
+  // fit (transformers' order): the embedding and the first layers fill cpu, the rest goes to disk
+  // and is read from there on every pass.
+  CHECK(fit.device_map.placement_of("model.embed_tokens.weight") == Placement::cpu());
+  CHECK(c.fit.from_disk > 0);
+  // speed: the embedding, read by rows wherever it is, leaves cpu room to a layer read whole.
+  CHECK(speed.device_map.placement_of("model.embed_tokens.weight") == Placement::disk());
+  CHECK(c.speed.from_cpu == 0);  // no GPU: what is in host memory is not streamed
+  CHECK(c.speed.from_disk < c.fit.from_disk);
+  CHECK(account(t, o, speed.device_map, c.row_read).streamed == c.speed.streamed());
+  require_within_budgets(t, o, speed);
+  const auto moved = std::find_if(c.moves.begin(), c.moves.end(), [](const auto& m) { return m.module == "model.embed_tokens"; });
+  REQUIRE(moved != c.moves.end());
+  CHECK(moved->from == Placement::cpu());
+  CHECK(moved->to == Placement::disk());
+  CHECK(moved->why == "input embedding: rows are read, not the table");
+  // With room for everything, nothing moves.
+  const auto roomy = plan(t, options("cpu=100000"), accel::PlanObjective::speed);
+  CHECK_FALSE(roomy.objectives->speed_map_differs);
+}
+
 TEST_CASE("speed: no-split blocks stay whole and tied tensors together", "[objective]") {
   auto t = llama({.layers = 8, .split_blocks = true});
   t.tie({"model.layers.0.attn.weight", "model.layers.7.attn.weight"});
@@ -330,7 +357,7 @@ TEST_CASE("speed on random models: never more streamed than fit, never over a bu
     if (tied) t.add_alias("lm_head.weight", "model.embed_tokens.weight");
     else t.add_parameter("lm_head.weight", DType::F32, {16 + static_cast<int>(rng() % 64), width});
     total = accel::compute_module_sizes(t).total();
-    const int gpus = 1 + static_cast<int>(rng() % 3);
+    const int gpus = static_cast<int>(rng() % 4);  // 0: a process without a GPU
     const double share = 0.2 + 0.8 * static_cast<double>(rng() % 100) / 100.0;
     std::string budgets;
     for (int g = 0; g < gpus; ++g) budgets += std::to_string(g) + "=" + std::to_string(static_cast<std::uint64_t>(static_cast<double>(total) * share / gpus)) + ",";

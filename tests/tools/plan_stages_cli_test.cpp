@@ -92,6 +92,7 @@ TEST_CASE("accel plan --stages: the text report, the tied copy in both end stage
   CHECK_THAT(svg, accel_test::contains("<svg"));
   CHECK_THAT(svg, accel_test::contains(">stage 2</text>"));
   CHECK_THAT(svg, accel_test::contains("holds a tied copy"));
+  CHECK_THAT(svg, accel_test::contains("3 stages x 1 replica; imbalance (slowest / mean)"));
 }
 
 TEST_CASE("accel plan --stages: measured budgets per stage process from simulated GPUs, --process's ranks", "[cli][plan][stages]") {

@@ -176,7 +176,7 @@ inline std::string render_pipeline_svg(const accel::PipelinePlan& p, const Stage
   s += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   const double below = text_lines(s, title_lines, 28, 22, "font-size=\"18\" font-weight=\"bold\"");
   s += "<text x=\"20\" y=\"" + num(below) + "\" font-size=\"12\" fill=\"#555\">" +
-       xml_escape(accel::detail::concat(l.stages, " stages x ", l.replicas, " replicas; imbalance (slowest / mean) ",
+       xml_escape(accel::detail::concat(accel::text::plural(l.stages, "stage"), " x ", accel::text::plural(l.replicas, "replica"), "; imbalance (slowest / mean) ",
                                         accel::text::fixed(p.imbalance, 3), ", split by parameter count ", baseline_text(p))) +
        "</text>\n";
   s += "<text x=\"20\" y=\"" + num(below + 16) + "\" font-size=\"12\" fill=\"#555\">bar: estimated time per forward pass "

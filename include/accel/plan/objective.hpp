@@ -12,7 +12,11 @@
 /// - the largest-layer reserve (gpu_reserve_layers × the largest layer) is kept only on the
 ///   execution GPU and only for layers actually offloaded; none when nothing streams;
 /// - GPUs are packed fuller (several packings are tried; the cheapest is kept), cpu before disk,
-///   tied tensors together, blocks whole.
+///   tied tensors together, blocks whole;
+/// - without a GPU (a process that computes on the CPU, reading what is on disk on every pass),
+///   the same packing over cpu and disk: largest first into the cpu budget, and the row-read
+///   embedding to disk before any layer (its rows are read from there), so host memory holds
+///   the layers that are read whole.
 /// The fit map is always a candidate: the speed map never streams more bytes, and is checked
 /// against every budget before it is kept.
 #pragma once
@@ -344,7 +348,7 @@ inline std::string move_reason(bool row_read, Placement from, Placement to, cons
   cmp.speed = cmp.fit;
   for (std::size_t t = 0; t < row_read.size(); ++t)
     if (row_read[t] && tree.index()->canonical[t] == t) cmp.row_read.push_back(tree.tensors()[t].name);
-  if (cmp.fit.streamed() == 0 || o.max_memory.gpus.empty()) return out;
+  if (cmp.fit.streamed() == 0 || (o.max_memory.gpus.empty() && !o.max_memory.cpu)) return out;
 
   const detail::SpeedPacking packing(tree, sizes, o, row_read);
   const auto& devices = packing.devices();
