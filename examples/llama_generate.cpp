@@ -1148,13 +1148,14 @@ std::vector<StageRole> stage_roles(const accel::PipelineLoadPlan& plan, const Ll
 struct StageReport {
   std::size_t replica = 0, stage = 0;
   std::string role;                // StageRole::describe()
-  std::uint64_t weight_bytes = 0;  // the weights it holds
+  std::uint64_t weight_bytes = 0;  // the weights it holds in memory (its GPUs' and the host's)
+  std::uint64_t disk_bytes = 0;    // and those it reads from disk
   double busy_s = 0;               // computing
   double wall_s = 0;               // from the start of the generation to its last message
   std::uint64_t streamed = 0;      // bytes streamed to its execution device
   std::size_t steps = 0;           // sequence steps it computed
 };
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(StageReport, replica, stage, role, weight_bytes, busy_s, wall_s, streamed, steps)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(StageReport, replica, stage, role, weight_bytes, disk_bytes, busy_s, wall_s, streamed, steps)
 
 // A replica's prompts generated over its S stages: this process is stage group.rank() of
 // group.size(), the replica's stage group. Each sequence is one micro-batch, and every stage takes
@@ -1394,18 +1395,19 @@ void print_pipeline(const Args& args, const accel::PipelineLoadPlan& plan, const
   }
 }
 
-// What each process did in a pipelined run: its stage, its weights against the whole model's, how
-// busy it was (computing / wall time: the rest is waiting for its predecessor, or bubbles), and
-// what it streamed.
+// What each process did in a pipelined run: its stage, the weights it holds in memory against the
+// whole model's (and those it reads from disk), how busy it was (computing / wall time: the rest is
+// waiting for its predecessor, or bubbles), and what it streamed.
 void print_stage_reports(const std::vector<StageReport>& reports, std::uint64_t model_bytes) {
   for (std::size_t rank = 0; rank < reports.size(); ++rank) {
     const StageReport& r = reports[rank];
-    std::printf("  process %zu (replica %zu, stage %zu: %s): %llu weight bytes (%.2f of the model's %llu), busy %.0f%% of %.3f s, "
-                "%zu steps, %llu bytes streamed\n",
+    const std::string disk = r.disk_bytes ? ", " + std::to_string(r.disk_bytes) + " on disk" : "";
+    std::printf("  process %zu (replica %zu, stage %zu: %s): %llu weight bytes in memory (%.2f of the model's %llu)%s, busy %.0f%% of "
+                "%.3f s, %zu steps, %llu bytes streamed\n",
                 rank, r.replica, r.stage, r.role.c_str(), static_cast<unsigned long long>(r.weight_bytes),
                 model_bytes ? static_cast<double>(r.weight_bytes) / static_cast<double>(model_bytes) : 0.0,
-                static_cast<unsigned long long>(model_bytes), r.wall_s > 0 ? 100.0 * r.busy_s / r.wall_s : 0.0, r.wall_s, r.steps,
-                static_cast<unsigned long long>(r.streamed));
+                static_cast<unsigned long long>(model_bytes), disk.c_str(), r.wall_s > 0 ? 100.0 * r.busy_s / r.wall_s : 0.0, r.wall_s,
+                r.steps, static_cast<unsigned long long>(r.streamed));
   }
 }
 
@@ -1560,7 +1562,7 @@ int run_pipelined(const Args& args, accel::DistributedState& state, const Inputs
   for (std::size_t i = shard.first_index; i < shard.first_index + shard.real_count; ++i)
     expected.push_back(in.golden ? &in.golden->runs[in.expected[i]] : nullptr);
   StageReport report{static_cast<std::size_t>(grid.replica), static_cast<std::size_t>(grid.stage), roles[static_cast<std::size_t>(grid.stage)].describe()};
-  for (const auto& [where, totals] : model.report().per_placement) report.weight_bytes += totals.bytes;
+  for (const auto& [where, totals] : model.report().per_placement) (where.is_disk() ? report.disk_bytes : report.weight_bytes) += totals.bytes;
 
   accel::wait_for_everyone(state);  // time the generation, not the loads
   const auto start = std::chrono::steady_clock::now();

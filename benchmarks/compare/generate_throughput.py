@@ -13,6 +13,9 @@ generates TOKENS new tokens per prompt on the CPU (--no-gpu), in three configura
   1 process    llama_generate --prompts all.txt
   2 replicas   accel launch --cpu --num_processes 2 llama_generate --prompts all.txt
   2 stages     accel launch --cpu --num_processes 2 llama_generate --prompts all.txt --stages 2
+  2 stages, 0.55x  the same with --max-memory cpu=0.55 x the model's weight bytes per process (disk
+               unbounded) and --objective speed: each process holds at most 0.55x of the weights in
+               memory, the untied embedding (read by rows) left on disk
   ceiling      llama_generate --prompts first-half.txt & llama_generate --prompts second-half.txt
 
 one after the other in each round, the order rotating between rounds, after one warm-up round
@@ -27,6 +30,7 @@ usage: generate_throughput.py BUILD_DIR [--work DIR] [--runs N] [--prompts N] [-
        (BUILD_DIR has bin/accel and examples/llama_generate; build it with -DCMAKE_BUILD_TYPE=Release)
 """
 import argparse
+import json
 import os
 import random
 import re
@@ -41,7 +45,8 @@ MODEL = ["--layers", "16", "--hidden", "512", "--intermediate", "1408", "--vocab
          "--kv-heads", "2", "--untied"]
 PROMPT_TOKENS = 8
 GENERATED = re.compile(r"generated (\d+) tokens for (\d+) prompts in ([\d.]+) s")
-STAGE = re.compile(r"process (\d+) \(replica \d+, stage (\d+): ([^)]*)\): \d+ weight bytes \(([\d.]+) of the model's \d+\), busy (\d+)%")
+STAGE = re.compile(r"process (\d+) \(replica \d+, stage (\d+): ([^)]*)\): \d+ weight bytes in memory \(([\d.]+) of the model's \d+\)"
+                   r"(?:, \d+ on disk)?, busy (\d+)%")
 
 
 def start(cmd):
@@ -68,6 +73,18 @@ def measure(commands):
     wall = time.monotonic() - t0
     return (sum(r[0] for r in results), max(r[1] for r in results), wall, [line for r in results for line in r[2]],
             [s for r in results for s in r[3]])
+
+
+def weight_bytes(checkpoint):
+    """The bytes of every tensor of the checkpoint's safetensors files, from their headers."""
+    total = 0
+    for name in os.listdir(checkpoint):
+        if not name.endswith(".safetensors"):
+            continue
+        with open(os.path.join(checkpoint, name), "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+    return total
 
 
 def write_prompts(path, prompts):
@@ -107,6 +124,8 @@ def main():
         "1 process": [[generate, *common, "--prompts", files["all"]]],
         "2 replicas": [[accel, "launch", "--cpu", "--num_processes", "2", generate, *common, "--prompts", files["all"]]],
         "2 stages": [[accel, "launch", "--cpu", "--num_processes", "2", generate, *common, "--prompts", files["all"], "--stages", "2"]],
+        "2 stages, 0.55x": [[accel, "launch", "--cpu", "--num_processes", "2", generate, *common, "--prompts", files["all"], "--stages", "2",
+                             "--max-memory", f"cpu={int(0.55 * weight_bytes(checkpoint))}", "--objective", "speed"]],
         "ceiling": [[generate, *common, "--prompts", files["first"]], [generate, *common, "--prompts", files["second"]]],
     }
     names = list(configs)
@@ -127,20 +146,21 @@ def main():
             tokens, gen_s, wall_s, _, stages = measure(configs[name])
             samples[name].append((tokens / gen_s, tokens / wall_s))
             for stage, role, share, busy in stages:
-                stage_samples.setdefault((stage, role, share), []).append(busy)
+                stage_samples.setdefault((name, stage, role, share), []).append(busy)
     med = {name: (statistics.median(s[0] for s in samples[name]), statistics.median(s[1] for s in samples[name])) for name in names}
-    print(f"{'configuration':<12} {'generation tok/s':>17} {'end to end tok/s':>17}   runs (generation tok/s)")
+    print(f"{'configuration':<16} {'generation tok/s':>17} {'end to end tok/s':>17}   runs (generation tok/s)")
     for name in names:
         runs = ", ".join(f"{s[0]:.1f}" for s in samples[name])
-        print(f"{name:<12} {med[name][0]:>17.1f} {med[name][1]:>17.1f}   {runs}")
+        print(f"{name:<16} {med[name][0]:>17.1f} {med[name][1]:>17.1f}   {runs}")
     for i, what in enumerate(("generation", "end to end")):
         print(f"{what}: 2 replicas / ceiling {med['2 replicas'][i] / med['ceiling'][i]:.2f}x, "
               f"2 stages / ceiling {med['2 stages'][i] / med['ceiling'][i]:.2f}x, "
+              f"2 stages 0.55x / ceiling {med['2 stages, 0.55x'][i] / med['ceiling'][i]:.2f}x, "
               f"2 replicas / 1 process {med['2 replicas'][i] / med['1 process'][i]:.2f}x, "
               f"2 stages / 1 process {med['2 stages'][i] / med['1 process'][i]:.2f}x, "
               f"ceiling / 1 process {med['ceiling'][i] / med['1 process'][i]:.2f}x")
-    for (stage, role, share), busy in sorted(stage_samples.items()):
-        print(f"2 stages: stage {stage} ({role}) holds {share:.2f} of the weights, busy median {statistics.median(busy):.0f}% "
+    for (name, stage, role, share), busy in sorted(stage_samples.items()):
+        print(f"{name}: stage {stage} ({role}) holds {share:.2f} of the weights in memory, busy median {statistics.median(busy):.0f}% "
               f"(runs: {', '.join(f'{b}%' for b in busy)})")
 
 
