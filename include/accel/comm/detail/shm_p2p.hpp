@@ -35,6 +35,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <emmintrin.h>  // SSE2, part of every x86-64 CPU: streaming stores
+#define ACCEL_DETAIL_STREAMING_STORES 1
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -69,6 +74,43 @@ inline constexpr std::uint32_t p2p_ring_slots = 4;
 /// @brief Bytes of the control block, the offer area and the answer area, each.
 inline constexpr std::size_t p2p_area_bytes = 4096;
 static_assert(p2p_descriptor_max_bytes + 64 <= p2p_area_bytes);
+
+/// @brief Messages from this size on leave the ring through copy_streaming(): their receiver's
+/// buffer does not fit the caches anyway, and ordinary stores would first read every line of it
+/// from memory. Measured on a 2-core VM (32 MiB L3, 256 KiB x 4 ring): a 16 MiB message took
+/// about half the time, a 64 MiB one 0.7x; at 4 MiB and below ordinary copies were faster.
+inline constexpr std::uint64_t p2p_stream_min_bytes = std::uint64_t{8} << 20;
+
+/// @brief Copies `n` bytes from `src` to `dst` (not overlapping), as memcpy does, but where the
+/// CPU has streaming stores (x86-64) writes `dst` around the caches: no read of each destination
+/// line before it is written, and the caches keep what the other end of the channel uses. Every
+/// byte is visible to other threads when it returns (a store fence).
+inline void copy_streaming(std::byte* dst, const std::byte* src, std::size_t n) noexcept {
+#if ACCEL_DETAIL_STREAMING_STORES
+  constexpr std::size_t line = 64;
+  if (n < 4 * line) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  const std::size_t lead = (16 - (reinterpret_cast<std::uintptr_t>(dst) & 15)) & 15;  // streaming stores need 16-byte alignment
+  std::memcpy(dst, src, lead);
+  dst += lead, src += lead, n -= lead;
+  for (; n >= line; n -= line, dst += line, src += line) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 48), d);
+  }
+  std::memcpy(dst, src, n);
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
 
 /// @brief The control block at the start of every channel (zero-filled on creation).
 struct ShmP2pControl {
@@ -223,9 +265,11 @@ class ShmP2pChannel {
       if (!descriptor.empty()) std::memcpy(answer + 12, descriptor.data(), descriptor.size());
       post(control().answered.v, static_cast<std::uint32_t>(number));
       std::size_t at = 0;
+      const bool streaming = total >= p2p_stream_min_bytes;
       for (;;) {
         const std::size_t n = out ? static_cast<std::size_t>(std::min<std::uint64_t>(total - at, p2p_chunk_bytes)) : 0;
-        if (n) std::memcpy(out + at, slot(s), n);
+        if (n && streaming) copy_streaming(out + at, slot(s), n);
+        else if (n) std::memcpy(out + at, slot(s), n);
         post(control().consumed.v, s);
         at += n;
         if (!out || at >= total) return;
