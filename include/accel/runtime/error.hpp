@@ -7,10 +7,12 @@
 /// offending value, and how to fix it.
 #pragma once
 
+#include <charconv>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include <accel/runtime/config.hpp>
@@ -86,12 +88,48 @@ class nccl_error : public error {
 
 namespace detail {
 
-/// @brief Streams every argument into one string (the library's tiny formatter).
+/// @brief Text concat() appends as it is: strings, views, C strings and character arrays.
+template <class T>
+inline constexpr bool concat_text_v = std::is_convertible_v<const T&, std::string_view>;
+/// @brief Characters concat() appends as one character each (as a stream prints them).
+template <class T>
+inline constexpr bool concat_char_v = std::is_same_v<T, char> || std::is_same_v<T, signed char> || std::is_same_v<T, unsigned char>;
+/// @brief Integers concat() writes in decimal (as a stream prints them): not bool, not characters.
+template <class T>
+inline constexpr bool concat_integer_v = std::is_integral_v<T> && !std::is_same_v<T, bool> && !concat_char_v<T> &&
+                                         !std::is_same_v<T, wchar_t> && !std::is_same_v<T, char8_t> && !std::is_same_v<T, char16_t> &&
+                                         !std::is_same_v<T, char32_t>;
+
+/// @brief Appends one argument of concat()'s fast path to `out`.
+template <class T>
+void concat_append(std::string& out, const T& v) {
+  if constexpr (concat_char_v<T>) {
+    out.push_back(static_cast<char>(v));
+  } else if constexpr (concat_integer_v<T>) {
+    char digits[24];  // a 64-bit integer's decimal digits and sign
+    out.append(digits, std::to_chars(digits, digits + sizeof digits, v).ptr);
+  } else if constexpr (std::is_pointer_v<T>) {
+    if (v) out.append(v);  // a null C string adds nothing
+  } else {
+    out.append(std::string_view(v));
+  }
+}
+
+/// @brief Streams every argument into one string (the library's tiny formatter). Strings,
+/// characters and integers only (most labels and messages) are appended without a stream, which
+/// costs a locale's set-up per call; anything else goes through std::ostringstream, as before.
 template <class... Args>
 [[nodiscard]] std::string concat(Args&&... args) {
-  std::ostringstream out;
-  (out << ... << std::forward<Args>(args));
-  return out.str();
+  if constexpr (((concat_text_v<std::remove_cvref_t<Args>> || concat_char_v<std::remove_cvref_t<Args>> ||
+                  concat_integer_v<std::remove_cvref_t<Args>>) && ...)) {
+    std::string out;
+    (concat_append(out, args), ...);
+    return out;
+  } else {
+    std::ostringstream out;
+    (out << ... << std::forward<Args>(args));
+    return out.str();
+  }
 }
 
 /// @brief `e`'s message without its "[accel.<category>] " prefix, to nest it in another message
