@@ -20,8 +20,9 @@
 /// `answered`, copies the chunk out and posts `consumed`. If the check failed on both ends (it is
 /// the same pure function of the same two descriptors), that was the message's only step;
 /// otherwise the sender streams the remaining chunks into the ring while the receiver copies the
-/// earlier ones out, so a large message costs about one copy's time, not two in a row. A small
-/// message costs one step each way and no system call when nobody sleeps.
+/// earlier ones out, so a large message costs about one copy's time, not two in a row; from
+/// p2p_stream_min_bytes on the receiver copies out with streaming stores. A small message costs
+/// one step each way and no system call when nobody sleeps.
 ///
 /// Waits spin (with CPUs to spare), yield, then sleep on a futex in 20 ms steps (shm_slots.hpp's
 /// await_step()); between sleeps the waiter checks that the peer's process still exists and
