@@ -89,7 +89,8 @@ Greedy decoding with a Llama-architecture model (config.json + safetensors) plac
                           per forward pass within the same budgets
   --dtype DTYPE           load dtype of floating tensors: float32, bfloat16, float16 (default: config.json's)
   --offload-folder DIR    where converted disk tensors go (needed when --dtype changes a disk tensor)
-  --copy-back             read every device tensor through a copy to the host, as with a real GPU
+  --copy-back             read every device tensor through a copy to the host, as with a real GPU (with
+                          --stages, also pass the stages' messages through a GPU buffer)
   --expect FILE           golden.json from tests/compat/gen_forward.py: exit 1 unless every prompt's
                           tokens are identical and every step's logits are within --tolerance (relative
                           to the step's largest logit); without --prompt/--prompts, all its prompts run
@@ -1157,8 +1158,48 @@ struct StageReport {
 };
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(StageReport, replica, stage, role, weight_bytes, disk_bytes, busy_s, wall_s, streamed, steps)
 
+// How a stage's messages travel. The CPU backend takes host memory: the vectors go as they are.
+// A communicator that takes device memory (NCCL: device_buffers()) gets each message staged through
+// a buffer on this process's first GPU, as an engine whose activations live on its GPU would send
+// them from there; with --copy-back the messages are staged so over simulated GPUs too, which runs
+// this path without a GPU.
+class StageLink {
+ public:
+  // `gpu`: where messages are staged; null: they go from host memory.
+  StageLink(accel::Communicator& group, accel::DeviceMemoryPtr gpu) : group_(group), gpu_(std::move(gpu)) {
+    if (gpu_) stream_ = accel::Stream(gpu_);
+  }
+  [[nodiscard]] accel::Communicator& group() const noexcept { return group_; }
+
+  // Sends `data` to stage `dst` without waiting for it to be taken; `data` and `staged` (where the
+  // message is staged on the GPU) must live until the handle's wait().
+  template <class T>
+  [[nodiscard]] accel::CollectiveHandle send(std::span<T> data, accel::DeviceBuffer& staged, int dst) {
+    if (!gpu_) return accel::send_async(group_, data, dst);
+    staged = accel::DeviceBuffer(gpu_, data.size_bytes());
+    gpu_->copy_to_device_async(staged.get(), data.data(), data.size_bytes(), stream_.get());
+    gpu_->synchronize(stream_.get());
+    return accel::send_async(group_, std::span<T>(static_cast<T*>(staged.get()), data.size()), dst);
+  }
+
+  // Receives the next message from stage `src` into `into` (its length is the message's).
+  template <class T>
+  void recv(std::span<T> into, int src) {
+    if (!gpu_) return accel::recv(group_, into, src);
+    accel::DeviceBuffer staged(gpu_, into.size_bytes());
+    accel::recv(group_, std::span<T>(static_cast<T*>(staged.get()), into.size()), src);
+    gpu_->copy_to_host_async(into.data(), staged.get(), into.size_bytes(), stream_.get());
+    gpu_->synchronize(stream_.get());
+  }
+
+ private:
+  accel::Communicator& group_;
+  accel::DeviceMemoryPtr gpu_;
+  accel::Stream stream_;
+};
+
 // A replica's prompts generated over its S stages: this process is stage group.rank() of
-// group.size(), the replica's stage group. Each sequence is one micro-batch, and every stage takes
+// group.size(), the replica's stage group (`link`'s). Each sequence is one micro-batch, and every stage takes
 // them in the same order, a step at a time: step t of sequence 0, 1, ..., then step t + 1 of each.
 // The first stage embeds the step's input (the prompt, then the token the last stage sent back),
 // runs its layers and sends the hidden states ([n][hidden], n the step's positions, which every
@@ -1169,11 +1210,11 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(StageReport, replica, stage, role, weight_byt
 // a token comes back: with at least S sequences every stage has work, with fewer the pipeline has
 // bubbles. Returns every sequence's result on the first stage (tokens, errors, and as step times
 // the time from the step's start there to its token's return), nothing on the others.
-std::vector<PromptResult> generate_pipelined(Decoder& decoder, const LlamaConfig& config, const StageRole& role, accel::Communicator& group,
+std::vector<PromptResult> generate_pipelined(Decoder& decoder, const LlamaConfig& config, const StageRole& role, StageLink& link,
                                              std::span<const Prompt> prompts, std::size_t new_tokens,
                                              const std::vector<const GoldenRun*>& expected, StageReport& report) {
   using clock = std::chrono::steady_clock;
-  const int stage = group.rank(), stages = group.size();
+  const int stage = link.group().rank(), stages = link.group().size();
   const bool first = stage == 0;
   const std::size_t m = prompts.size(), layers = config.layers;
   // The module this process runs first in a step, and what it prefetches after each part.
@@ -1195,6 +1236,7 @@ std::vector<PromptResult> generate_pipelined(Decoder& decoder, const LlamaConfig
   struct InFlight {
     std::vector<float> hidden;
     std::array<double, 2> token{};
+    accel::DeviceBuffer staged;
     accel::CollectiveHandle handle;
   };
   std::deque<InFlight> sends;
@@ -1204,7 +1246,7 @@ std::vector<PromptResult> generate_pipelined(Decoder& decoder, const LlamaConfig
   // On the first stage: the token of sequence i's step t, back from the last stage.
   auto take_token = [&](std::size_t i, std::size_t t) {
     std::array<double, 2> message{};
-    accel::recv(group, std::span<double>(message), stages - 1);
+    link.recv(std::span<double>(message), stages - 1);
     PromptResult& r = results[i];
     r.tokens.push_back(static_cast<std::int64_t>(message[0]));
     const double ms = std::chrono::duration<double, std::milli>(clock::now() - started[i]).count();
@@ -1227,7 +1269,7 @@ std::vector<PromptResult> generate_pipelined(Decoder& decoder, const LlamaConfig
         timed([&] { h = decoder.embed(ids, stats); });
       } else {
         h.resize(n * config.hidden);
-        accel::recv(group, std::span<float>(h), stage - 1);
+        link.recv(std::span<float>(h), stage - 1);
       }
       std::vector<float> logits;
       timed([&] {
@@ -1240,10 +1282,10 @@ std::vector<PromptResult> generate_pipelined(Decoder& decoder, const LlamaConfig
       if (role.head) {
         const std::int64_t token = greedy_token(logits, prompt, t, prompt.ids.size() + t - 1);
         out.token = {static_cast<double>(token), expected[i] ? logit_error(logits, expected[i]->logits[t]) : 0.0};
-        out.handle = accel::send_async(group, std::span<double>(out.token), 0);
+        out.handle = link.send(std::span<double>(out.token), out.staged, 0);
       } else {
         out.hidden = std::move(h);
-        out.handle = accel::send_async(group, std::span<float>(out.hidden), stage + 1);
+        out.handle = link.send(std::span<float>(out.hidden), out.staged, stage + 1);
       }
       settle(m);
     }
@@ -1566,8 +1608,12 @@ int run_pipelined(const Args& args, accel::DistributedState& state, const Inputs
 
   accel::wait_for_everyone(state);  // time the generation, not the loads
   const auto start = std::chrono::steady_clock::now();
+  const std::vector<accel::DeviceMemoryPtr>& gpus = views.devices();
+  if (grid.stage_group->device_buffers() && gpus.empty())
+    throw std::logic_error("the stage group's communicator takes device memory, but this process plans on no GPU");
+  StageLink link(*grid.stage_group, grid.stage_group->device_buffers() || (args.copy_back && !gpus.empty()) ? gpus.front() : nullptr);
   const std::vector<PromptResult> done =
-      generate_pipelined(decoder, in.config, roles[static_cast<std::size_t>(grid.stage)], *grid.stage_group, mine, in.new_tokens, expected, report);
+      generate_pipelined(decoder, in.config, roles[static_cast<std::size_t>(grid.stage)], link, mine, in.new_tokens, expected, report);
   report.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // The first stages hold the results, replica after replica: in rank order, prompt order.
   std::vector<PromptResult> results;
