@@ -311,6 +311,17 @@ TEST_CASE("speed without a GPU: cpu holds the layers read whole, the row-read em
   CHECK(moved->from == Placement::cpu());
   CHECK(moved->to == Placement::disk());
   CHECK(moved->why == "input embedding: rows are read, not the table");
+  // cpu keeps room for the largest layer on disk, not for the largest of all: no layer on disk
+  // would have fitted in what it has left.
+  const auto a = account(t, o, speed.device_map, c.row_read);
+  const std::uint64_t cpu_left = 3700 - a.placed.at(Placement::cpu()) - a.largest_on_disk;
+  int on_disk = 0;
+  for (int i = 0; i < 6; ++i)
+    if (speed.device_map.placement_of("model.layers." + std::to_string(i) + ".mlp.weight") == Placement::disk()) {
+      ++on_disk;
+      CHECK(cpu_left < 512);
+    }
+  CHECK(on_disk == 2);
   // With room for everything, nothing moves.
   const auto roomy = plan(t, options("cpu=100000"), accel::PlanObjective::speed);
   CHECK_FALSE(roomy.objectives->speed_map_differs);

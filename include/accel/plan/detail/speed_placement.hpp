@@ -328,7 +328,10 @@ class SpeedPacking {
   }
 
   // What the GPUs did not take goes to cpu, largest first, then to disk; cpu keeps room to stage
-  // the largest layer headed for disk. Row-read embeddings take what cpu or disk room is left.
+  // the largest layer headed for disk. That layer is known only once packed, so the reserves are
+  // tried from the smallest (0, then each layer size among these items): the first packing whose
+  // disk layers all fit the reserve it kept is taken (the largest reserve always is one). Row-read
+  // embeddings take what cpu or disk room is left.
   bool place_off_gpus(const std::vector<std::uint32_t>& off_items, std::vector<std::int64_t>& room, SpeedAssignment& out,
                       bool row_read_off) const {
     std::vector<std::uint32_t> off = off_items, rows;
@@ -338,29 +341,51 @@ class SpeedPacking {
     std::stable_sort(off.begin(), off.end(), [&](auto a, auto b) { return items_[a].bytes > items_[b].bytes; });
     const std::size_t disk = devices_.size() - 1;
     const std::optional<std::size_t> cpu = devices_.size() >= 2 && devices_[disk - 1].is_cpu() ? std::optional(disk - 1) : std::nullopt;
-    std::uint64_t total = 0, largest = 0;
+    std::uint64_t total = 0;
+    std::vector<std::uint64_t> reserves{0};
     for (auto i : off) {
       total += items_[i].bytes;
-      largest = std::max(largest, items_[i].layer);
+      reserves.push_back(items_[i].layer);
     }
-    if (cpu && clamp(total) > room[*cpu] && cpu_keeps_reserve()) room[*cpu] -= clamp(largest);
-    auto put = [&](std::uint32_t i, std::optional<std::size_t> d) {
-      if (!d || clamp(items_[i].bytes) > room[*d]) return false;
-      room[*d] -= clamp(items_[i].bytes);
-      out.device[i] = static_cast<std::int32_t>(*d);
-      return true;
-    };
-    for (auto i : off)
-      if (!put(i, cpu) && !put(i, disk)) return false;
-    for (auto i : rows)
-      if (!put(i, cpu) && !put(i, disk)) {
-        // No room left off the GPUs: a GPU then.
-        bool placed = false;
-        for (std::size_t d = 0; d < devices_.size() && !placed; ++d)
-          if (devices_[d].is_gpu()) placed = put(i, d);
-        if (!placed) return false;
+    std::sort(reserves.begin(), reserves.end());
+    reserves.erase(std::unique(reserves.begin(), reserves.end()), reserves.end());
+    const bool reserve_needed = cpu && clamp(total) > room[*cpu] && cpu_keeps_reserve();
+    if (!reserve_needed) reserves = {0};
+    for (std::size_t k = 0; k < reserves.size(); ++k) {
+      std::vector<std::int64_t> r = room;
+      SpeedAssignment a = out;
+      if (reserve_needed) r[*cpu] -= clamp(reserves[k]);
+      auto put = [&](std::uint32_t i, std::optional<std::size_t> d) {
+        if (!d || clamp(items_[i].bytes) > r[*d]) return false;
+        r[*d] -= clamp(items_[i].bytes);
+        a.device[i] = static_cast<std::int32_t>(*d);
+        return true;
+      };
+      bool placed = true;
+      std::uint64_t largest_on_disk = 0;
+      for (auto i : off) {
+        if (put(i, cpu)) continue;
+        if (!put(i, disk)) {
+          placed = false;
+          break;
+        }
+        largest_on_disk = std::max(largest_on_disk, items_[i].layer);
       }
-    return true;
+      if (!placed) return false;  // disk full: a larger reserve only leaves less room
+      if (largest_on_disk > reserves[k] && k + 1 < reserves.size()) continue;
+      for (auto i : rows)
+        if (!put(i, cpu) && !put(i, disk)) {
+          // No room left off the GPUs: a GPU then.
+          bool on_gpu = false;
+          for (std::size_t d = 0; d < devices_.size() && !on_gpu; ++d)
+            if (devices_[d].is_gpu()) on_gpu = put(i, d);
+          if (!on_gpu) return false;
+        }
+      room = std::move(r);
+      out = std::move(a);
+      return true;
+    }
+    return false;
   }
 
   const ModuleTree& tree_;
