@@ -53,6 +53,7 @@ TEST_CASE("nccl: without NCCL or without a GPU the communicator refuses with how
 #include <string>
 #include <thread>
 
+#include "support/store_log.hpp"
 #include "support/thread_world.hpp"
 
 // A simulation of the CUDA and NCCL calls the backend makes: host memory stands in for device
@@ -296,13 +297,9 @@ TEST_CASE("simulated nccl: a failing collective aborts the communicator at once,
 }
 
 TEST_CASE("simulated nccl: a re-created communicator never picks up an earlier instance's unique id", "[nccl]") {
-  accel::StoreServerOptions quiet;
-  quiet.log = [](const std::string&) {};
-  accel::StoreServer server("127.0.0.1", 0, "tok", quiet);
+  accel_test::LocalStore job;
   // One connection per rank for the whole test: a rank whose connection closed counts as exited.
-  std::shared_ptr<accel::StoreClient> clients[2];
-  for (int r = 0; r < 2; ++r)
-    clients[r] = std::make_shared<accel::StoreClient>("127.0.0.1", server.port(), "tok", std::chrono::seconds(10), r, 2);
+  std::shared_ptr<accel::StoreClient> clients[2] = {job.client(0, 2, std::chrono::seconds(10)), job.client(1, 2, std::chrono::seconds(10))};
   auto client = [&](int rank) { return clients[rank]; };
   fake::take();
   for (int instance = 0; instance < 2; ++instance) {
@@ -376,12 +373,8 @@ TEST_CASE("simulated nccl: work nobody waits for is watched; a peer's failure or
 #if ACCEL_HAS_NCCL()
 TEST_CASE("simulated nccl: point-to-point checks on the host, then moves spans with ncclSend/ncclRecv, a communicator per direction",
           "[nccl][p2p]") {
-  accel::StoreServerOptions quiet;
-  quiet.log = [](const std::string&) {};
-  accel::StoreServer server("127.0.0.1", 0, "tok", quiet);
-  std::shared_ptr<accel::StoreClient> clients[2];
-  for (int r = 0; r < 2; ++r)
-    clients[r] = std::make_shared<accel::StoreClient>("127.0.0.1", server.port(), "tok", std::chrono::seconds(10), r, 2);
+  accel_test::LocalStore job;
+  std::shared_ptr<accel::StoreClient> clients[2] = {job.client(0, 2, std::chrono::seconds(10)), job.client(1, 2, std::chrono::seconds(10))};
   int marker = 0;
   const auto user_stream = reinterpret_cast<cudaStream_t>(&marker);
   std::vector<float> sent(5, 1.5f), got(5);
@@ -455,12 +448,8 @@ TEST_CASE("simulated nccl: point-to-point checks on the host, then moves spans w
 }
 
 TEST_CASE("simulated nccl: destroying a communicator with an unmatched send_async pending does not wait out the timeout", "[nccl][p2p]") {
-  accel::StoreServerOptions quiet;
-  quiet.log = [](const std::string&) {};
-  accel::StoreServer server("127.0.0.1", 0, "tok", quiet);
-  std::shared_ptr<accel::StoreClient> clients[2];
-  for (int r = 0; r < 2; ++r)
-    clients[r] = std::make_shared<accel::StoreClient>("127.0.0.1", server.port(), "tok", std::chrono::seconds(60), r, 2);
+  accel_test::LocalStore job;
+  std::shared_ptr<accel::StoreClient> clients[2] = {job.client(0, 2, std::chrono::seconds(60)), job.client(1, 2, std::chrono::seconds(60))};
   fake::take();
   std::promise<void> done;
   auto rank1 = std::async(std::launch::async, [&] {
@@ -490,12 +479,8 @@ TEST_CASE("simulated nccl: destroying a communicator with an unmatched send_asyn
 }
 
 TEST_CASE("simulated nccl: a peer that closed its communicator but lives on is named within seconds, not waited for", "[nccl][p2p]") {
-  accel::StoreServerOptions quiet;
-  quiet.log = [](const std::string&) {};
-  accel::StoreServer server("127.0.0.1", 0, "tok", quiet);
-  std::shared_ptr<accel::StoreClient> clients[2];
-  for (int r = 0; r < 2; ++r)
-    clients[r] = std::make_shared<accel::StoreClient>("127.0.0.1", server.port(), "tok", std::chrono::seconds(60), r, 2);
+  accel_test::LocalStore job;
+  std::shared_ptr<accel::StoreClient> clients[2] = {job.client(0, 2, std::chrono::seconds(60)), job.client(1, 2, std::chrono::seconds(60))};
   fake::take();
   std::promise<void> done;
   auto rank1 = std::async(std::launch::async, [&] {

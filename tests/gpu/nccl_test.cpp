@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "support/catch.hpp"
+#include "support/store_log.hpp"
 
 namespace {
 struct Completion {
@@ -100,12 +101,8 @@ TEST_CASE("gpu: point-to-point between two GPUs: both directions at once, stream
     WARN("test skipped: a 2-rank NCCL send/recv needs 2 GPUs, this machine has " << gpus);
     return;
   }
-  accel::StoreServerOptions quiet;
-  quiet.log = [](const std::string&) {};
-  accel::StoreServer server("127.0.0.1", 0, "tok", quiet);
-  std::shared_ptr<accel::StoreClient> clients[2];
-  for (int r = 0; r < 2; ++r)
-    clients[r] = std::make_shared<accel::StoreClient>("127.0.0.1", server.port(), "tok", std::chrono::seconds(60), r, 2);
+  accel_test::LocalStore job;
+  std::shared_ptr<accel::StoreClient> clients[2] = {job.client(0, 2, std::chrono::seconds(60)), job.client(1, 2, std::chrono::seconds(60))};
   constexpr std::size_t n = std::size_t{16} << 20;  // floats: 64 MiB
   // One rank's part; what went wrong ("" for nothing): Catch2's assertions are for the main thread.
   auto rank_body = [&](int r) -> std::string {
