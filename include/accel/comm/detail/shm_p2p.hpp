@@ -299,25 +299,10 @@ class ShmP2pChannel {
         if (!map_) open_failed(bytes, errno);
         return;
       }
-      check_before_open(label, deadline);
+      check(label, "receive it", deadline, false);  // no control block to read yet
       std::this_thread::sleep_for(pause);
     }
   }
-  // check() for a sender whose channel the receiver has not made yet (no control block to read).
-  void check_before_open(const std::string& label, std::chrono::steady_clock::time_point deadline) {
-    if (closing_ && closing_()) throw_error<comm_error>(label, ": the communicator is being destroyed");
-    if (peer_.pid > 0 && peer_.pid != ::getpid() && process_gone(peer_.pid))
-      throw shm_peer_left(peer_.rank, concat(peer_.name, " (pid ", peer_.pid, ") exited or died during ", label));
-    const auto now = std::chrono::steady_clock::now();
-    if (peer_closed_ && now - last_probe_ >= std::chrono::milliseconds(500)) {
-      last_probe_ = now;
-      if (peer_closed_()) throw_error<comm_error>(peer_.name, " closed its communicator without taking part in ", label);
-    }
-    if (now >= deadline)
-      throw_error<timeout_error>("timed out after ", text::format_ms(static_cast<std::uint64_t>(timeout_.count())), " in ", label, ": ",
-                                 peer_.name, " did not receive it");
-  }
-
   std::byte* slot(std::uint32_t step) noexcept { return map_.get() + 3 * p2p_area_bytes + (step % p2p_ring_slots) * p2p_chunk_bytes; }
   int them() const noexcept { return 1 - me_; }
 
@@ -343,12 +328,13 @@ class ShmP2pChannel {
     await_step(word, value, plan_, control().sleeping[me_].v, [&] { check(label, what, deadline); });
   }
 
-  // The peer is named first when it is gone, closed or gave up; then the deadline.
-  void check(const std::string& label, const char* what, std::chrono::steady_clock::time_point deadline) {
+  // The peer is named first when it is gone, closed or gave up; then the deadline. `opened`: the
+  // channel exists (a sender waiting for the receiver to make it has no control block to read).
+  void check(const std::string& label, const char* what, std::chrono::steady_clock::time_point deadline, bool opened = true) {
     if (closing_ && closing_()) throw_error<comm_error>(label, ": the communicator is being destroyed");
     if (peer_.pid > 0 && peer_.pid != ::getpid() && process_gone(peer_.pid))
       throw shm_peer_left(peer_.rank, concat(peer_.name, " (pid ", peer_.pid, ") exited or died during ", label));
-    const auto left = control().left[them()].v.load(std::memory_order_acquire);
+    const auto left = opened ? control().left[them()].v.load(std::memory_order_acquire) : 0;
     if (left == 1) throw_error<comm_error>(peer_.name, " closed its communicator during ", label);
     if (left != 0)
       throw_error<comm_error>(peer_.name, " gave up on the channel during ", label, " or an earlier message (its own error says why)");
