@@ -1606,12 +1606,13 @@ int run_pipelined(const Args& args, accel::DistributedState& state, const Inputs
   StageReport report{static_cast<std::size_t>(grid.replica), static_cast<std::size_t>(grid.stage), roles[static_cast<std::size_t>(grid.stage)].describe()};
   for (const auto& [where, totals] : model.report().per_placement) (where.is_disk() ? report.disk_bytes : report.weight_bytes) += totals.bytes;
 
-  accel::wait_for_everyone(state);  // time the generation, not the loads
-  const auto start = std::chrono::steady_clock::now();
   const std::vector<accel::DeviceMemoryPtr>& gpus = views.devices();
   if (grid.stage_group->device_buffers() && gpus.empty())
     throw std::logic_error("the stage group's communicator takes device memory, but this process plans on no GPU");
   StageLink link(*grid.stage_group, grid.stage_group->device_buffers() || (args.copy_back && !gpus.empty()) ? gpus.front() : nullptr);
+
+  accel::wait_for_everyone(state);  // time the generation, not the loads
+  const auto start = std::chrono::steady_clock::now();
   const std::vector<PromptResult> done =
       generate_pipelined(decoder, in.config, roles[static_cast<std::size_t>(grid.stage)], link, mine, in.new_tokens, expected, report);
   report.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
