@@ -120,6 +120,32 @@ TEST_CASE("store core: a rank that never connects within the join timeout fails 
   REQUIRE_THAT(late.at(0).message, accel_test::contains("rank 2 arrived after the join timeout (60 s, ACCEL_JOIN_TIMEOUT_S)"));
 }
 
+TEST_CASE("store core: a second process claiming a rank is refused naming the holder, while the holder's own connections are not",
+          "[store]") {
+  Harness h(60s);
+  // Connection `id` says hello as `rank` from the process numbered `process`; its one reply.
+  const auto hello = [&](StoreCore::ConnId id, int rank, std::uint64_t process, std::chrono::milliseconds t) {
+    h.core.open(id, "peer" + std::to_string(id), h.at(t));
+    h.send(id, accel::detail::encode_hello("tok", rank, 3, {}, false, process), h.at(t));
+    const auto r = h.replies(id);
+    REQUIRE(r.size() == 1);
+    return r[0];
+  };
+  REQUIRE(hello(1, 1, 11, 0ms).type == Msg::ok);
+  REQUIRE(hello(2, 1, 11, 1ms).type == Msg::ok);  // the same process's second connection (p2p, a watcher)
+  const Reply taken = hello(3, 1, 22, 2ms);
+  REQUIRE(taken.kind == FailureKind::refused);
+  REQUIRE_THAT(taken.message, accel_test::contains("rank 1 is already taken in this job by another process (peer1, connected): two "
+                                                   "jobs share this store's address (give each job its own MASTER_PORT"));
+  REQUIRE_THAT(taken.message, accel_test::contains("or two processes were given RANK=1"));
+  REQUIRE(hello(4, 2, 0, 3ms).type == Msg::ok);  // a client that sends no number is not checked
+  // Once the holder has exited, its rank stays its own: another process is still refused, the
+  // holder (a second DistributedState of the same program) is welcome back.
+  for (StoreCore::ConnId id : {1u, 2u}) h.bye(id, h.at(4ms)), h.core.closed(id, h.at(4ms));
+  REQUIRE_THAT(hello(5, 1, 22, 5ms).message, accel_test::contains("(peer1, exited)"));
+  REQUIRE(hello(6, 1, 11, 6ms).type == Msg::ok);
+}
+
 TEST_CASE("store core: ranks that all join in time are never blamed, however late their first collective", "[store][liveness]") {
   Harness h(2s);
   h.join(1, 0, h.at(0ms));

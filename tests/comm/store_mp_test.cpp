@@ -12,6 +12,7 @@
 #include "support/catch.hpp"
 #include "support/files.hpp"
 #include "support/launchers.hpp"
+#include "support/processes.hpp"
 #include "support/run_command.hpp"
 #include "support/spawn.hpp"
 
@@ -98,4 +99,29 @@ TEST_CASE("two jobs started at once by torchrun each gather only their own resul
 
 TEST_CASE("two jobs started at once by accel launch each gather only their own results", "[store][mp]") {
   run_concurrent_jobs({"accel launch", {ACCEL_TEST_CLI, "launch", "--cpu", "--num_processes", "2"}, ""});
+}
+
+TEST_CASE("a process of another job that meets a running job at its MASTER_PORT is refused, naming the rank's holder", "[store][mp]") {
+  // Jobs started by hand (torchrun's variables, no launcher) carry no job identity: two given one
+  // MASTER_PORT meet at one store. Job A waits in a collective for 3 s (its rank 1 pauses); a
+  // process of job B that claims rank 2 is refused, or, where it reached the store first, job A's
+  // own rank 2 is: either way the two never run one collective together.
+  const std::string early_exit = std::string(ACCEL_TEST_CHILD_DIR) + "/early_exit";
+  const int port = accel_test::free_port();
+  const auto env = [&](int rank) {
+    return accel_test::Env{{"ACCEL_USE_CPU", "1"}, {"ACCEL_TIMEOUT_S", "60"}, {"RANK", std::to_string(rank)}, {"WORLD_SIZE", "3"},
+                           {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", "3"}, {"MASTER_ADDR", "127.0.0.1"},
+                           {"MASTER_PORT", std::to_string(port)}};
+  };
+  accel_test::Processes p;
+  for (int r = 0; r < 3; ++r) p.start({early_exit, "1", "exit0", "3000"}, env(r));
+  std::this_thread::sleep_for(500ms);
+  p.start({early_exit, "1", "exit0", "3000"}, env(2));  // job B's rank 2
+  const auto codes = p.wait(30);
+  const std::string taken = "rank 2 is already taken in this job by another process (127.0.0.1:";
+  INFO("job A rank 2: " << p.err(2) << "\njob B rank 2: " << p.err(3));
+  const bool a_refused = p.err(2).find(taken) != std::string::npos, b_refused = p.err(3).find(taken) != std::string::npos;
+  REQUIRE(a_refused != b_refused);
+  REQUIRE(codes[a_refused ? 2 : 3] == 2);
+  REQUIRE_THAT(p.err(a_refused ? 2 : 3), accel_test::contains("two jobs share this store's address (give each job its own MASTER_PORT"));
 }

@@ -8,14 +8,21 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <accel/runtime/env.hpp>
+
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,23 +37,51 @@ namespace accel_test {
 
 using Env = std::map<std::string, std::string>;
 
-/// @brief A TCP port on loopback that nobody listens on right now (the kernel's pick for port 0),
-///        and that this test program has not handed out before (two jobs started one after the
-///        other bind their ports later, so the kernel could offer the first one's port again).
+/// @brief Whether a TCP socket can bind 127.0.0.1:`port` now (nobody listens on it).
+inline bool loopback_port_free(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+/// @brief A TCP port on loopback for a job's store, nobody listening on it now, and this test
+///        program's own until it exits: the test programs ctest runs side by side each lock (flock)
+///        a file named after the port in one shared folder, so no two of them hand out one port
+///        (a job without a job identity meets whatever store listens at its MASTER_PORT). The
+///        ports lie below both the kernel's ephemeral range (no outgoing connection takes one
+///        between the pick and the job's bind) and accel's derived store ports.
 inline int free_port() {
-  static std::set<int> handed_out;
-  for (;;) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-    ::close(fd);
-    REQUIRE(ok);
-    if (handed_out.insert(ntohs(a.sin_port)).second) return ntohs(a.sin_port);
+  static std::vector<int> held;  // the lock files, open (and locked) until the program exits
+  int ephemeral_low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
+  const int first = 20000, last = std::max(first + 1000, std::min(ephemeral_low, accel::job_port_first));  // [first, last)
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "accel-test-ports";
+  std::error_code ignored;  // a folder another user made (and opened to all) is used as it is
+  std::filesystem::create_directories(dir, ignored);
+  std::filesystem::permissions(dir, std::filesystem::perms::all | std::filesystem::perms::sticky_bit, std::filesystem::perm_options::add,
+                               ignored);
+  const int span = last - first;
+  const auto seed = static_cast<std::uint64_t>(::getpid()) * 0x9e3779b97f4a7c15ull ^
+                    static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  const int start = static_cast<int>(seed % static_cast<std::uint64_t>(span));
+  for (int i = 0; i < span; ++i) {
+    const int port = first + (start + i) % span;
+    const int fd = ::open((dir / std::to_string(port)).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && loopback_port_free(port)) {
+      held.push_back(fd);
+      return port;
+    }
+    ::close(fd);  // another test program holds it, or something listens there
   }
+  FAIL("no free loopback port in " << first << "-" << last - 1 << " (every one locked under " << dir.string() << " or in use)");
+  return -1;
 }
 
 /// @brief Starts one process per argv with its own environment additions (the test's own ACCEL_*,

@@ -30,6 +30,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -50,6 +51,20 @@
 #include <accel/comm/blobs.hpp>
 
 ACCEL_NAMESPACE_BEGIN
+
+namespace detail {
+/// @brief A number drawn once per process (never 0) that every store hello of the process carries:
+/// the store accepts further connections for a rank from the process that holds it and refuses
+/// another process claiming the same rank (two jobs at one address, or a duplicated RANK).
+inline std::uint64_t process_number() {
+  static const std::uint64_t number = [] {
+    std::random_device device;
+    const std::uint64_t n = (std::uint64_t{device()} << 32) ^ device();
+    return n != 0 ? n : 1;
+  }();
+  return number;
+}
+}  // namespace detail
 
 /// @brief Settings of a StoreServer.
 struct StoreServerOptions {
@@ -383,7 +398,7 @@ class StoreClient {
       : host_(std::move(host)), port_(port), timeout_(timeout), rank_(rank), job_token_(job_token), world_size_(world_size), job_id_(job_id) {
     const auto reach_by = Clock::now() + connect_timeout.value_or(timeout_);
     fd_ = detail::ForkGuardedFd(detail::connect_tcp(host_, port_, reach_by));
-    const auto reply = round_trip(detail::encode_hello(job_token, rank, world_size, job_id), reach_by, "handshake");
+    const auto reply = round_trip(detail::encode_hello(job_token, rank, world_size, job_id, false, detail::process_number()), reach_by, "handshake");
     expect(reply, detail::Msg::ok, "handshake");
   }
   /// @brief Looks for the job's store at each of `ports` in turn (a job's derived ports, see
@@ -397,7 +412,7 @@ class StoreClient {
       : host_(std::move(host)), port_(ports.at(0)), timeout_(timeout), rank_(rank), job_token_(job_token), world_size_(world_size),
         job_id_(job_id) {
     const auto reach_by = Clock::now() + connect_timeout;
-    const auto hello = detail::encode_hello(job_token, rank, world_size, job_id, /*probing=*/true);
+    const auto hello = detail::encode_hello(job_token, rank, world_size, job_id, /*probing=*/true, detail::process_number());
     std::vector<std::string> seen(ports.size());  // what answered at each port, for the timeout message
     for (auto pause = std::chrono::milliseconds(1);; pause = detail::next_pause(pause)) {
       for (std::size_t i = 0; i < ports.size(); ++i) {

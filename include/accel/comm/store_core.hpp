@@ -248,6 +248,8 @@ class StoreCore {
   struct RankInfo {
     int live = 0;
     RankStatus status = RankStatus::connected;
+    std::uint64_t process = 0;  ///< the hello's process number of the rank's first connection; 0: unknown
+    std::string peer;           ///< that connection's address, named when another process claims the rank
   };
   struct Waiter {
     ConnId conn;
@@ -470,6 +472,14 @@ class StoreCore {
                            text::format_ms(static_cast<std::uint64_t>(options_.join_timeout.count())),
                            ", ACCEL_JOIN_TIMEOUT_S) and the other ranks were already told it never joined; start every rank "
                            "within the join timeout, create the DistributedState first thing in main, or raise ACCEL_JOIN_TIMEOUT_S"));
+    // Every connection of one process carries the same number: another number for a rank already
+    // taken (even one that has since ended) is a second process claiming it, never a reconnection.
+    if (auto held = ranks_.find(q.rank); q.rank >= 0 && q.process != 0 && held != ranks_.end() && held->second.process != 0 &&
+                                         held->second.process != q.process)
+      return refuse(id, FailureKind::refused,
+                    concat("rank ", q.rank, " is already taken in this job by another process (", held->second.peer, ", ",
+                           rank_state(q.rank), "): two jobs share this store's address (give each job its own MASTER_PORT, "
+                           "or start it with a launcher) or two processes were given RANK=", q.rank));
     if (q.world > 0) world_ = q.world;
     c.authenticated = true;
     pending_.erase(id);
@@ -479,6 +489,7 @@ class StoreCore {
       RankInfo& info = ranks_[q.rank];
       ++info.live;
       info.status = RankStatus::connected;
+      if (q.process != 0 && info.process == 0) info.process = q.process, info.peer = c.peer;
     }
     send(id, WireWriter(Msg::ok).finish());
   }

@@ -201,7 +201,10 @@ struct StoreRequest {
   std::vector<std::int32_t> members;
   std::string token;                ///< hello
   std::string job_id;               ///< hello, optional field: the client's job, named in refusals
-  bool probing = false;             ///< hello, optional last field: the client looks for its store among several ports
+  bool probing = false;             ///< hello, optional field: the client looks for its store among several ports
+  /// hello, optional last field: a number drawn once per client process, so the store tells a
+  /// process's further connections (same number) from another process claiming its rank; 0: unknown
+  std::uint64_t process = 0;
   std::uint32_t magic = 0, version = 0;
   std::int64_t delta = 0;           ///< add
   std::int32_t rank = -1, world = 0;
@@ -236,6 +239,7 @@ inline StoreRequest parse_request(std::span<const std::byte> body) {
       q.magic = r.u32(), q.version = r.u32(), q.token = r.str(), q.rank = r.i32(), q.world = r.i32();
       if (r.remaining() > 0) q.job_id = r.str();
       if (r.remaining() > 0) q.probing = r.u8() != 0;
+      if (r.remaining() > 0) q.process = r.u64();
       if (q.rank < -1 || q.world < 0 || (q.rank >= 0 && q.world > 0 && q.rank >= q.world))
         throw_error<wire_error>("malformed hello: rank ", q.rank, " of world size ", q.world);
       break;
@@ -269,8 +273,18 @@ inline StoreRequest parse_request(std::span<const std::byte> body) {
 
 /// @name Request encoders (client side)
 ///@{
-inline std::vector<std::byte> encode_hello(std::string_view token, int rank, int world, std::string_view job_id = {}, bool probing = false) {
-  return WireWriter(Msg::hello).u32(store_magic).u32(store_protocol_version).str(token).i32(rank).i32(world).str(job_id).u8(probing ? 1 : 0).finish();
+inline std::vector<std::byte> encode_hello(std::string_view token, int rank, int world, std::string_view job_id = {}, bool probing = false,
+                                          std::uint64_t process = 0) {
+  return WireWriter(Msg::hello)
+      .u32(store_magic)
+      .u32(store_protocol_version)
+      .str(token)
+      .i32(rank)
+      .i32(world)
+      .str(job_id)
+      .u8(probing ? 1 : 0)
+      .u64(process)
+      .finish();
 }
 inline std::vector<std::byte> encode_failure(FailureKind kind, std::string_view message) {
   return WireWriter(Msg::failure).u8(static_cast<std::uint8_t>(kind)).str(message).finish();
