@@ -17,6 +17,7 @@
 
 #include "support/catch.hpp"
 #include "support/fake_env.hpp"
+#include "support/processes.hpp"
 #include "support/thread_world.hpp"
 
 using namespace std::chrono_literals;
@@ -388,11 +389,7 @@ TEST_CASE("a one-process DistributedState gathers and broadcasts without any sto
 }
 
 TEST_CASE("DistributedState collectives create the CPU communicator from the launcher environment", "[collectives]") {
-  int port = 0;
-  {
-    accel::StoreServer probe("127.0.0.1", 0, "");
-    port = probe.port();
-  }
+  const int port = accel_test::free_port();
   const int n = 3;
   std::vector<std::future<std::vector<std::string>>> ranks;
   for (int r = 0; r < n; ++r)

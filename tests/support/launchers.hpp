@@ -151,7 +151,7 @@ inline RealLauncher torchrun_launcher(int n) {
   // own endpoint instead, and is_host=1 makes a taken port an error rather than a shared store.
   // --monitor_interval 1: the agent notices its workers' exits within 1 s, not the default 5 s.
   const auto endpoint = [] {
-    const std::string port = std::to_string(free_port());
+    const std::string port = std::to_string(free_port(2));  // accel's store: one above torchrun's
     return std::vector<std::string>{"--rdzv_endpoint", "127.0.0.1:" + port, "--rdzv_id", "accel-test-" + port};
   };
   return {"torchrun",

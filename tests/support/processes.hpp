@@ -56,7 +56,8 @@ inline bool loopback_port_free(int port) {
 ///        (a job without a job identity meets whatever store listens at its MASTER_PORT). The
 ///        ports lie below both the kernel's ephemeral range (no outgoing connection takes one
 ///        between the pick and the job's bind) and accel's derived store ports.
-inline int free_port() {
+/// @param count how many consecutive ports to claim (torchrun's store at P, accel's at P+1); the first is returned
+inline int free_port(int count = 1) {
   static std::vector<int> held;  // the lock files, open (and locked) until the program exits
   int ephemeral_low = 32768;
   std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
@@ -66,19 +67,25 @@ inline int free_port() {
   std::filesystem::create_directories(dir, ignored);
   std::filesystem::permissions(dir, std::filesystem::perms::all | std::filesystem::perms::sticky_bit, std::filesystem::perm_options::add,
                                ignored);
-  const int span = last - first;
+  const int span = last - first - (count - 1);
   const auto seed = static_cast<std::uint64_t>(::getpid()) * 0x9e3779b97f4a7c15ull ^
                     static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   const int start = static_cast<int>(seed % static_cast<std::uint64_t>(span));
   for (int i = 0; i < span; ++i) {
     const int port = first + (start + i) % span;
-    const int fd = ::open((dir / std::to_string(port)).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (fd < 0) continue;
-    if (::flock(fd, LOCK_EX | LOCK_NB) == 0 && loopback_port_free(port)) {
-      held.push_back(fd);
+    std::vector<int> fds;
+    bool claimed = true;
+    for (int p = port; claimed && p < port + count; ++p) {
+      const int fd = ::open((dir / std::to_string(p)).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+      if (fd >= 0) fds.push_back(fd);
+      // Not ours where another test program holds it, or where something listens there.
+      claimed = fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0 && loopback_port_free(p);
+    }
+    if (claimed) {
+      held.insert(held.end(), fds.begin(), fds.end());
       return port;
     }
-    ::close(fd);  // another test program holds it, or something listens there
+    for (int fd : fds) ::close(fd);
   }
   FAIL("no free loopback port in " << first << "-" << last - 1 << " (every one locked under " << dir.string() << " or in use)");
   return -1;
