@@ -1390,6 +1390,7 @@ void print_placement(const Args& args, const accel::AutoDispatchPlan& plan, cons
 // stage streamed is in its own line (print_stage_reports), not here.
 void print_stats(const std::vector<Prompt>& prompts, const std::vector<PromptResult>& results, double seconds, const std::string& job,
                  bool pipelined) {
+  const auto plural = [](std::size_t n, const char* word) { return accel::text::plural(static_cast<long long>(n), word); };
   std::vector<double> decode;
   std::uint64_t prefill_streamed = 0, decode_streamed = 0;
   std::size_t prompt_tokens = 0, generated = 0;
@@ -1403,22 +1404,30 @@ void print_stats(const std::vector<Prompt>& prompts, const std::vector<PromptRes
     generated += results[i].tokens.size();
   }
   std::sort(decode.begin(), decode.end());
-  const double median = decode.empty() ? 0.0 : decode[decode.size() / 2], p90 = decode.empty() ? 0.0 : decode[decode.size() * 9 / 10];
+  // With one new token per prompt there is no decode step to time.
+  char decoded[96] = "no decode steps (one new token per prompt)";
+  if (!decode.empty())
+    std::snprintf(decoded, sizeof decoded, "decode median %.2f ms/token (p90 %.2f)", decode[decode.size() / 2],
+                  decode[decode.size() * 9 / 10]);
   const std::string for_prompts = results.size() > 1 ? "for " + std::to_string(results.size()) + " prompts " : "";
   if (pipelined) {  // the prompts' steps overlap: a sum of their times would exceed the whole run's
     std::vector<double> prefill;
     for (const auto& r : results) prefill.push_back(r.prefill_ms);
     std::sort(prefill.begin(), prefill.end());
-    std::printf("prefill median %.2f ms per prompt (%zu prompts, %zu tokens); decode median %.2f ms/token (p90 %.2f); "
+    std::printf("prefill median %.2f ms per prompt (%s, %s); %s; "
                 "from the first stage to the token's return there, other prompts' steps in flight meanwhile\n",
-                prefill.empty() ? 0.0 : prefill[prefill.size() / 2], results.size(), prompt_tokens, median, p90);
+                prefill.empty() ? 0.0 : prefill[prefill.size() / 2], plural(results.size(), "prompt").c_str(),
+                plural(prompt_tokens, "token").c_str(), decoded);
+  } else if (decode.empty()) {
+    std::printf("prefill %.2f ms %s(%s, %llu bytes streamed); %s\n", prefill_ms, for_prompts.c_str(),
+                plural(prompt_tokens, "token").c_str(), static_cast<unsigned long long>(prefill_streamed), decoded);
+  } else {
+    std::printf("prefill %.2f ms %s(%s, %llu bytes streamed); %s, %llu bytes streamed/token\n", prefill_ms, for_prompts.c_str(),
+                plural(prompt_tokens, "token").c_str(), static_cast<unsigned long long>(prefill_streamed), decoded,
+                static_cast<unsigned long long>(decode_streamed / decode.size()));
   }
-  else
-    std::printf("prefill %.2f ms %s(%zu tokens, %llu bytes streamed); decode median %.2f ms/token (p90 %.2f), "
-                "%llu bytes streamed/token\n",
-                prefill_ms, for_prompts.c_str(), prompt_tokens, static_cast<unsigned long long>(prefill_streamed), median, p90,
-                static_cast<unsigned long long>(decode.empty() ? 0 : decode_streamed / decode.size()));
-  std::printf("generated %zu tokens for %zu prompts in %.3f s: %.1f tokens/s (%s)\n", generated, results.size(), seconds,
+  std::printf("generated %s for %s in %.3f s: %.1f tokens/s (%s)\n", plural(generated, "token").c_str(),
+              plural(results.size(), "prompt").c_str(), seconds,
               seconds > 0 ? static_cast<double>(generated) / seconds : 0.0, job.c_str());
 }
 

@@ -44,7 +44,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 MODEL = ["--layers", "16", "--hidden", "512", "--intermediate", "1408", "--vocab", "32000", "--heads", "8",
          "--kv-heads", "2", "--untied"]
 PROMPT_TOKENS = 8
-GENERATED = re.compile(r"generated (\d+) tokens for (\d+) prompts in ([\d.]+) s")
+GENERATED = re.compile(r"generated (\d+) tokens? for (\d+) prompts? in ([\d.]+) s")
 STAGE = re.compile(r"process (\d+) \(replica \d+, stage (\d+): ([^)]*)\): \d+ weight bytes in memory \(([\d.]+) of the model's \d+\)"
                    r"(?:, \d+ on disk)?, busy (\d+)%")
 
