@@ -195,6 +195,7 @@ std::optional<std::int64_t> whole_number(std::string_view text, std::int64_t lo,
 }
 
 std::vector<std::int64_t> parse_token_ids(std::string_view value) {
+  if (value.empty()) bad_usage("--prompt is empty; give the prompt's token ids separated by commas, like 1,17,254");
   std::vector<std::int64_t> ids;
   for (std::size_t begin = 0;;) {
     const std::size_t comma = std::min(value.find(',', begin), value.size());

@@ -281,6 +281,7 @@ CASES = [
     ("--prompt x", nothing, ["--no-gpu", "--prompt", "x"], 2,
      r"--prompt takes token ids separated by commas, like 1,17,254; 'x' in 'x' is not a whole number >= 0"),
     ("--prompt 1,,2", nothing, ["--no-gpu", "--prompt", "1,,2"], 2, r"--prompt takes token ids .*; '' in '1,,2' is not a whole number"),
+    ("--prompt ''", nothing, ["--no-gpu", "--prompt", ""], 2, r"--prompt is empty; give the prompt's token ids separated by commas"),
     ("--prompt -1", nothing, ["--no-gpu", "--prompt", "-1"], 2, r"--prompt takes token ids .*; '-1' in '-1' is not a whole number >= 0"),
     ("--prompt token outside the vocabulary", nothing, NO_EXPECT + ["--prompt", "1,9999"], 2,
      r"the prompt holds token 9999, outside the vocabulary: 'model\.embed_tokens\.weight' has 512 rows, so ids go from 0 to 511"),
