@@ -25,7 +25,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMPAT = os.path.join(os.path.dirname(os.path.dirname(HERE)), "tests", "compat")
 sys.path.insert(0, COMPAT)
-from compare_golden_maps import CATALOG, over_budget  # noqa: E402  (pure Python; needs no torch)
+from compare_golden_maps import keep_in_fp32_by_architecture, over_budget  # noqa: E402  (pure Python; needs no torch)
 from gen_golden_maps import read_fixture, write_checkpoint_files  # noqa: E402
 
 FIXTURES = os.path.join(COMPAT, "fixtures", "golden_maps_published")
@@ -58,9 +58,7 @@ def main():
         return 2
     accel = os.path.abspath(sys.argv[1])
     wanted = set(sys.argv[2:])
-    with open(CATALOG) as f:
-        fp32 = {a["architecture"]: (a["keep_in_fp32_modules"], a["keep_in_fp32_modules_strict"])
-                for a in json.load(f)["architectures"]}
+    fp32 = keep_in_fp32_by_architecture()
     ratios, failures = [], []
     rows = nothing = scenarios = 0
     print(f"{'architecture':42} {'GPUs':>5} {'fit':>11} {'speed':>11} {'fit/speed':>9}")

@@ -76,6 +76,16 @@ def coverage_errors(device_map, model_parameters, bare_modules):
     return out
 
 
+def keep_in_fp32_by_architecture():
+    """Each catalogued class's (keep_in_fp32_modules, keep_in_fp32_modules_strict), as over_budget takes them."""
+    with open(CATALOG) as f:
+        entries = {a["architecture"]: a for a in json.load(f)["architectures"]}
+
+    def inherited(a, key):  # format 2: a head leaves out what it shares with its base
+        return a[key] if key in a else inherited(entries[a["base"]], key) if "base" in a else []
+    return {name: (inherited(a, "keep_in_fp32_modules"), inherited(a, "keep_in_fp32_modules_strict")) for name, a in entries.items()}
+
+
 def over_budget(tensors, device_map, scenario, keep_in_fp32, model_name):
     """Devices whose checkpoint tensors, at the dtype they are loaded in, exceed the budget."""
     load = TORCH.get(scenario["dtype"])
@@ -102,13 +112,7 @@ def main():
         args = args[1:]
     accel = args[0]
     folders = args[1:] or [os.path.join(HERE, "fixtures", d) for d in ("golden_maps", "golden_maps_published")]
-    with open(CATALOG) as f:
-        entries = {a["architecture"]: a for a in json.load(f)["architectures"]}
-
-    def inherited(a, key):  # format 2: a head leaves out what it shares with its base
-        return a[key] if key in a else inherited(entries[a["base"]], key) if "base" in a else []
-    fp32 = {name: (inherited(a, "keep_in_fp32_modules"), inherited(a, "keep_in_fp32_modules_strict"))
-            for name, a in entries.items()}
+    fp32 = keep_in_fp32_by_architecture()
     agree_all = total_all = maps_equal = maps = 0
     failures = []
     for folder, file in [(d, f) for d in folders for f in sorted(os.listdir(d))]:
