@@ -93,6 +93,9 @@ def best(fn, files, repeats):
 
 
 def main():
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__ + "\n\nusage: load_safetensors.py FOLDER [REPEATS]")
+        return 0 if len(sys.argv) > 1 else 2
     folder = sys.argv[1]
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
@@ -112,4 +115,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -53,9 +53,9 @@ def plan(accel, folder, budgets, objective):
 
 
 def main():
-    if len(sys.argv) < 2:
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
-        return 2
+        return 0 if len(sys.argv) > 1 else 2
     accel = os.path.abspath(sys.argv[1])
     wanted = set(sys.argv[2:])
     fp32 = keep_in_fp32_by_architecture()

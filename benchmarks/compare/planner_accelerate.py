@@ -62,6 +62,9 @@ def build(skel):
 
 
 def main():
+    if len(sys.argv) < 3 or sys.argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if sys.argv[1:2] in (["-h"], ["--help"]) else 2
     skel_dir, out_dir = sys.argv[1], sys.argv[2]
     names = sys.argv[3:] or list(CASES)
     os.makedirs(out_dir, exist_ok=True)
@@ -80,4 +83,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -50,9 +50,9 @@ def run(cmd):
 
 
 def main():
-    if len(sys.argv) < 2:
+    if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help"):
         print(__doc__)
-        return 2
+        return 0 if len(sys.argv) > 1 else 2
     accel = os.path.abspath(sys.argv[1])
     wanted = set(sys.argv[2:])
     results = {}  # (scenario, S) -> list of (arch, ours, baseline, slowdown)
