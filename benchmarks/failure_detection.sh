@@ -9,6 +9,7 @@
 # run would take 300 s. Prints median and p90 (nearest rank) in ms per launcher and way of leaving.
 # Usage: benchmarks/failure_detection.sh BUILD_DIR [--runs N]   (export SLURM_CONF for the srun row)
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '3,10p' "$0" | cut -c3-; exit 0 ;; esac
 build=${1:?usage: failure_detection.sh BUILD_DIR [--runs N]}
 shift
 runs=10

@@ -8,6 +8,7 @@
 # Usage: benchmarks/group_creation.sh BUILD_DIR [--iters K]
 #   (BUILD_DIR configured with -DACCEL_BUILD_BENCHMARKS=ON; build accel-cli and accel_group_creation_bench)
 set -euo pipefail
+case "${1:-}" in -h|--help) sed -n '3,9p' "$0" | cut -c3-; exit 0 ;; esac
 build=${1:?usage: group_creation.sh BUILD_DIR [--iters K]}
 shift
 iters=10

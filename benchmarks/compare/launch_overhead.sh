@@ -7,6 +7,7 @@
 # line shows, so it gives no figure on this machine.
 # Usage: benchmarks/compare/launch_overhead.sh [path/to/accel]
 set -u
+case "${1:-}" in -h|--help) sed -n '3,8p' "$0" | cut -c3-; exit 0 ;; esac
 accel=${1:-build/dev/bin/accel}
 py=/usr/bin/python3
 tmp=$(mktemp -d)
