@@ -137,7 +137,7 @@ TEST_CASE("store core: a second process claiming a rank is refused naming the ho
   REQUIRE(taken.kind == FailureKind::refused);
   REQUIRE_THAT(taken.message, accel_test::contains("rank 1 is already taken in this job by another process (peer1, connected): two "
                                                    "jobs share this store's address (give each job its own MASTER_PORT"));
-  REQUIRE_THAT(taken.message, accel_test::contains("or two processes were given RANK=1"));
+  REQUIRE_THAT(taken.message, accel_test::contains("or the launcher gave rank 1 to two processes"));
   REQUIRE(hello(4, 2, 0, 3ms).type == Msg::ok);  // a client that sends no number is not checked
   // Once the holder has exited, its rank stays its own: another process is still refused, the
   // holder (a second DistributedState of the same program) is welcome back.

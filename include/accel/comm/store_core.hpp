@@ -479,7 +479,7 @@ class StoreCore {
       return refuse(id, FailureKind::refused,
                     concat("rank ", q.rank, " is already taken in this job by another process (", held->second.peer, ", ",
                            rank_state(q.rank), "): two jobs share this store's address (give each job its own MASTER_PORT, "
-                           "or start it with a launcher) or two processes were given RANK=", q.rank));
+                           "or start it with a launcher) or the launcher gave rank ", q.rank, " to two processes"));
     if (q.world > 0) world_ = q.world;
     c.authenticated = true;
     pending_.erase(id);
