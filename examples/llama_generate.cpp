@@ -1530,13 +1530,54 @@ Inputs check_inputs(const Args& args, std::size_t processes) {
   return in;
 }
 
-// The processes of a job agree before any starts working: each checked the same inputs, and each
-// learns whether any refused them. A process that refused prints its refusal first, then takes part,
-// then ends with its refusal's status; the others end with the first refusing process's status,
-// naming it. So no process goes on to load and then waits for one that has left, and since every
-// message is out before any process can end, the launcher's stopping of the rest (when the first
-// ends) never cuts one short. Returns the exit status to end with (0: go on).
-int agree(accel::DistributedState& state, std::exception_ptr refused) {
+// What every process of a job must be given alike, as (what, value) pairs: the prompts and the new
+// tokens (each process takes its share of one list), the model (its tensors' names and sizes and
+// config.json's dimensions), and the stages; with stages, also what the stage plan is computed
+// from, since every process computes it. A replica's own budgets and device map may differ.
+using SharedInputs = std::vector<std::pair<std::string, std::string>>;
+
+std::string digest(std::string_view text) {
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(accel::text::fnv1a(text)));
+  return hex;
+}
+
+SharedInputs shared_inputs(const Args& args, const Inputs& in) {
+  std::string ids, tensors;
+  for (const Prompt& p : in.prompts) ids += join(p.ids) + ";";
+  for (const std::string_view name : in.checkpoint.tensor_names)
+    tensors += std::string(name) + "=" + std::to_string(in.checkpoint.entry(*in.checkpoint.find(name)).size_bytes()) + ";";
+  const LlamaConfig& c = in.config;
+  char dims[256];
+  std::snprintf(dims, sizeof dims, "hidden %zu, intermediate %zu, %zu layers, %zu/%zu heads of %zu, vocabulary %zu, %zu positions%s",
+                c.hidden, c.intermediate, c.layers, c.heads, c.kv_heads, c.head_dim, c.vocab, c.max_positions, c.tied ? ", tied" : "");
+  SharedInputs shared = {
+      {"--stages", std::to_string(args.stages)},
+      {"prompts", accel::text::plural(static_cast<long long>(in.prompts.size()), "prompt") + " (token ids digest " + digest(ids) + ")"},
+      {"new tokens per prompt", std::to_string(in.new_tokens)},
+      {"checkpoint", accel::text::plural(static_cast<long long>(in.checkpoint.tensor_names.size()), "tensor") +
+                         " (names and sizes digest " + digest(tensors) + ")"},
+      {"config.json", dims}};
+  if (args.stages > 1) {
+    shared.emplace_back("--max-memory", args.max_memory.value_or("(measured by the main process)"));
+    shared.emplace_back("--device-map", args.device_map);
+    shared.emplace_back("--objective", std::string(accel::plan_objective_name(args.objective)));
+    shared.emplace_back("--dtype", args.dtype.value_or("(config.json's)"));
+  }
+  return shared;
+}
+
+// The processes of a job agree before any starts working: each checked its inputs, and each learns
+// whether any refused them and whether all were given the same `shared` inputs. A process that
+// refused prints its refusal first, then takes part, then ends with its refusal's status; the others
+// end with the first refusing process's status, naming it. Where none refused but one was given
+// other inputs than process 0 (another --prompts file, --new-tokens, checkpoint or budgets on one
+// machine), every process names the first difference and ends with status 2: the stages would
+// otherwise wait for steps that never come, or compute another prompt's tokens. So no process goes
+// on to load and then waits for one that has left, and since every message is out before any
+// process can end, the launcher's stopping of the rest (when the first ends) never cuts one short.
+// Returns the exit status to end with (0: go on).
+int agree(accel::DistributedState& state, std::exception_ptr refused, const SharedInputs& shared = {}) {
   if (!state.use_distributed()) {
     if (refused) std::rethrow_exception(refused);
     return 0;
@@ -1551,13 +1592,24 @@ int agree(accel::DistributedState& state, std::exception_ptr refused) {
       std::fflush(stderr);
     }
   }
-  const auto all = accel::gather_object(state, mine);
+  const auto all = accel::gather_object(state, std::make_pair(mine, shared));
   if (refused) return mine.first;
   for (std::size_t rank = 0; rank < all.size(); ++rank)
-    if (all[rank].first != 0) {
-      std::fprintf(stderr, "llama_generate: process %zu refused its inputs (%s); this one stops too\n", rank, all[rank].second.c_str());
-      return all[rank].first;
+    if (all[rank].first.first != 0) {
+      std::fprintf(stderr, "llama_generate: process %zu refused its inputs (%s); this one stops too\n", rank,
+                   all[rank].first.second.c_str());
+      return all[rank].first.first;
     }
+  const SharedInputs& first = all.front().second;
+  for (std::size_t rank = 1; rank < all.size(); ++rank)
+    for (std::size_t i = 0; i < first.size() && i < all[rank].second.size(); ++i)
+      if (all[rank].second[i] != first[i]) {
+        std::fprintf(stderr,
+                     "[accel.usage] llama_generate: the job's processes were given different inputs: process %zu's %s: %s; process "
+                     "0's: %s; start every process with the same options and files\n",
+                     rank, first[i].first.c_str(), all[rank].second[i].second.c_str(), first[i].second.c_str());
+        return 2;
+      }
   return 0;
 }
 
@@ -1646,12 +1698,14 @@ int run(const Args& args) {
   const auto processes = static_cast<std::size_t>(state.num_processes());
   Inputs in;
   std::exception_ptr refused;
+  SharedInputs shared;
   try {
     in = check_inputs(args, processes);
+    shared = shared_inputs(args, in);
   } catch (const accel::error&) {
     refused = std::current_exception();
   }
-  if (const int status = agree(state, refused)) return status;
+  if (const int status = agree(state, refused, shared)) return status;
   if (args.stages > 1) return run_pipelined(args, state, in);
 
   // Each replica takes a contiguous share of the prompts, plans and loads its own copy on its own
