@@ -104,11 +104,14 @@ ones) and generates for its share of the prompts; the main process prints every 
 prompt order. With --stages S, process p is stage p % S of replica p / S: the stages of a replica
 work on different prompts at once, hidden states passing from stage to stage, and the report shows
 each process's share of the weights and how busy it was. Without --max-memory the stages are
-planned under the budgets the main process measures.
+planned under the budgets the main process measures. Every process must be given the same prompts,
+new tokens, stages and checkpoint (with --stages, also budgets, device map, objective and dtype):
+the processes compare them before any loads and all stop with status 2 on a difference.
 
 Exit status (docs/exit-codes.md): 0 done (and matched --expect); 1 differs from --expect; 2 bad
 command line (an option's value, a --prompts file, a prompt outside the vocabulary or the positions,
---stages that does not divide the processes or exceeds the model's parts); 3 a bad --expect file, or
+--stages that does not divide the processes or exceeds the model's parts, processes given different
+inputs); 3 a bad --expect file, or
 bad budgets; 4 what this example does not implement (another architecture, a quantized weight, rope
 scaling);
 5 no placement fits the budgets; 6 a bad config.json or checkpoint, one that contradicts the other,
