@@ -111,11 +111,10 @@ the processes compare them before any loads and all stop with status 2 on a diff
 Exit status (docs/exit-codes.md): 0 done (and matched --expect); 1 differs from --expect; 2 bad
 command line (an option's value, a --prompts file, a prompt outside the vocabulary or the positions,
 --stages that does not divide the processes or exceeds the model's parts, processes given different
-inputs); 3 a bad --expect file, or
-bad budgets; 4 what this example does not implement (another architecture, a quantized weight, rope
-scaling);
-5 no placement fits the budgets; 6 a bad config.json or checkpoint, one that contradicts the other,
-or weights whose logits are not finite; 7 a collective failed (another process died); 70 a bug.
+inputs); 3 a bad --expect file, or bad budgets; 4 what this example does not implement (another
+architecture, a quantized weight, rope scaling); 5 no placement fits the budgets; 6 a bad
+config.json or checkpoint, one that contradicts the other, or weights whose logits are not finite;
+7 a collective failed (another process died); 70 a bug.
 )";
 
 // ---------------------------------------------------------------------------------------------
