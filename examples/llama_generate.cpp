@@ -1576,9 +1576,10 @@ SharedInputs shared_inputs(const Args& args, const Inputs& in) {
 // other inputs than process 0 (another --prompts file, --new-tokens, checkpoint or budgets on one
 // machine), every process names the first difference and ends with status 2: the stages would
 // otherwise wait for steps that never come, or compute another prompt's tokens. So no process goes
-// on to load and then waits for one that has left, and since every message is out before any
-// process can end, the launcher's stopping of the rest (when the first ends) never cuts one short.
-// Returns the exit status to end with (0: go on).
+// on to load and then waits for one that has left. A refusal is printed before the gather and a
+// difference by every process after it, so whichever process ends first has said why, and the
+// launcher's stopping of the rest cannot leave the job without its reason. Returns the exit status
+// to end with (0: go on).
 int agree(accel::DistributedState& state, std::exception_ptr refused, const SharedInputs& shared = {}) {
   if (!state.use_distributed()) {
     if (refused) std::rethrow_exception(refused);
