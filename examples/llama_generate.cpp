@@ -1421,13 +1421,13 @@ void print_stats(const std::vector<Prompt>& prompts, const std::vector<PromptRes
                 "from the first stage to the token's return there, other prompts' steps in flight meanwhile\n",
                 prefill.empty() ? 0.0 : prefill[prefill.size() / 2], plural(results.size(), "prompt").c_str(),
                 plural(prompt_tokens, "token").c_str(), decoded);
-  } else if (decode.empty()) {
-    std::printf("prefill %.2f ms %s(%s, %llu bytes streamed); %s\n", prefill_ms, for_prompts.c_str(),
-                plural(prompt_tokens, "token").c_str(), static_cast<unsigned long long>(prefill_streamed), decoded);
   } else {
-    std::printf("prefill %.2f ms %s(%s, %llu bytes streamed); %s, %llu bytes streamed/token\n", prefill_ms, for_prompts.c_str(),
-                plural(prompt_tokens, "token").c_str(), static_cast<unsigned long long>(prefill_streamed), decoded,
-                static_cast<unsigned long long>(decode_streamed / decode.size()));
+    char per_token[64] = "";
+    if (!decode.empty())
+      std::snprintf(per_token, sizeof per_token, ", %llu bytes streamed/token",
+                    static_cast<unsigned long long>(decode_streamed / decode.size()));
+    std::printf("prefill %.2f ms %s(%s, %llu bytes streamed); %s%s\n", prefill_ms, for_prompts.c_str(),
+                plural(prompt_tokens, "token").c_str(), static_cast<unsigned long long>(prefill_streamed), decoded, per_token);
   }
   std::printf("generated %s for %s in %.3f s: %.1f tokens/s (%s)\n", plural(generated, "token").c_str(),
               plural(results.size(), "prompt").c_str(), seconds,
